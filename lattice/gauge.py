@@ -1,0 +1,99 @@
+"""The gauge field and its basic observables, in MILC's normalization (CONVENTIONS.md 1.1, 2).
+
+Layout: ``links[mu]`` is the site array of 3x3 matrices U_mu(x), shape (4, nt, nz, ny, nx, 3, 3), complex128.
+Each direction is one contiguous site-major block (a GPU thread per site reads one link from each block), and x
+runs fastest, as in MILC's files, so file I/O is a transpose of the first axis only.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import su3
+from .geometry import Geometry
+
+
+class GaugeField:
+    def __init__(self, geom: Geometry, links):
+        self.geom = geom
+        self.links = links
+
+    @property
+    def xp(self):
+        return self.geom.xp
+
+    def copy(self) -> "GaugeField":
+        return GaugeField(self.geom, self.links.copy())
+
+    # constructors -------------------------------------------------------------------------------------------
+    @classmethod
+    def unit(cls, geom: Geometry) -> "GaugeField":
+        return cls(geom, su3.identity_like((4,) + geom.shape, geom.xp))
+
+    @classmethod
+    def random(cls, geom: Geometry, rng, stream: str = "hot_start") -> "GaugeField":
+        """Haar-random SU(3) links: Gram-Schmidt (MILC's reunitarization) of complex Gaussian matrices."""
+        g = rng.gaussian(stream, geom.site_ids(), 4 * 18)
+        m = (g[..., 0::2] + 1j * g[..., 1::2]).reshape(geom.shape + (4, 3, 3))
+        return cls.from_site_major(geom, su3.reunitarize(m))
+
+    @classmethod
+    def from_site_major(cls, geom: Geometry, a) -> "GaugeField":
+        """From MILC's in-file order: an array (nt, nz, ny, nx, 4, 3, 3) of this rank's sites."""
+        xp = geom.xp
+        return cls(geom, xp.ascontiguousarray(xp.moveaxis(xp.asarray(a, dtype=xp.complex128), 4, 0)))
+
+    def site_major(self):
+        """This rank's links in MILC's in-file order (nt, nz, ny, nx, 4, 3, 3)."""
+        return self.xp.ascontiguousarray(self.xp.moveaxis(self.links, 0, 4))
+
+    # operations ----------------------------------------------------------------------------------------------
+    def reunitarize(self) -> "GaugeField":
+        self.links = su3.reunitarize(self.links)
+        return self
+
+    def gauge_transform(self, g) -> "GaugeField":
+        """U_mu(x) -> g(x) U_mu(x) g(x+mu)^dag for a site field g of SU(3) matrices."""
+        out = self.xp.empty_like(self.links)
+        for mu in range(4):
+            out[mu] = g @ self.links[mu] @ su3.dagger(self.geom.shift(g, mu, +1))
+        return GaugeField(self.geom, out)
+
+
+def plaquette_field(u: GaugeField, mu: int, nu: int):
+    """ReTr of the mu-nu plaquette U_mu(x) U_nu(x+mu) U_mu(x+nu)^dag U_nu(x)^dag at every site."""
+    geom, l = u.geom, u.links
+    p = l[mu] @ geom.shift(l[nu], mu, +1) @ su3.dagger(geom.shift(l[mu], nu, +1)) @ su3.dagger(l[nu])
+    return su3.retrace(p)
+
+
+def plaquette(u: GaugeField) -> tuple[float, float]:
+    """MILC's (ss, st) plaquette: averages of ReTr P (maximum 3) over spatial and over temporal planes."""
+    geom = u.geom
+    ss = sum(geom.sum(plaquette_field(u, mu, nu)) for mu in range(3) for nu in range(mu + 1, 3))
+    st = sum(geom.sum(plaquette_field(u, mu, 3)) for mu in range(3))
+    return ss / (3 * geom.volume), st / (3 * geom.volume)
+
+
+def polyakov_loop(u: GaugeField) -> complex:
+    """MILC's P_LOOP: the average over spatial sites of Tr prod_t U_t (not divided by 3)."""
+    geom, xp = u.geom, u.xp
+    lt = u.links[3]
+    if geom.grid.dims[3] != 1:
+        raise NotImplementedError("Polyakov loop with the time direction split over ranks")
+    p = lt[0]
+    for t in range(1, geom.shape[0]):
+        p = p @ lt[t]
+    tr = su3.trace(p)
+    total = geom.grid.sum(complex(tr.sum()))
+    return total / (geom.volume // geom.dims[3])
+
+
+def link_trace(u: GaugeField) -> float:
+    """MILC's LINKTR: <ReTr U>/3 over all links."""
+    return u.geom.sum(su3.retrace(u.links)) / (3.0 * 4 * u.geom.volume)
+
+
+def random_gauge_transformation(geom: Geometry, rng, stream: str = "gauge_transform"):
+    """A Haar-random SU(3) matrix at every site."""
+    g = rng.gaussian(stream, geom.site_ids(), 18)
+    return su3.reunitarize((g[..., 0::2] + 1j * g[..., 1::2]).reshape(geom.shape + (3, 3)))
