@@ -1,0 +1,124 @@
+"""The ``hmc`` command line: init, run, info, measure, bench."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from comms import CommsError
+from lattice.backend import BackendError
+from lattice.geometry import GeometryError
+
+from .deck import DeckError
+from .integrators import IntegratorError
+from .runfile import RunFileError
+
+USER_ERRORS = (DeckError, RunFileError, GeometryError, BackendError, CommsError, IntegratorError, FileNotFoundError)
+
+
+def _user_errors():
+    errs = list(USER_ERRORS)
+    try:
+        from lattice.io import GaugeFileError
+
+        errs.append(GaugeFileError)
+    except ImportError:
+        pass
+    return tuple(errs)
+
+
+def _add_action_args(p):
+    p.add_argument("--beta", type=float, help="gauge coupling beta = 10/g^2 (MILC normalization)")
+    p.add_argument("--u0", type=float, default=1.0, help="tadpole factor u0 (Symanzik only)")
+    p.add_argument("--gauge-action", choices=("wilson", "symanzik"), default="symanzik")
+    p.add_argument("--quark-loops", choices=("none", "asqtad", "hisq"), default="none")
+    p.add_argument("--nf", type=int, default=0, help="number of dynamical flavours in the quark-loop terms")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="hmc", description="HISQ/staggered HMC in Python, MILC conventions.")
+    ap.add_argument("--backend", choices=("numpy", "cupy", "auto"), default=None,
+                    help="array backend (default: $HMC_BACKEND or the deck's)")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("init", help="create a run file from a deck (default: the embedded quick 4^4 deck)")
+    p.add_argument("deck", nargs="?", help="TOML run deck (see runs/); omitted: the embedded quick deck")
+    p.add_argument("-o", "--output", required=True, help="run file to create, e.g. trajectory.h5")
+    p.add_argument("--from-lattice", metavar="FILE", help="start from a stored configuration (MILC, NERSC, ILDG, SciDAC)")
+    p.add_argument("--ignore-checksum", action="store_true", help="read a lattice whose checksum does not match")
+    p.add_argument("--force", action="store_true", help="overwrite an existing run file")
+
+    p = sub.add_parser("run", help="run or resume the trajectories a run file describes")
+    p.add_argument("runfile")
+    p.add_argument("--trajectories", type=int, help="how many trajectories to run now (default: up to the deck's total)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("info", help="parameters, history and how to continue a run file")
+    p.add_argument("runfile")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--schedule", action="store_true", help="print the integrator schedule")
+
+    p = sub.add_parser("measure", help="plaquette, link trace, Polyakov loop, checksums and gauge action of a lattice")
+    p.add_argument("config", help="a lattice file (MILC, NERSC, ILDG, SciDAC)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--ignore-checksum", action="store_true")
+    _add_action_args(p)
+
+    p = sub.add_parser("bench", help="benchmarks (commands, not tests)")
+    bsub = p.add_subparsers(dest="bench", required=True)
+    b = bsub.add_parser("gauge", help="gauge force and pure-gauge trajectory time per site")
+    b.add_argument("--lattice", type=int, nargs=4, default=[8, 8, 8, 8], metavar=("NX", "NY", "NZ", "NT"))
+    b.add_argument("--action", choices=("wilson", "symanzik"), default="symanzik")
+    b.add_argument("--repeat", type=int, default=5)
+    b.add_argument("--json", action="store_true")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except _user_errors() as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"hmc {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args) -> int:
+    if args.command == "init":
+        from .run import init_run
+
+        init_run(args.deck, args.output, args.from_lattice, args.force, args.ignore_checksum, args.backend)
+        return 0
+    if args.command == "run":
+        from .run import run
+
+        run(args.runfile, args.trajectories, args.backend, show_progress=not args.no_progress)
+        return 0
+    if args.command == "info":
+        from .info import info
+
+        print(info(args.runfile, as_json=args.json, schedule=args.schedule))
+        return 0
+    if args.command == "measure":
+        from .measure import measure
+
+        result = measure(args.config, args)
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            for k, v in result.items():
+                print(f"{k}: {v}")
+        return 0
+    if args.command == "bench":
+        from .bench import bench_gauge
+
+        result = bench_gauge(args)
+        if args.json:
+            print(json.dumps(result, indent=2))
+        return 0
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

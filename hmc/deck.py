@@ -1,0 +1,153 @@
+"""Run decks (TOML): the schema, defaults and validation.
+
+Every key is declared here with its type and check, so that an unknown key or a bad value is a one-line error
+naming the key and the fix, before anything is written.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+
+
+class DeckError(ValueError):
+    pass
+
+
+def _positive(x):
+    return x > 0
+
+
+def _nonneg(x):
+    return x >= 0
+
+
+def _dims(x):
+    return isinstance(x, list) and len(x) == 4 and all(isinstance(n, int) and n >= 2 and n % 2 == 0 for n in x)
+
+
+@dataclass(frozen=True)
+class Key:
+    type: type | tuple
+    default: object
+    check: object = None
+    help: str = ""
+    choices: tuple = ()
+
+
+SCHEMA = {
+    "run": {
+        "name": Key(str, "hmc run"),
+        "seed": Key(int, 1, lambda s: 0 <= s < 2**63, "an integer in [0, 2^63)"),
+        "trajectories": Key(int, 10, _positive, "a positive number of trajectories"),
+        "start": Key(str, "cold", None, "cold, hot, or the path of a lattice file"),
+        "rng": Key(str, "philox", None, "", ("philox",)),
+        "backend": Key(str, "numpy", None, "", ("numpy", "cupy", "auto")),
+        "checkpoint_every": Key(int, 1, _positive, "a positive number of trajectories"),
+    },
+    "lattice": {
+        "dims": Key(list, None, _dims, "four even integers >= 2: nx ny nz nt"),
+        "grid": Key(list, [1, 1, 1, 1], lambda g: len(g) == 4 and all(isinstance(p, int) and p >= 1 for p in g),
+                    "four positive integers: px py pz pt"),
+    },
+    "gauge": {
+        "action": Key(str, "wilson", None, "", ("wilson", "symanzik")),
+        "beta": Key((int, float), None, _positive, "a positive number"),
+        "u0": Key((int, float), 1.0, _positive, "a positive tadpole factor (1 for none)"),
+        "quark_loops": Key(str, "none", None, "", ("none", "asqtad", "hisq")),
+        "nf": Key(int, 0, _nonneg, "the number of dynamical flavours, >= 0"),
+    },
+    "integrator": {
+        "scheme": Key(str, "omelyan", None, "", ("leapfrog", "omelyan", "3g1f")),
+        "steps": Key(int, 10, _positive, "a positive integer (even for omelyan and 3g1f)"),
+        "tau": Key((int, float), 1.0, _positive, "a positive trajectory length"),
+        "inner_scheme": Key(str, "", None, "", ("", "leapfrog", "omelyan")),
+        "inner_steps": Key(int, 1, _positive, "a positive integer"),
+        "link_exponential": Key(str, "exact", None, "", ("exact", "taylor8")),
+        "reunitarize": Key(bool, True),
+        "reversibility_check": Key(bool, False),
+    },
+}
+
+
+def _validate_value(section, name, key: Key, value):
+    where = f"[{section}] {name}"
+    types = key.type if isinstance(key.type, tuple) else (key.type,)
+    if isinstance(value, bool) and bool not in types:
+        raise DeckError(f"{where} = {value!r} has the wrong type: expected {' or '.join(t.__name__ for t in types)}")
+    if not isinstance(value, types):
+        raise DeckError(f"{where} = {value!r} has the wrong type: expected {' or '.join(t.__name__ for t in types)}")
+    if key.choices and value not in key.choices:
+        raise DeckError(f"{where} = {value!r} is not allowed: use one of {', '.join(map(repr, key.choices))}")
+    if key.check is not None and not key.check(value):
+        raise DeckError(f"{where} = {value!r} is invalid: it must be {key.help}")
+    return float(value) if float in types and isinstance(value, int) else value
+
+
+def validate(raw: dict) -> dict:
+    """Fill defaults and check every key; raise DeckError with one line naming the problem."""
+    out = {}
+    for section in raw:
+        if section not in SCHEMA:
+            raise DeckError(f"unknown section [{section}] in the deck: known sections are "
+                            f"{', '.join('[' + s + ']' for s in SCHEMA)}")
+        if not isinstance(raw[section], dict):
+            raise DeckError(f"[{section}] must be a table of keys")
+    for section, keys in SCHEMA.items():
+        given = raw.get(section, {})
+        for name in given:
+            if name not in keys:
+                raise DeckError(f"unknown key {name!r} in [{section}]: known keys are {', '.join(keys)}")
+        out[section] = {}
+        for name, key in keys.items():
+            if name in given:
+                out[section][name] = _validate_value(section, name, key, given[name])
+            elif key.default is None:
+                raise DeckError(f"[{section}] {name} is missing: it must be {key.help}")
+            else:
+                out[section][name] = key.default
+    _cross_checks(out)
+    return out
+
+
+def _cross_checks(d):
+    integ = d["integrator"]
+    if integ["scheme"] in ("omelyan", "3g1f") and integ["steps"] % 2:
+        raise DeckError(f"[integrator] steps = {integ['steps']}: {integ['scheme']} integrates two steps per cycle, "
+                        "so steps must be even")
+    dims, grid = d["lattice"]["dims"], d["lattice"]["grid"]
+    for mu, (n, p) in enumerate(zip(dims, grid)):
+        if n % p or (n // p) % 2:
+            raise DeckError(f"[lattice] dims {dims} cannot be split over grid {grid}: extent {n} in direction "
+                            f"{'xyzt'[mu]} must divide into {p} even pieces; change dims or grid")
+    g = d["gauge"]
+    if g["action"] == "wilson" and (g["quark_loops"] != "none" or g["u0"] != 1.0):
+        raise DeckError("[gauge] u0 and quark_loops apply to the symanzik action only: remove them or set "
+                        "action = \"symanzik\"")
+
+
+def loads(text: str) -> dict:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise DeckError(f"the deck is not valid TOML: {e}") from None
+    return validate(raw)
+
+
+def load(path) -> tuple[dict, str]:
+    """(validated deck, its TOML text) from a file."""
+    try:
+        text = open(path, encoding="utf-8").read()
+    except FileNotFoundError:
+        raise DeckError(f"deck {path} does not exist: give the path of a TOML deck (see runs/)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DeckError(f"cannot read deck {path}: {e}") from None
+    try:
+        return loads(text), text
+    except DeckError as e:
+        raise DeckError(f"{path}: {e}") from None
+
+
+def default_deck_text() -> str:
+    """The embedded quick deck (a 4^4 Wilson run), used when ``hmc init`` gets no deck."""
+    return resources.files("hmc").joinpath("decks/quick4.toml").read_text(encoding="utf-8")

@@ -1,0 +1,55 @@
+"""``hmc info``: what a run file holds and how to continue it."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from . import runfile
+from .assemble import make_monomials, make_schedule
+from .integrators import describe, force_evaluations
+
+
+def info(path: str, as_json: bool = False, schedule: bool = False) -> str:
+    st = runfile.load(path)
+    d = st.deck
+    hist = st.history
+    summary = {
+        "file": path, "name": d["run"]["name"], "lattice": d["lattice"]["dims"], "grid": d["lattice"]["grid"],
+        "gauge": d["gauge"], "integrator": d["integrator"], "seed": d["run"]["seed"], "source": st.source,
+        "trajectories_done": st.trajectory, "trajectories_planned": d["run"]["trajectories"],
+    }
+    if hist:
+        acc = np.array([r["accepted"] for r in hist], dtype=float)
+        emdh = np.array([r["exp_mdH"] for r in hist])
+        plaq = np.array([(r["plaq_ss"] + r["plaq_st"]) / 6.0 for r in hist])
+        summary.update({
+            "acceptance": float(acc.mean()),
+            "exp_mdH_mean": float(emdh.mean()),
+            "exp_mdH_err": float(emdh.std(ddof=1) / np.sqrt(len(emdh))) if len(emdh) > 1 else None,
+            "last_plaquette": float(plaq[-1]),
+        })
+    if as_json:
+        summary["history"] = hist
+        return json.dumps(summary, indent=2)
+    lines = [f"{path}: {d['run']['name']}",
+             f"  lattice {'x'.join(map(str, d['lattice']['dims']))}, grid {'x'.join(map(str, d['lattice']['grid']))},"
+             f" start: {st.source}",
+             f"  gauge: {d['gauge']}",
+             f"  integrator: {d['integrator']['scheme']}, steps {d['integrator']['steps']}, tau {d['integrator']['tau']}",
+             f"  trajectories: {st.trajectory} done of {d['run']['trajectories']} planned"]
+    if hist:
+        lines.append(f"  acceptance {summary['acceptance']:.3f}, <exp(-dH)> = {summary['exp_mdH_mean']:.4f}"
+                     + (f" +- {summary['exp_mdH_err']:.4f}" if summary["exp_mdH_err"] is not None else "")
+                     + f", last plaquette (ReTr/3) {summary['last_plaquette']:.8f}")
+        lines.append("  traj  acc        dH      plaq_ss      plaq_st")
+        for r in hist[-10:]:
+            lines.append(f"  {r['traj']:4d}  {r['accepted']:3d}  {r['dH']:+.2e}  {r['plaq_ss']:.8f}  {r['plaq_st']:.8f}")
+    left = d["run"]["trajectories"] - st.trajectory
+    lines.append(f"  continue: hmc run {path}" + ("" if left > 0 else " --trajectories N"))
+    if schedule:
+        mon = make_monomials(d)
+        sch = make_schedule(d, mon)
+        lines.append(f"  schedule ({force_evaluations(sch)} force evaluations):")
+        lines += ["    " + l for l in describe(sch).splitlines()]
+    return "\n".join(lines)

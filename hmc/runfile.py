@@ -1,0 +1,156 @@
+"""The run file (``trajectory.h5``): deck, current configuration, RNG state and history, written atomically.
+
+Layout (DESIGN.md): ``/params`` (validated deck as JSON, and the TOML text it came from), ``/gauge`` (links in
+MILC's site-major order, with trajectory, plaquette and SHA-256 attributes), ``/rng`` (seed and per-stream draw
+counters: the whole state of the counter-based generator), ``/history`` (one row per trajectory), ``/comms``
+(the resolved transport table). Every save writes a complete new file next to the old one, flushes it to disk and
+renames it over the old one, so a run killed at any moment leaves the last complete checkpoint.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+
+import h5py
+import numpy as np
+
+from . import deck as deckmod
+
+FORMAT = "hisq-hmc run file"
+FORMAT_VERSION = 1
+
+
+class RunFileError(ValueError):
+    pass
+
+
+@dataclass
+class RunState:
+    deck: dict
+    deck_text: str
+    links: np.ndarray                # (nt, nz, ny, nx, 4, 3, 3) complex128
+    trajectory: int = 0              # trajectories completed
+    rng: dict = field(default_factory=dict)
+    history: list = field(default_factory=list)
+    comms: list = field(default_factory=list)
+    source: str = ""                 # where the starting configuration came from
+
+
+def links_digest(links: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(links).tobytes()).hexdigest()
+
+
+def _history_array(rows: list[dict]):
+    if not rows:
+        return None
+    names = list(rows[0].keys())
+    dtype = [(n, "f8") if isinstance(rows[0][n], float) else (n, "i8") for n in names]
+    return np.array([tuple(r[n] for n in names) for r in rows], dtype=dtype)
+
+
+_save_count = 0
+
+
+def _maybe_fault(stage: str):
+    """Testing hook: HMC_FAULT_INJECT=kill_during_checkpoint:N kills this process halfway through the N-th save."""
+    spec = os.environ.get("HMC_FAULT_INJECT", "")
+    if spec.startswith("kill_during_checkpoint:") and stage == "half":
+        if _save_count == int(spec.split(":")[1]):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save(path, state: RunState) -> None:
+    """Write ``state`` to ``path`` atomically (temporary file in the same folder, fsync, rename)."""
+    global _save_count
+    _save_count += 1
+    path = os.fspath(path)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = FORMAT
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["trajectory"] = state.trajectory
+            f.attrs["source"] = state.source
+            par = f.create_group("params")
+            par.attrs["deck_json"] = json.dumps(state.deck, sort_keys=True)
+            par.create_dataset("deck_toml", data=state.deck_text)
+            g = f.create_group("gauge")
+            g.create_dataset("links", data=state.links)
+            g.attrs["sha256"] = links_digest(state.links)
+            g.attrs["trajectory"] = state.trajectory
+            f.flush()
+            _maybe_fault("half")
+            r = f.create_group("rng")
+            r.attrs["seed"] = state.rng.get("seed", 0)
+            r.attrs["counters_json"] = json.dumps(state.rng.get("counters", {}), sort_keys=True)
+            h = f.create_group("history")
+            arr = _history_array(state.history)
+            if arr is not None:
+                h.create_dataset("rows", data=arr)
+            c = f.create_group("comms")
+            c.attrs["table_json"] = json.dumps(state.comms)
+            f.flush()
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        dirfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(dirfd)
+        finally:
+            os.close(dirfd)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load(path) -> RunState:
+    """Read and check a run file; any inconsistency is a one-line RunFileError naming the file."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise RunFileError(f"run file {path} does not exist: create it with 'hmc init DECK.toml -o {path}'")
+    try:
+        f = h5py.File(path, "r")
+    except OSError:
+        raise RunFileError(f"{path} is not an HDF5 run file (truncated or foreign): create a new one with "
+                           "'hmc init'") from None
+    with f:
+        if f.attrs.get("format") != FORMAT:
+            raise RunFileError(f"{path} is an HDF5 file but not a hisq-hmc run file: create one with 'hmc init'")
+        version = int(f.attrs.get("format_version", -1))
+        if version != FORMAT_VERSION:
+            raise RunFileError(f"{path} has run-file format version {version}, this hmc reads version "
+                               f"{FORMAT_VERSION}: use the hmc version that wrote it, or start a new run")
+        try:
+            deck_text = f["params/deck_toml"][()].decode()
+            stored = json.loads(f["params"].attrs["deck_json"])
+            links = f["gauge/links"][()]
+            digest = f["gauge"].attrs["sha256"]
+            traj = int(f.attrs["trajectory"])
+            rng = {"seed": int(f["rng"].attrs["seed"]), "counters": json.loads(f["rng"].attrs["counters_json"])}
+            rows = f["history/rows"][()] if "rows" in f["history"] else None
+            comms = json.loads(f["comms"].attrs["table_json"])
+            source = str(f.attrs.get("source", ""))
+        except (KeyError, OSError, ValueError) as e:
+            raise RunFileError(f"{path} is incomplete or damaged ({e}): start a new run with 'hmc init'") from None
+    try:
+        d = deckmod.loads(deck_text)
+    except deckmod.DeckError as e:
+        raise RunFileError(f"{path}: its stored deck no longer validates ({e})") from None
+    if d != stored:
+        raise RunFileError(f"{path}: the stored deck and its validated parameters disagree: the file was edited; "
+                           "start a new run")
+    nx, ny, nz, nt = d["lattice"]["dims"]
+    if links.shape != (nt, nz, ny, nx, 4, 3, 3):
+        raise RunFileError(f"{path}: the stored configuration has shape {links.shape}, but the deck's lattice is "
+                           f"{d['lattice']['dims']}: the file is inconsistent")
+    if links_digest(links) != digest:
+        raise RunFileError(f"{path}: the stored configuration does not match its SHA-256 digest: the file is "
+                           "damaged; start from an earlier copy")
+    history = [] if rows is None else [{n: r[n].item() for n in rows.dtype.names} for r in rows]
+    if len(history) != traj:
+        raise RunFileError(f"{path}: {traj} trajectories recorded but {len(history)} history rows: the file is "
+                           "inconsistent")
+    return RunState(d, deck_text, links, traj, rng, history, comms, source)

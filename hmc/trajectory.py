@@ -1,0 +1,108 @@
+"""One HMC trajectory: momentum refresh, molecular dynamics along a schedule, Metropolis test.
+
+MILC's equations of motion (``ks_imp_rhmc/update_u.c``, CONVENTIONS.md 3.4): U <- exp(dt P) U, P <- P + dt Pdot.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from lattice import GaugeField, su3
+
+from .momenta import kinetic_energy, random_momenta
+
+
+@dataclass
+class Hamiltonian:
+    gauge: float
+    kinetic: float
+    fermion: float = 0.0
+    parts: dict = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return self.gauge + self.kinetic + self.fermion
+
+
+def hamiltonian(u: GaugeField, p, monomials) -> Hamiltonian:
+    parts = {m.name: m.action(u) for m in monomials}
+    g = sum(v for m, v in zip(monomials, parts.values()) if m.kind == "gauge")
+    f = sum(v for m, v in zip(monomials, parts.values()) if m.kind != "gauge")
+    return Hamiltonian(gauge=g, kinetic=kinetic_energy(u.geom, p), fermion=f, parts=parts)
+
+
+def link_exponential(name: str):
+    """``exact`` (Cayley-Hamilton) or ``taylor8`` (MILC's 8th-order series in update_u.c)."""
+    if name == "exact":
+        return su3.expm_su3
+    if name == "taylor8":
+        return su3.expm_taylor
+    raise ValueError(f"unknown link exponential {name!r}: use exact or taylor8")
+
+
+def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3, timers=None):
+    """Integrate (U, P) along ``schedule`` in place; returns the number of force evaluations per monomial."""
+    by_name = {m.name: m for m in monomials}
+    timers = timers if timers is not None else {}
+    for op in schedule:
+        if op[0] == "U":
+            t0 = time.perf_counter()
+            u.links = expm(op[1] * p) @ u.links
+            timers["links"] = timers.get("links", 0.0) + time.perf_counter() - t0
+        else:
+            _, names, dt = op
+            for name in names:
+                t0 = time.perf_counter()
+                p += dt * by_name[name].force(u)
+                key = f"force_{name}"
+                timers[key] = timers.get(key, 0.0) + time.perf_counter() - t0
+    return timers
+
+
+@dataclass
+class TrajectoryResult:
+    start: Hamiltonian
+    end: Hamiltonian
+    accepted: bool
+    xrandom: float
+    timers: dict
+
+    @property
+    def delta_h(self) -> float:
+        return self.end.total - self.start.total
+
+
+def hmc_trajectory(u: GaugeField, rng, monomials, schedule, expm=su3.expm_su3, reunitarize=True,
+                   metropolis=True):
+    """Run one trajectory from ``u``; returns (new field, TrajectoryResult). ``u`` itself is left unchanged."""
+    t0 = time.perf_counter()
+    for m in monomials:
+        m.refresh(u, rng)
+    p = random_momenta(u.geom, rng)
+    start = hamiltonian(u, p, monomials)
+    v = u.copy()
+    timers = molecular_dynamics(v, p, schedule, monomials, expm)
+    if reunitarize:
+        v.reunitarize()
+    end = hamiltonian(v, p, monomials)
+    xr = rng.global_uniform("metropolis")
+    dh = end.total - start.total
+    accepted = (not metropolis) or (dh <= 0 or math.exp(-dh) >= xr)
+    timers["total"] = time.perf_counter() - t0
+    return (v if accepted else u), TrajectoryResult(start, end, accepted, xr, timers)
+
+
+def reversibility_check(u: GaugeField, p, monomials, schedule, expm=su3.expm_su3):
+    """Integrate forward, flip P, integrate back: returns max|U_back - U|, max|P_back + P|... as a dict,
+    with dH of the round trip. The test of CONVENTIONS.md 5.4."""
+    xp = u.xp
+    h0 = hamiltonian(u, p, monomials).total
+    v, q = u.copy(), p.copy()
+    molecular_dynamics(v, q, schedule, monomials, expm)
+    q = -q
+    molecular_dynamics(v, q, schedule, monomials, expm)
+    h1 = hamiltonian(v, q, monomials).total
+    return {"links": float(xp.abs(v.links - u.links).max()),
+            "momenta": float(xp.abs(q + p).max()),
+            "dH": h1 - h0}

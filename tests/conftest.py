@@ -1,0 +1,45 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "milc"
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def fixture_path(name: str) -> Path:
+    """A MILC reference file from ../shared/fixtures/milc/, or skip the test saying why."""
+    p = FIXTURES / name
+    if not p.exists():
+        pytest.skip(f"MILC fixture {p} is absent (the shared fixtures folder ../shared/fixtures/milc/ is needed)")
+    return p
+
+
+def gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU with CuPy (run on the device machine: pytest -m gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def cli_env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("HMC_FAULT_INJECT", None)
+    return env
