@@ -1,0 +1,127 @@
+"""Gauge-file formats: MILC v5 and 1996 (milc.py), NERSC (nersc.py), ILDG and SciDAC over LIME (scidac.py, lime.py).
+
+``read_gauge`` recognises the format from the file's content, verifies its checksums and returns the links as
+stored (single-precision values converted to double): following MILC (CONVENTIONS.md 1.1) quantities such as
+CHECK PLAQ and LINKTR are computed on these, and ``reunitarize=True`` then applies MILC's double-precision
+``reunit_su3``. ``write_gauge`` writes MILC v5, NERSC or ILDG atomically (temporary file, fsync, rename).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import lime, milc, nersc, scidac
+from .common import KNOWN_FORMATS, GaugeFileError, atomic_write, fail
+from .scidac import read_color_matrices, read_color_vector, read_field
+
+__all__ = ["read_gauge", "write_gauge", "detect_format", "read_site_major", "GaugeFileError", "read_field",
+           "read_color_vector", "read_color_matrices", "FORMATS"]
+
+FORMATS = ("milc", "nersc", "ildg")
+_READERS = {"milc-v5": milc.read, "milc-1996": milc.read_1996, "nersc": nersc.read, "lime": scidac.read_gauge}
+
+
+def _open_check(path) -> bytes:
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise fail(path, "no such file", "check the path (and the working directory)")
+    if os.path.isdir(path):
+        raise fail(path, "is a directory, not a gauge file", "give the path of the file itself")
+    try:
+        with open(path, "rb") as f:
+            return f.read(96)
+    except OSError as e:
+        raise fail(path, f"cannot be read ({e.strerror})", "check the file's permissions") from None
+
+
+def detect_format(path) -> str:
+    """'milc-v5', 'milc-1996', 'nersc' or 'lime' (ILDG or SciDAC), from the file's content."""
+    head = _open_check(path)
+    kind = milc.sniff(head)
+    if kind:
+        return kind
+    if nersc.sniff(head):
+        return "nersc"
+    if lime.sniff(head):
+        return "lime"
+    what = "is empty, " if not head else "is "
+    raise fail(path, f"{what}not a gauge file of a known format ({KNOWN_FORMATS})",
+               "check the path; other formats must be converted first")
+
+
+def read_site_major(path, ignore_checksum: bool = False):
+    """The links as stored, converted to complex128, in MILC's in-file order (nt, nz, ny, nx, 4, 3, 3), and info."""
+    kind = detect_format(path)
+    try:
+        return _READERS[kind](os.fspath(path), ignore_checksum=ignore_checksum)
+    except OSError as e:
+        raise fail(path, f"read failed ({e.strerror or e})", "check the file and the file system") from None
+
+
+def read_gauge(path, geom=None, backend=None, ignore_checksum: bool = False, reunitarize: bool = False):
+    """Read a gauge file of any supported format: (GaugeField, info).
+
+    ``geom``: the Geometry to read into (its global dims must match the file's; each rank keeps its own sites);
+    without one, a single-rank Geometry of the file's dims on ``backend`` (a name, a Backend or None).
+    ``ignore_checksum``: read even if the checksums (or NERSC's PLAQUETTE / LINK_TRACE) disagree.
+    ``reunitarize``: apply MILC's reunit_su3 in double precision after reading (not done by default).
+
+    info: format ('milc-v5', 'milc-1996', 'nersc', 'ildg', 'scidac'), path, dims (nx, ny, nz, nt), precision
+    (bits of the stored reals), endian, checksums {expected, computed, ok}, header (the format's header fields).
+    """
+    from ..backend import Backend, get_backend
+    from ..gauge import GaugeField
+    from ..geometry import Geometry
+
+    a, info = read_site_major(path, ignore_checksum)
+    dims = tuple(info["dims"])
+    if geom is None:
+        be = backend if isinstance(backend, Backend) else get_backend(backend)
+        try:
+            geom = Geometry(dims, backend=be)
+        except ValueError as e:
+            raise fail(path, f"lattice {'x'.join(map(str, dims))} cannot be used ({e})", "use another lattice") \
+                from None
+    elif tuple(geom.dims) != dims:
+        raise fail(path, f"file holds a {'x'.join(map(str, dims))} lattice but the run expects "
+                         f"{'x'.join(map(str, geom.dims))}", "read the right file or change the lattice size")
+    (ox, oy, oz, ot), (lx, ly, lz, lt) = geom.offset, geom.local_dims
+    local = a[ot:ot + lt, oz:oz + lz, oy:oy + ly, ox:ox + lx]
+    u = GaugeField.from_site_major(geom, local)
+    if reunitarize:
+        u.reunitarize()
+    info["reunitarized"] = bool(reunitarize)
+    return u, info
+
+
+def _site_major_numpy(u) -> np.ndarray:
+    a = u.site_major() if hasattr(u, "site_major") else u
+    if hasattr(u, "geom"):
+        if u.geom.grid.comm.size != 1:
+            raise NotImplementedError("writing a gauge file from several ranks: gather the field on one rank first")
+        a = u.geom.backend.to_numpy(a)
+    a = np.asarray(a)
+    if a.ndim != 7 or a.shape[4:] != (4, 3, 3):
+        raise ValueError(f"a gauge field must have shape (nt, nz, ny, nx, 4, 3, 3), not {a.shape}")
+    return a
+
+
+def write_gauge(path, u, format: str = "milc", **options) -> dict:
+    """Write the GaugeField (or site-major array) ``u`` to ``path`` atomically; returns what was written
+    (checksums, header). ``format``: 'milc' (v5, little-endian float32; precision=64 for doubles), 'nersc'
+    (4D_SU3_GAUGE_3x3 IEEE64BIG by default; datatype=, floating_point=) or 'ildg' (precision=64 by default, with a
+    scidac-checksum)."""
+    fmt = format.lower()
+    writers = {"milc": milc.write, "nersc": nersc.write, "ildg": scidac.write_ildg}
+    if fmt not in writers:
+        raise GaugeFileError(f"{os.fspath(path)}: unknown gauge-file format {format!r}; "
+                             f"use one of {', '.join(FORMATS)}")
+    a = _site_major_numpy(u)
+    try:
+        with atomic_write(path) as f:
+            return writers[fmt](f, a, **options)
+    except ValueError as e:  # bad options (precision, datatype, ...): name the file
+        if str(e).startswith(os.fspath(path)):
+            raise
+        raise GaugeFileError(f"{os.fspath(path)}: {e}") from None

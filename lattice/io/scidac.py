@@ -1,0 +1,229 @@
+"""SciDAC (QIO) and ILDG lattice files: LIME containers with XML metadata and a big-endian binary record.
+
+Sources: QIO (usqcd-software/qio, lib/qio_*.c, lib/dml/dml_utils.c: DML_checksum_accum) and the ILDG file-format
+specification (ildg-format record, namespace http://www.lqcd.org/ildg, schema filefmt.xsd).
+
+* SciDAC: ``scidac-private-file-xml`` gives the lattice dims; each field is a ``scidac-private-record-xml``
+  (datatype, precision F/D, colors, typesize = bytes per value, datacount = values per site), a
+  ``scidac-record-xml`` (user text), a ``scidac-binary-data`` record (site by site in lexicographic order,
+  x fastest, big-endian) and a ``scidac-checksum`` (suma, sumb in hex; see :func:`common.scidac_checksum`).
+* ILDG: the same container; the gauge field sits in ``ildg-binary-data`` and ``ildg-format`` gives the field
+  (su3gauge), the precision in bits and lx, ly, lz, lt. Per site the 4 links (x, y, z, t), each a row-major 3x3
+  of (re, im), big-endian.
+
+Arrays are returned in MILC's site order: (nt, nz, ny, nx, datacount, 3, 3) for colour matrices and
+(nt, nz, ny, nx, datacount, 3) for colour vectors, complex128.
+"""
+from __future__ import annotations
+
+import os
+import time
+import xml.etree.ElementTree as ET
+from xml.sax.saxutils import escape
+
+import numpy as np
+
+from . import lime
+from .common import check_dims, checksum_error, dims_str, fail, scidac_checksum
+
+BINARY_TYPES = ("ildg-binary-data", "scidac-binary-data")
+
+
+def xml_fields(payload: bytes) -> dict:
+    """{local tag name: text} for the elements of an XML payload (namespaces dropped); {} if it is not XML."""
+    text = payload.split(b"\0")[0]
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError:
+        return {}
+    return {el.tag.rsplit("}", 1)[-1]: (el.text or "").strip() for el in root.iter()}
+
+
+def _describe(path, records, index: int):
+    """Locate the ``index``-th binary record and the metadata that belong to it."""
+    binaries = [i for i, r in enumerate(records) if r.type in BINARY_TYPES]
+    if not binaries:
+        raise fail(path, "LIME file without an ildg-binary-data or scidac-binary-data record is not a gauge file "
+                         "of a known format (MILC v5, MILC 1996, NERSC, ILDG, SciDAC)", "check the path")
+    if index >= len(binaries):
+        raise fail(path, f"field {index} asked for, but the file holds {len(binaries)}", "use a smaller index")
+    ib = binaries[index]
+    prev = binaries[index - 1] if index else -1
+    nxt = binaries[index + 1] if index + 1 < len(binaries) else len(records)
+
+    def before(rtype):
+        for r in reversed(records[prev + 1:ib]):
+            if r.type == rtype:
+                return r
+        return None
+
+    def after(rtype):
+        for r in records[ib + 1:nxt]:
+            if r.type == rtype:
+                return r
+        return None
+
+    return records[ib], before, after
+
+
+def _layout(path, records, binrec, before):
+    """dims, bytes per real, complex numbers per value, values per site, datatype, format name, metadata."""
+    meta = {}
+    private_file = lime.find(records, "scidac-private-file-xml")
+    if private_file is not None:
+        meta["scidac_file"] = xml_fields(lime.read_data(path, private_file))
+    private_rec = before("scidac-private-record-xml")
+    if private_rec is not None:
+        meta["scidac_record"] = xml_fields(lime.read_data(path, private_rec))
+    user_rec = before("scidac-record-xml")
+    if user_rec is not None:
+        meta["record_xml"] = lime.read_data(path, user_rec).split(b"\0")[0].decode("utf-8", "replace")
+    ildg = before("ildg-format") if binrec.type == "ildg-binary-data" else None
+    if binrec.type == "ildg-binary-data":
+        if ildg is None:
+            raise fail(path, "ILDG file without an ildg-format record", "the file is damaged or incomplete")
+        fmt = xml_fields(lime.read_data(path, ildg))
+        meta["ildg_format"] = fmt
+        lfn = before("ildg-data-lfn")
+        if lfn is not None:
+            meta["lfn"] = lime.read_data(path, lfn).split(b"\0")[0].decode("utf-8", "replace")
+        try:
+            dims = check_dims(path, [int(fmt[k]) for k in ("lx", "ly", "lz", "lt")], "ILDG")
+            bits = int(fmt["precision"])
+        except (KeyError, ValueError):
+            raise fail(path, "ILDG ildg-format record lacks precision or lx, ly, lz, lt",
+                       "the file is damaged") from None
+        if fmt.get("field", "su3gauge") != "su3gauge" or bits not in (32, 64):
+            raise fail(path, f"ILDG field {fmt.get('field')!r} with precision {bits} is not supported",
+                       "only su3gauge in 32 or 64 bits is read")
+        return dims, bits // 8, 9, 4, "su3gauge", "ildg", meta
+    # SciDAC
+    sf, sr = meta.get("scidac_file", {}), meta.get("scidac_record", {})
+    try:
+        dims = check_dims(path, [int(n) for n in sf["dims"].split()], "SciDAC")
+        nbytes = {"F": 4, "D": 8}[sr["precision"].upper()]
+        typesize, count = int(sr["typesize"]), int(sr["datacount"])
+        colors = int(sr.get("colors") or 3)
+    except (KeyError, ValueError):
+        raise fail(path, "SciDAC file lacks the dims, precision, typesize or datacount in its private XML",
+                   "the file is damaged") from None
+    if typesize % (2 * nbytes):
+        raise fail(path, f"SciDAC typesize {typesize} does not fit precision {sr['precision']}", "the file is damaged")
+    return dims, nbytes, typesize // (2 * nbytes), count, sr.get("datatype", ""), "scidac", meta
+
+
+def read_field(path, ignore_checksum: bool = False, index: int = 0):
+    """The ``index``-th lattice field of a SciDAC or ILDG file: (array, info).
+
+    The array is complex128 of shape (nt, nz, ny, nx, datacount) + (3, 3) for colour matrices, + (3,) for colour
+    vectors (+ (n,) otherwise), holding the stored values converted to double."""
+    path = os.fspath(path)
+    records = lime.scan(path)
+    binrec, before, after = _describe(path, records, index)
+    dims, nbytes, ncomplex, count, datatype, fmt, meta = _layout(path, records, binrec, before)
+    nx, ny, nz, nt = dims
+    volume = nx * ny * nz * nt
+    site_bytes = ncomplex * 2 * nbytes * count
+    if binrec.length != volume * site_bytes:
+        raise fail(path, f"{binrec.type} record holds {binrec.length} bytes, expected {volume * site_bytes} "
+                         f"for a {dims_str(dims)} lattice of {count} x {ncomplex} complex values per site",
+                   "the file is damaged or its XML metadata is wrong")
+    raw = lime.read_data(path, binrec)
+    sums = {"expected": None, "computed": None, "ok": None}
+    cks = after("scidac-checksum")
+    ca, cb = scidac_checksum(raw, site_bytes)
+    sums["computed"] = {"suma": ca, "sumb": cb}
+    if cks is not None:
+        x = xml_fields(lime.read_data(path, cks))
+        try:
+            ea, eb = int(x["suma"], 16), int(x["sumb"], 16)
+        except (KeyError, ValueError):
+            raise fail(path, "scidac-checksum record without readable suma and sumb",
+                       "pass --ignore-checksum (ignore_checksum=True) to read the file anyway") from None
+        sums["expected"] = {"suma": ea, "sumb": eb}
+        sums["ok"] = (ea, eb) == (ca, cb)
+        if not sums["ok"] and not ignore_checksum:
+            raise checksum_error(path, "SciDAC", f"suma {ea:x} sumb {eb:x}", f"{ca:x} {cb:x}")
+    colors = int(meta.get("scidac_record", {}).get("colors") or 3)
+    elem = (colors, colors) if ncomplex == colors * colors else (ncomplex,)
+    a = (np.frombuffer(raw, dtype=f">f{nbytes}").astype(np.float64).view(np.complex128)
+         .reshape((nt, nz, ny, nx, count) + elem))
+    info = {"format": fmt, "path": path, "dims": dims, "precision": 8 * nbytes, "endian": "big",
+            "datatype": datatype, "datacount": count, "checksums": sums, "header": meta,
+            "records": [r.type for r in records]}
+    return a, info
+
+
+def read_gauge(path, ignore_checksum: bool = False):
+    """An ILDG or SciDAC gauge field: (site-major (nt, nz, ny, nx, 4, 3, 3) complex128 array, info)."""
+    a, info = read_field(path, ignore_checksum)
+    if a.shape[4:] != (4, 3, 3):
+        raise fail(path, f"{info['format']} file holds a {info['datatype'] or 'field'} ({info['datacount']} x "
+                         f"{a.shape[5:]} values per site), not a gauge field",
+                   "read it with lattice.io.read_color_vector or read_color_matrices")
+    return a, info
+
+
+def read_color_vector(path, ignore_checksum: bool = False, index: int = 0) -> np.ndarray:
+    """A SciDAC colour-vector field (e.g. ksvector.*.l8) as an array (nt, nz, ny, nx, 3), complex128."""
+    a, info = read_field(path, ignore_checksum, index)
+    if a.shape[4:] != (1, 3):
+        raise fail(path, f"holds {info['datacount']} x {a.shape[5:]} values per site, not one colour vector",
+                   "use read_field for other SciDAC fields")
+    return a[..., 0, :]
+
+
+def read_color_matrices(path, ignore_checksum: bool = False, index: int = 0) -> np.ndarray:
+    """A SciDAC field of 4 colour matrices per site (fat.l8, long.l8, colormatrix.mom.*) as an array
+    (nt, nz, ny, nx, 4, 3, 3), complex128."""
+    a, info = read_field(path, ignore_checksum, index)
+    if a.shape[4:] != (4, 3, 3):
+        raise fail(path, f"holds {info['datacount']} x {a.shape[5:]} values per site, not 4 colour matrices",
+                   "use read_field for other SciDAC fields")
+    return a
+
+
+# ------------------------------------------------------------------------------------------------------ write
+def _xml(body: str) -> bytes:
+    return ('<?xml version="1.0" encoding="UTF-8"?>' + body).encode() + b"\0"
+
+
+def write_ildg(f, a: np.ndarray, precision: int = 64, title: str = "hisq-hmc ILDG gauge configuration",
+               info: str = "", lfn: str | None = None) -> dict:
+    """Write an ILDG file (QIO's record layout, as MILC writes it) of the site-major array ``a``
+    (nt, nz, ny, nx, 4, 3, 3) to the open binary file ``f``, with a scidac-checksum. Returns the checksums."""
+    if precision not in (32, 64):
+        raise ValueError(f"ILDG precision {precision} is not supported: use 32 or 64")
+    nt, nz, ny, nx = a.shape[:4]
+    nbytes = precision // 8
+    data = np.ascontiguousarray(np.asarray(a, dtype=np.complex128).view(np.float64), dtype=f">f{nbytes}")
+    raw = data.tobytes()
+    suma, sumb = scidac_checksum(raw, 4 * 18 * nbytes)
+    p = "F" if precision == 32 else "D"
+    stamp = time.strftime("%a %b %d %H:%M:%S %Y UTC", time.gmtime())
+    file_msg = [
+        ("scidac-private-file-xml", _xml(f"<scidacFile><version>1.1</version><spacetime>4</spacetime>"
+                                         f"<dims>{nx} {ny} {nz} {nt} </dims><volfmt>0</volfmt></scidacFile>")),
+        ("scidac-file-xml", _xml(f"<title>{escape(title)}</title>")),
+    ]
+    rec_msg = [
+        ("scidac-private-record-xml", _xml(
+            f"<scidacRecord><version>1.0</version><date>{stamp}</date><globaldata>0</globaldata>"
+            f"<datatype>QDP_{p}3_ColorMatrix</datatype><precision>{p}</precision><colors>3</colors>"
+            f"<typesize>{18 * nbytes}</typesize><datacount>4</datacount></scidacRecord>")),
+        ("scidac-record-xml", _xml(f"<info>{escape(info)}</info>")),
+        ("ildg-format", _xml(
+            '<ildgFormat xmlns="http://www.lqcd.org/ildg" xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
+            'xsi:schemaLocation="http://www.lqcd.org/ildg/filefmt.xsd"><version>1.0</version>'
+            f"<field>su3gauge</field><precision>{precision}</precision>"
+            f"<lx>{nx}</lx><ly>{ny}</ly><lz>{nz}</lz><lt>{nt}</lt></ildgFormat>")),
+    ]
+    if lfn:
+        rec_msg.append(("ildg-data-lfn", lfn.encode() + b"\0"))
+    rec_msg += [
+        ("ildg-binary-data", raw),
+        ("scidac-checksum", _xml(f"<scidacChecksum><version>1.0</version><suma>{suma:x}</suma>"
+                                 f"<sumb>{sumb:x}</sumb></scidacChecksum>")),
+    ]
+    lime.write_messages(f, [file_msg, rec_msg])
+    return {"suma": suma, "sumb": sumb}
