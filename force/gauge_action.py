@@ -261,9 +261,26 @@ class GaugeAction:
         return out
 
     def force(self, u: GaugeField):
-        """Pdot_mu(x) = TA[U_mu(x) G_mu(x)^dag] = -(beta/3) TA[A_mu(x)], shape (4, nt, nz, ny, nx, 3, 3)."""
+        """Pdot_mu(x) = TA[U_mu(x) G_mu(x)^dag] = -(beta/3) TA[A_mu(x)], shape (4, nt, nz, ny, nx, 3, 3).
+
+        On a GPU holding the whole lattice this is one CUDA kernel (:mod:`force.gauge_force_cuda`), whose NumPy
+        twin is :meth:`force_reference`."""
+        if u.geom.backend.is_gpu and u.geom.grid.comm.size == 1:
+            return self._cuda_kernel(u.geom.backend)(u.links, self.beta, u.geom.local_dims)
+        return self.force_reference(u)
+
+    def force_reference(self, u: GaugeField):
+        """The force from array operations on ``geom.xp`` (the twin of the CUDA kernel)."""
         a = self.loop_derivative(u)
         return su3.traceless_antihermitian((-self.beta / 3.0) * a)
+
+    def _cuda_kernel(self, backend):
+        kern = getattr(self, "_kernel", None)
+        if kern is None:
+            from .gauge_force_cuda import GaugeForceKernel
+
+            kern = self._kernel = GaugeForceKernel(backend, self.shapes)
+        return kern
 
 
 class WilsonAction(GaugeAction):

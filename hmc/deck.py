@@ -44,6 +44,8 @@ SCHEMA = {
         "rng": Key(str, "philox", None, "", ("philox",)),
         "backend": Key(str, "numpy", None, "", ("numpy", "cupy", "auto")),
         "checkpoint_every": Key(int, 1, _positive, "a positive number of trajectories"),
+        "warmups": Key(int, 0, _nonneg, "a number >= 0 of leading trajectories run without the Metropolis test "
+                       "(thermalization, as MILC's rhmd; marked in the history and left out of statistics)"),
     },
     "lattice": {
         "dims": Key(list, None, _dims, "four even integers >= 2: nx ny nz nt"),

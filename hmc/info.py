@@ -10,6 +10,19 @@ from .assemble import make_monomials, make_schedule
 from .integrators import describe, force_evaluations
 
 
+def blocked_mean(x: np.ndarray, nblocks: int = 10) -> tuple[float, float]:
+    """Mean and its error from ``nblocks`` consecutive blocks (which absorbs autocorrelations shorter than a
+    block); the plain standard error when there are fewer values than blocks."""
+    x = np.asarray(x, dtype=float)
+    if len(x) < 2:
+        return float(x.mean()), float("nan")
+    if len(x) < 2 * nblocks:
+        return float(x.mean()), float(x.std(ddof=1) / np.sqrt(len(x)))
+    n = len(x) // nblocks * nblocks
+    b = x[len(x) - n:].reshape(nblocks, -1).mean(axis=1)
+    return float(x.mean()), float(b.std(ddof=1) / np.sqrt(nblocks))
+
+
 def info(path: str, as_json: bool = False, schedule: bool = False) -> str:
     st = runfile.load(path)
     d = st.deck
@@ -19,11 +32,14 @@ def info(path: str, as_json: bool = False, schedule: bool = False) -> str:
         "gauge": d["gauge"], "integrator": d["integrator"], "seed": d["run"]["seed"], "source": st.source,
         "trajectories_done": st.trajectory, "trajectories_planned": d["run"]["trajectories"],
     }
-    if hist:
-        acc = np.array([r["accepted"] for r in hist], dtype=float)
-        emdh = np.array([r["exp_mdH"] for r in hist])
-        plaq = np.array([(r["plaq_ss"] + r["plaq_st"]) / 6.0 for r in hist])
+    measured = [r for r in hist if not r["warmup"]]
+    if measured:
+        acc = np.array([r["accepted"] for r in measured], dtype=float)
+        emdh = np.array([r["exp_mdH"] for r in measured])
+        plaq = np.array([(r["plaq_ss"] + r["plaq_st"]) / 6.0 for r in measured])
+        mean, err = blocked_mean(plaq)
         summary.update({
+            "plaquette_mean": mean, "plaquette_err": err, "measured_trajectories": len(measured),
             "acceptance": float(acc.mean()),
             "exp_mdH_mean": float(emdh.mean()),
             "exp_mdH_err": float(emdh.std(ddof=1) / np.sqrt(len(emdh))) if len(emdh) > 1 else None,
@@ -38,10 +54,13 @@ def info(path: str, as_json: bool = False, schedule: bool = False) -> str:
              f"  gauge: {d['gauge']}",
              f"  integrator: {d['integrator']['scheme']}, steps {d['integrator']['steps']}, tau {d['integrator']['tau']}",
              f"  trajectories: {st.trajectory} done of {d['run']['trajectories']} planned"]
-    if hist:
+    if measured:
         lines.append(f"  acceptance {summary['acceptance']:.3f}, <exp(-dH)> = {summary['exp_mdH_mean']:.4f}"
                      + (f" +- {summary['exp_mdH_err']:.4f}" if summary["exp_mdH_err"] is not None else "")
                      + f", last plaquette (ReTr/3) {summary['last_plaquette']:.8f}")
+        lines.append(f"  <plaquette> (ReTr/3, {len(measured)} trajectories after {len(hist) - len(measured)} warmups) "
+                     f"= {summary['plaquette_mean']:.6f} +- {summary['plaquette_err']:.6f}")
+    if hist:
         lines.append("  traj  acc        dH      plaq_ss      plaq_st")
         for r in hist[-10:]:
             lines.append(f"  {r['traj']:4d}  {r['accepted']:3d}  {r['dH']:+.2e}  {r['plaq_ss']:.8f}  {r['plaq_st']:.8f}")

@@ -50,11 +50,11 @@ def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, f
     return state
 
 
-def _history_row(traj, res, u, geom) -> dict:
+def _history_row(traj, res, u, geom, warmup: bool) -> dict:
     ss, st = plaquette(u)
     pl = polyakov_loop(u)
     dh = res.delta_h
-    row = {"traj": traj, "accepted": int(res.accepted), "dH": dh,
+    row = {"traj": traj, "warmup": int(warmup), "accepted": int(res.accepted), "dH": dh,
            "exp_mdH": math.exp(-dh) if dh > -700 else float("inf"), "xrandom": res.xrandom,
            "g_start": res.start.gauge, "h_start": res.start.kinetic, "f_start": res.start.fermion,
            "g_end": res.end.gauge, "h_end": res.end.kinetic, "f_end": res.end.fermion,
@@ -67,7 +67,7 @@ def _history_row(traj, res, u, geom) -> dict:
 
 def summary_line(row: dict) -> str:
     """MILC's words on one line: ACCEPT/REJECT delta S, PLAQ (ss st), P_LOOP."""
-    word = "ACCEPT" if row["accepted"] else "REJECT"
+    word = "WARMUP" if row["warmup"] else "ACCEPT" if row["accepted"] else "REJECT"
     return (f"traj {row['traj']:5d}  {word}: delta S = {row['dH']:+.6e}  PLAQ: {row['plaq_ss']:.10f} "
             f"{row['plaq_st']:.10f}  P_LOOP: {row['ploop_re']:+.6e} {row['ploop_im']:+.6e}  "
             f"time {row['time_total']:.2f} s")
@@ -105,9 +105,11 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
             if root:
                 log(f"REVERSIBILITY: max|dU| = {rev['links']:.3e} max|dP| = {rev['momenta']:.3e} "
                     f"dH = {rev['dH']:+.3e}")
-        u, res = hmc_trajectory(u, rng, monomials, schedule, expm, d["integrator"]["reunitarize"])
+        warmup = state.trajectory < d["run"]["warmups"]
+        u, res = hmc_trajectory(u, rng, monomials, schedule, expm, d["integrator"]["reunitarize"],
+                                metropolis=not warmup)
         state.trajectory += 1
-        row = _history_row(state.trajectory, res, u, geom)
+        row = _history_row(state.trajectory, res, u, geom, warmup)
         state.history.append(row)
         if root:
             log(summary_line(row))
@@ -118,6 +120,7 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
             if root:
                 runfile.save(path, state)
     if root:
-        acc = np.mean([r["accepted"] for r in state.history[-remaining:]])
-        log(f"RUNNING COMPLETED: {remaining} trajectories, acceptance {acc:.3f}, file {path}")
+        tested = [r["accepted"] for r in state.history[-remaining:] if not r["warmup"]]
+        acc = f"acceptance {np.mean(tested):.3f}" if tested else "all warmups"
+        log(f"RUNNING COMPLETED: {remaining} trajectories, {acc}, file {path}")
     return state

@@ -1,0 +1,150 @@
+"""The gauge force as one hand-written CUDA kernel, driven by a table of paths (NumPy twin:
+:meth:`force.gauge_action.GaugeAction.force`).
+
+One thread per (site, direction mu) walks every loop through its link U_mu(x), each rotated to start with the
+step +mu at x: R = U_mu(x) M_2 ... M_L (a backward step of the original loop becomes a forward step of its
+reverse, which has the same ReTr). It sums c_i R over the loops and writes Pdot_mu(x) = -(beta/3) TA(sum), the
+formula of the NumPy twin, without the intermediate fields: links are read through the cache, the momentum is
+written once.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import loops as _loops
+
+_SOURCE = r"""
+#include <cuComplex.h>
+struct M3 { double2 e[9]; };
+
+__device__ __forceinline__ double2 cmul(double2 a, double2 b) {
+    return make_double2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
+}
+__device__ __forceinline__ double2 cmulc(double2 a, double2 b) {  // a * conj(b)
+    return make_double2(a.x * b.x + a.y * b.y, a.y * b.x - a.x * b.y);
+}
+__device__ __forceinline__ void load(M3 &m, const double2 *__restrict__ p) {
+    #pragma unroll
+    for (int i = 0; i < 9; ++i) m.e[i] = __ldg(p + i);
+}
+// c = a * b  or  c = a * b^dag
+__device__ __forceinline__ void mul(M3 &c, const M3 &a, const M3 &b, bool dag) {
+    #pragma unroll
+    for (int i = 0; i < 3; ++i)
+        #pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            double2 s = make_double2(0.0, 0.0);
+            #pragma unroll
+            for (int j = 0; j < 3; ++j) {
+                double2 t = dag ? cmulc(a.e[3 * i + j], b.e[3 * k + j]) : cmul(a.e[3 * i + j], b.e[3 * j + k]);
+                s.x += t.x; s.y += t.y;
+            }
+            c.e[3 * i + k] = s;
+        }
+}
+
+extern "C" __global__ void gauge_force(const double2 *__restrict__ U, double2 *__restrict__ F,
+                                       const int *__restrict__ steps, const int *__restrict__ path_start,
+                                       const double *__restrict__ coef, const int *__restrict__ mu_start,
+                                       int nx, int ny, int nz, int nt, double scale) {
+    const long vol = (long)nx * ny * nz * nt;
+    long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (gid >= 4 * vol) return;
+    const int mu = gid / vol;
+    const long site = gid - mu * vol;
+    const int n[4] = {nx, ny, nz, nt};
+    int x0[4];
+    long r = site;
+    x0[0] = r % nx; r /= nx; x0[1] = r % ny; r /= ny; x0[2] = r % nz; x0[3] = r / nz;
+
+    M3 first, acc, link, tmp;
+    load(first, U + (mu * vol + site) * 9);
+    double2 sum[9];
+    #pragma unroll
+    for (int i = 0; i < 9; ++i) sum[i] = make_double2(0.0, 0.0);
+
+    for (int p = mu_start[mu]; p < mu_start[mu + 1]; ++p) {
+        int x[4] = {x0[0], x0[1], x0[2], x0[3]};
+        x[mu] = (x[mu] + 1) % n[mu];
+        acc = first;
+        for (int k = path_start[p] + 1; k < path_start[p + 1]; ++k) {
+            const int s = steps[k];
+            const int nu = (s > 0 ? s : -s) - 1;
+            if (s < 0) x[nu] = (x[nu] + n[nu] - 1) % n[nu];
+            const long idx = x[0] + (long)nx * (x[1] + (long)ny * (x[2] + (long)nz * x[3]));
+            load(link, U + (nu * vol + idx) * 9);
+            mul(tmp, acc, link, s < 0);
+            acc = tmp;
+            if (s > 0) x[nu] = (x[nu] + 1) % n[nu];
+        }
+        const double c = coef[p];
+        #pragma unroll
+        for (int i = 0; i < 9; ++i) { sum[i].x += c * acc.e[i].x; sum[i].y += c * acc.e[i].y; }
+    }
+    // TA(A) = (A - A^dag)/2 - Tr(A - A^dag)/6, times scale
+    double2 out[9];
+    #pragma unroll
+    for (int i = 0; i < 3; ++i)
+        #pragma unroll
+        for (int j = 0; j < 3; ++j) {
+            double2 a = sum[3 * i + j], b = sum[3 * j + i];
+            out[3 * i + j] = make_double2(0.5 * (a.x - b.x), 0.5 * (a.y + b.y));
+        }
+    double tr = (out[0].y + out[4].y + out[8].y) / 3.0;
+    out[0].y -= tr; out[4].y -= tr; out[8].y -= tr;
+    double2 *o = F + (mu * vol + site) * 9;
+    #pragma unroll
+    for (int i = 0; i < 9; ++i) o[i] = make_double2(scale * out[i].x, scale * out[i].y);
+}
+"""
+
+
+def force_paths(shapes: dict) -> list:
+    """For each mu, the (coefficient, path) pairs of every loop through the link (x, mu), rotated to start with +mu.
+
+    ``shapes`` is ``GaugeAction.shapes``: {name: (c, loops)}. A loop stepping backward along mu contributes its
+    reverse (same ReTr) rotated to that step.
+    """
+    table = [[] for _ in range(4)]
+    for c, paths in shapes.values():
+        if c == 0.0:
+            continue
+        for p in paths:
+            for q in (tuple(p), _loops.reverse(p)):
+                for k, s in enumerate(q):
+                    if s > 0:
+                        table[s - 1].append((c, q[k:] + q[:k]))
+    return table
+
+
+class GaugeForceKernel:
+    """The compiled kernel and the device copy of one action's path table."""
+
+    def __init__(self, backend, shapes: dict):
+        cp = backend.xp
+        table = force_paths(shapes)
+        steps, path_start, coef, mu_start = [], [0], [], [0]
+        for mu in range(4):
+            for c, q in table[mu]:
+                steps += list(q)
+                path_start.append(len(steps))
+                coef.append(c)
+            mu_start.append(len(coef))
+        self.steps = cp.asarray(np.array(steps, dtype=np.int32))
+        self.path_start = cp.asarray(np.array(path_start, dtype=np.int32))
+        self.coef = cp.asarray(np.array(coef, dtype=np.float64))
+        self.mu_start = cp.asarray(np.array(mu_start, dtype=np.int32))
+        self.kernel = backend.kernel(("gauge_force",), lambda: cp.RawModule(
+            code=_SOURCE, options=("--std=c++14",)).get_function("gauge_force"))
+        self.cp = cp
+
+    def __call__(self, links, beta: float, dims):
+        cp = self.cp
+        nx, ny, nz, nt = dims
+        out = cp.empty_like(links)
+        n = 4 * nx * ny * nz * nt
+        block = 128
+        self.kernel(((n + block - 1) // block,), (block,),
+                    (links, out, self.steps, self.path_start, self.coef, self.mu_start,
+                     np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), np.float64(-beta / 3.0)))
+        return out

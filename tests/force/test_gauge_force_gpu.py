@@ -1,0 +1,45 @@
+"""The CUDA gauge-force kernel equals its NumPy twin (run on the device: pytest -m gpu)."""
+import numpy as np
+import pytest
+
+from force.gauge_action import SymanzikAction, WilsonAction
+from lattice import CounterRNG, GaugeField, Geometry, get_backend, su3
+from tests.conftest import FIXTURES
+
+pytestmark = pytest.mark.gpu
+
+
+def smooth(geom, seed):
+    rng = CounterRNG(seed)
+    w = rng.gaussian("s", geom.site_ids(), 32).reshape(geom.shape + (4, 8))
+    p = geom.xp.moveaxis(su3.algebra_from_coefficients(0.4 * w), -3, 0)
+    return GaugeField(geom, geom.xp.ascontiguousarray(su3.expm_su3(p)))
+
+
+@pytest.mark.parametrize("action", [WilsonAction(6.0), SymanzikAction(7.4, 0.89, 3, "hisq")], ids=["wilson", "symanzik"])
+@pytest.mark.parametrize("dims", [(4, 4, 4, 4), (6, 4, 8, 10)])
+def test_kernel_equals_numpy_twin(action, dims):
+    cpu = Geometry(dims, get_backend("numpy"))
+    gpu = Geometry(dims, get_backend("cupy"))
+    ref = action.force(smooth(cpu, 4))
+    ug = smooth(gpu, 4)
+    got = gpu.backend.to_numpy(action.force(ug))
+    assert np.abs(got - ref).max() <= 1e-13 * np.abs(ref).max()
+    # and the CuPy run of the array-operation twin agrees too
+    twin = gpu.backend.to_numpy(action.force_reference(ug))
+    assert np.abs(twin - ref).max() <= 1e-13 * np.abs(ref).max()
+
+
+def test_kernel_on_milc_lattice():
+    path = FIXTURES / "lat.sample.l6666.hisq"
+    if not path.exists():
+        pytest.skip(f"MILC fixture {path} is absent")
+    from lattice.io import read_gauge
+
+    action = SymanzikAction(7.4, 0.89, 3, "hisq")
+    uc, _ = read_gauge(str(path), backend="numpy", reunitarize=True)
+    ug, _ = read_gauge(str(path), backend="cupy", reunitarize=True)
+    ref = action.force(uc)
+    got = ug.geom.backend.to_numpy(action.force(ug))
+    assert np.abs(got - ref).max() <= 1e-13 * np.abs(ref).max()
+    assert abs(action.action(uc) - action.action(ug)) <= 1e-12 * abs(action.action(uc))
