@@ -178,7 +178,13 @@ class GaugeAction:
 
     # action ----------------------------------------------------------------------------------------------
     def _weighted_deficit(self, u: GaugeField):
-        """sum_i c_i sum_loops (3 - ReTr W) at every local site."""
+        """sum_i c_i sum_loops (3 - ReTr W) at every local site (one CUDA kernel on a GPU holding the lattice)."""
+        if u.geom.backend.is_gpu and u.geom.grid.comm.size == 1:
+            return self._cuda_kernel(u.geom.backend, "action")(u.links, u.geom.local_dims)
+        return self.weighted_deficit_reference(u)
+
+    def weighted_deficit_reference(self, u: GaugeField):
+        """The array-operation twin of the action-density kernel."""
         links = _Links(u)
         acc = None
         for c, paths in self.shapes.values():
@@ -266,7 +272,7 @@ class GaugeAction:
         On a GPU holding the whole lattice this is one CUDA kernel (:mod:`force.gauge_force_cuda`), whose NumPy
         twin is :meth:`force_reference`."""
         if u.geom.backend.is_gpu and u.geom.grid.comm.size == 1:
-            return self._cuda_kernel(u.geom.backend)(u.links, self.beta, u.geom.local_dims)
+            return self._cuda_kernel(u.geom.backend, "force")(u.links, self.beta, u.geom.local_dims)
         return self.force_reference(u)
 
     def force_reference(self, u: GaugeField):
@@ -274,13 +280,14 @@ class GaugeAction:
         a = self.loop_derivative(u)
         return su3.traceless_antihermitian((-self.beta / 3.0) * a)
 
-    def _cuda_kernel(self, backend):
-        kern = getattr(self, "_kernel", None)
-        if kern is None:
-            from .gauge_force_cuda import GaugeForceKernel
+    def _cuda_kernel(self, backend, which: str):
+        """The compiled force or action kernel for this action's loops, built on first use."""
+        kernels = self.__dict__.setdefault("_kernels", {})
+        if which not in kernels:
+            from .gauge_force_cuda import GaugeActionKernel, GaugeForceKernel
 
-            kern = self._kernel = GaugeForceKernel(backend, self.shapes)
-        return kern
+            kernels[which] = (GaugeForceKernel if which == "force" else GaugeActionKernel)(backend, self.shapes)
+        return kernels[which]
 
 
 class WilsonAction(GaugeAction):

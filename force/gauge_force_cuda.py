@@ -43,6 +43,50 @@ __device__ __forceinline__ void mul(M3 &c, const M3 &a, const M3 &b, bool dag) {
         }
 }
 
+// sum over loops starting at each site of c_i (3 - ReTr W): the action density (times 3/beta)
+extern "C" __global__ void gauge_action_density(const double2 *__restrict__ U, double *__restrict__ out,
+                                                const int *__restrict__ steps, const int *__restrict__ path_start,
+                                                const double *__restrict__ coef, int npaths,
+                                                int nx, int ny, int nz, int nt) {
+    const long vol = (long)nx * ny * nz * nt;
+    long site = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (site >= vol) return;
+    const int n[4] = {nx, ny, nz, nt};
+    int x0[4];
+    long r = site;
+    x0[0] = r % nx; r /= nx; x0[1] = r % ny; r /= ny; x0[2] = r % nz; x0[3] = r / nz;
+    M3 acc, link, tmp;
+    double total = 0.0;
+    for (int p = 0; p < npaths; ++p) {
+        int x[4] = {x0[0], x0[1], x0[2], x0[3]};
+        bool started = false;
+        for (int k = path_start[p]; k < path_start[p + 1]; ++k) {
+            const int s = steps[k];
+            const int nu = (s > 0 ? s : -s) - 1;
+            if (s < 0) x[nu] = (x[nu] + n[nu] - 1) % n[nu];
+            const long idx = x[0] + (long)nx * (x[1] + (long)ny * (x[2] + (long)nz * x[3]));
+            load(link, U + (nu * vol + idx) * 9);
+            if (!started) {
+                if (s > 0) { acc = link; }
+                else {
+                    #pragma unroll
+                    for (int i = 0; i < 3; ++i)
+                        #pragma unroll
+                        for (int j = 0; j < 3; ++j)
+                            acc.e[3 * i + j] = make_double2(link.e[3 * j + i].x, -link.e[3 * j + i].y);
+                }
+                started = true;
+            } else {
+                mul(tmp, acc, link, s < 0);
+                acc = tmp;
+            }
+            if (s > 0) x[nu] = (x[nu] + 1) % n[nu];
+        }
+        total += coef[p] * (3.0 - (acc.e[0].x + acc.e[4].x + acc.e[8].x));
+    }
+    out[site] = total;
+}
+
 extern "C" __global__ void gauge_force(const double2 *__restrict__ U, double2 *__restrict__ F,
                                        const int *__restrict__ steps, const int *__restrict__ path_start,
                                        const double *__restrict__ coef, const int *__restrict__ mu_start,
@@ -117,6 +161,43 @@ def force_paths(shapes: dict) -> list:
     return table
 
 
+def _module(backend):
+    cp = backend.xp
+    return backend.kernel(("gauge_force_module",), lambda: cp.RawModule(code=_SOURCE, options=("--std=c++14",)))
+
+
+class GaugeActionKernel:
+    """sum_i c_i sum_loops (3 - ReTr W(x)) at every site, one thread per site (twin:
+    ``GaugeAction._weighted_deficit``)."""
+
+    def __init__(self, backend, shapes: dict):
+        cp = backend.xp
+        steps, path_start, coef = [], [0], []
+        for c, paths in shapes.values():
+            if c == 0.0:
+                continue
+            for p in paths:
+                steps += list(p)
+                path_start.append(len(steps))
+                coef.append(c)
+        self.npaths = len(coef)
+        self.steps = cp.asarray(np.array(steps, dtype=np.int32))
+        self.path_start = cp.asarray(np.array(path_start, dtype=np.int32))
+        self.coef = cp.asarray(np.array(coef, dtype=np.float64))
+        self.kernel = _module(backend).get_function("gauge_action_density")
+        self.cp = cp
+
+    def __call__(self, links, dims):
+        nx, ny, nz, nt = dims
+        out = self.cp.empty((nt, nz, ny, nx), dtype=self.cp.float64)
+        n = out.size
+        block = 128
+        self.kernel(((n + block - 1) // block,), (block,),
+                    (links, out, self.steps, self.path_start, self.coef, np.int32(self.npaths),
+                     np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt)))
+        return out
+
+
 class GaugeForceKernel:
     """The compiled kernel and the device copy of one action's path table."""
 
@@ -134,8 +215,7 @@ class GaugeForceKernel:
         self.path_start = cp.asarray(np.array(path_start, dtype=np.int32))
         self.coef = cp.asarray(np.array(coef, dtype=np.float64))
         self.mu_start = cp.asarray(np.array(mu_start, dtype=np.int32))
-        self.kernel = backend.kernel(("gauge_force",), lambda: cp.RawModule(
-            code=_SOURCE, options=("--std=c++14",)).get_function("gauge_force"))
+        self.kernel = _module(backend).get_function("gauge_force")
         self.cp = cp
 
     def __call__(self, links, beta: float, dims):

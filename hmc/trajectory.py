@@ -48,7 +48,10 @@ def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3,
     for op in schedule:
         if op[0] == "U":
             t0 = time.perf_counter()
-            u.links = expm(op[1] * p) @ u.links
+            if expm is su3.expm_su3:
+                u.links = su3.exp_update(u.links, p, op[1], u.geom.backend)
+            else:
+                u.links = expm(op[1] * p) @ u.links
             timers["links"] = timers.get("links", 0.0) + time.perf_counter() - t0
         else:
             _, names, dt = op

@@ -43,3 +43,14 @@ def test_kernel_on_milc_lattice():
     got = ug.geom.backend.to_numpy(action.force(ug))
     assert np.abs(got - ref).max() <= 1e-13 * np.abs(ref).max()
     assert abs(action.action(uc) - action.action(ug)) <= 1e-12 * abs(action.action(uc))
+
+
+@pytest.mark.parametrize("action", [WilsonAction(6.0), SymanzikAction(6.7, 0.89, 4, "hisq")], ids=["wilson", "symanzik"])
+def test_action_kernel_equals_twin(action):
+    cpu = Geometry((4, 6, 4, 8), get_backend("numpy"))
+    gpu = Geometry((4, 6, 4, 8), get_backend("cupy"))
+    ref = action.action(smooth(cpu, 2))
+    ug = smooth(gpu, 2)
+    assert abs(action.action(ug) - ref) <= 1e-13 * abs(ref)
+    twin = float(action.weighted_deficit_reference(ug).sum()) * action.beta / 3.0
+    assert abs(twin - ref) <= 1e-13 * abs(ref)

@@ -39,3 +39,15 @@ def test_expm_and_reunitarize(pair):
     assert np.abs(su3.expm_su3(a) - gpu.backend.to_numpy(su3.expm_su3(ag))).max() < 1e-14
     m = a + 0.3
     assert np.abs(su3.reunitarize(m) - gpu.backend.to_numpy(su3.reunitarize(gpu.backend.asarray(m)))).max() < 1e-14
+
+
+def test_fused_link_update(pair):
+    cpu, gpu = pair
+    rng = np.random.default_rng(8)
+    p = su3.algebra_from_coefficients(rng.normal(size=(2000, 8)) * np.repeat([1e-9, 1e-3, 0.3, 2.0], 500)[:, None])
+    u = su3.reunitarize(rng.normal(size=(2000, 3, 3)) + 1j * rng.normal(size=(2000, 3, 3)))
+    ref = su3.exp_update(u.copy(), p, 0.37)
+    got = gpu.backend.to_numpy(su3.exp_update(gpu.backend.asarray(u), gpu.backend.asarray(p), 0.37, gpu.backend))
+    assert np.abs(got - ref).max() < 1e-14
+    neg = gpu.backend.to_numpy(su3.exp_update(gpu.backend.asarray(u), gpu.backend.asarray(p), -0.37, gpu.backend))
+    assert np.abs(neg - su3.exp_update(u.copy(), p, -0.37)).max() < 1e-14

@@ -1,0 +1,60 @@
+"""The command line as a user meets it: the README's example, measure on MILC's lattice, bad input."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hmc.cli import main
+from tests.conftest import ROOT, fixture_path
+
+
+def test_readme_example(tmp_path, capsys):
+    """README: hmc init -o example.h5 && hmc run example.h5 (the embedded quick deck)."""
+    out = str(tmp_path / "example.h5")
+    assert main(["init", "-o", out]) == 0
+    assert main(["run", out, "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "RUNNING COMPLETED" in text and text.count("delta S =") == 5
+
+
+def test_measure_milc_gauge_action(capsys):
+    """hmc measure on lat.sample.l6666.hisq with beta 7.4, u0 0.89, nf 3, HISQ loops gives MILC's g."""
+    path = fixture_path("lat.sample.l6666.hisq")
+    assert main(["measure", str(path), "--json", "--beta", "7.4", "--u0", "0.89", "--gauge-action", "symanzik",
+                 "--quark-loops", "hisq", "--nf", "3"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert abs(r["gauge_action"]["S_g"] - 1.91689566918234e+04) < 1e-13 * 1.92e4 * 10
+    assert abs(r["check_plaq_ss"] - 1.8403954419120214) < 1e-12
+    assert abs(r["check_plaq_st"] - 1.8597505785271828) < 1e-12
+    assert abs(r["link_trace"] - 1.6866463634818848e-01) < 1e-12
+    assert abs(r["polyakov_re"] - 3.164544e-01) < 5e-7 and abs(r["polyakov_im"] + 3.882709e-02) < 5e-8
+    assert r["checksums"]["ok"]
+
+
+@pytest.mark.parametrize("content", [None, b"", b"hello, not a lattice\n", bytes(range(256)) * 4])
+def test_measure_bad_files(tmp_path, content):
+    path = tmp_path / "lat.bad"
+    if content is not None:
+        path.write_bytes(content)
+    r = subprocess.run([sys.executable, "-m", "hmc", "measure", str(path)], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0], r.stderr
+
+
+def test_single_process_needs_no_mpi(tmp_path):
+    """A single process runs with mpi4py unavailable."""
+    out = tmp_path / "t.h5"
+    code = ("import sys; sys.modules['mpi4py'] = None; from hmc.cli import main; "
+            f"sys.exit(main(['init', '-o', {str(out)!r}]) or main(['run', {str(out)!r}, '--trajectories', '1', "
+            "'--no-progress']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_help_lists_commands():
+    r = subprocess.run([sys.executable, "-m", "hmc", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    for cmd in ("init", "run", "info", "measure", "bench"):
+        assert cmd in r.stdout
