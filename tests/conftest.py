@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "milc"
+# MILC's reference files: ../shared/fixtures/milc/ beside the checkout, or HMC_MILC_FIXTURES (for a copy carried
+# to the GPU machine, which has no ../shared).
+FIXTURES = Path(os.environ.get("HMC_MILC_FIXTURES", ROOT.parent / "shared" / "fixtures" / "milc"))
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

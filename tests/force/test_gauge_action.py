@@ -231,7 +231,7 @@ def test_custom_action_and_closed_loops(geom, smooth):
 
 
 # MILC reference ---------------------------------------------------------------------------------------------
-MILC_FIXTURES = Path(__file__).resolve().parents[2].parent / "shared/fixtures/milc"
+from tests.conftest import FIXTURES as MILC_FIXTURES  # noqa: E402
 
 
 def test_milc_sample_lattice_gauge_action():

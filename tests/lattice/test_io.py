@@ -18,7 +18,9 @@ from lattice.io.common import milc_checksum, nersc_checksum, scidac_checksum
 
 
 def fixtures() -> Path:
-    d = Path(__file__).resolve().parents[2].parent / "shared/fixtures/milc"
+    from tests.conftest import FIXTURES
+
+    d = FIXTURES
     if not d.is_dir():
         pytest.skip(f"MILC sample files not found at {d} (the shared fixtures folder beside the repository)")
     return d
