@@ -58,3 +58,18 @@ def test_help_lists_commands():
     r = subprocess.run([sys.executable, "-m", "hmc", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     for cmd in ("init", "run", "info", "measure", "bench"):
         assert cmd in r.stdout
+
+
+@pytest.mark.parametrize("name", ["lat.sample.l4444", "lat.sample.l4444.ildg", "lat.sample.l4444.scidac"])
+def test_init_from_lattice(tmp_path, name, capsys):
+    """hmc init --from-lattice starts from MILC's configuration, re-unitarized as MILC does in double precision."""
+    from hmc.runfile import load
+    from lattice import su3
+    from lattice.io import read_site_major
+
+    path = fixture_path(name)
+    out = str(tmp_path / "t.h5")
+    assert main(["init", str(ROOT / "runs" / "quick4.toml"), "-o", out, "--from-lattice", str(path)]) == 0
+    stored, _ = read_site_major(str(path))
+    assert abs(load(out).links - su3.reunitarize(stored.astype(complex))).max() == 0
+    assert main(["run", out, "--trajectories", "1", "--no-progress"]) == 0
