@@ -78,6 +78,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
+    except BrokenPipeError:  # output piped into head: not an error
+        sys.stderr.close()
+        return 0
     except _user_errors() as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"hmc {args.command}: error: {msg}", file=sys.stderr)
