@@ -1,7 +1,15 @@
-"""The process grid and global reductions.
+"""The process grid, split grids and global reductions (COMMS.md, DESIGN.md "Decomposition and halos").
 
 A single process needs no MPI library: mpi4py is imported only when the job has more than one rank (detected from
-the launcher's environment) or when it is asked for explicitly.
+the launcher's environment), when a dimension is partitioned with one rank (it then exchanges with itself through
+MPI.COMM_SELF), or when it is asked for explicitly (HMC_FORCE_MPI=1).
+
+Rank mapping is node-aware: the ranks are ordered node by node (MPI.COMM_TYPE_SHARED split), then numbered into
+the grid with x fastest, so consecutive grid positions, and therefore neighbours along the first split dimension,
+share a node. ``neighbours[dim][dir]`` is the rank (in ``comm``) of the backward (dir 0) and forward (dir 1)
+neighbour. ``partitioned[dim]`` says whether ``dim`` exchanges halos: true when it has more than one rank, or when
+forced (``partitioned=`` or HMC_PARTITION=t, =zt, ...): a one-rank partitioned dimension exchanges with itself
+through the whole pack/exchange/unpack path.
 """
 from __future__ import annotations
 
@@ -9,9 +17,17 @@ import os
 
 import numpy as np
 
+from . import reduce as _reduce
+
+DIRS = "xyzt"
+
 
 class CommsError(RuntimeError):
-    pass
+    """A user-facing communication error (bad grid, bad transport request, protocol timeout)."""
+
+
+class CommsTimeout(CommsError):
+    """A host-side wait passed its deadline (HMC_COMMS_TIMEOUT). Raised on the rank that waited, not on all."""
 
 
 _LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
@@ -25,6 +41,16 @@ def launched_size() -> int:
     return 1
 
 
+def mpi():
+    """The mpi4py MPI module (initializing MPI on first use). Open MPI's UCX one-sided component is excluded
+    unless the user chose components: only shared-memory windows are used, and its probe prints errors on hosts
+    without UCX devices."""
+    os.environ.setdefault("OMPI_MCA_osc", "^ucx")
+    from mpi4py import MPI
+
+    return MPI
+
+
 class _SingleComm:
     """The part of an MPI communicator this project uses, for one process without MPI."""
 
@@ -34,8 +60,14 @@ class _SingleComm:
     def allreduce(self, x, op=None):
         return x
 
+    def allgather(self, x):
+        return [x]
+
     def bcast(self, x, root=0):
         return x
+
+    def gather(self, x, root=0):
+        return [x]
 
     def Barrier(self):
         pass
@@ -52,50 +84,365 @@ def world():
     global _world
     if _world is None:
         if launched_size() > 1 or os.environ.get("HMC_FORCE_MPI") == "1":
-            from mpi4py import MPI
-
-            _world = MPI.COMM_WORLD
+            _world = mpi().COMM_WORLD
         else:
             _world = _SingleComm()
     return _world
 
 
+def is_mpi_comm(comm) -> bool:
+    return not isinstance(comm, _SingleComm)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# grid shapes
+
+def _parse_ints(text: str, what: str) -> tuple:
+    try:
+        vals = tuple(int(v) for v in text.replace(",", " ").replace("x", " ").split())
+    except ValueError:
+        raise CommsError(f"{what}={text!r} is not four positive integers PX PY PZ PT") from None
+    if len(vals) != 4 or any(v < 1 for v in vals):
+        raise CommsError(f"{what}={text!r} is not four positive integers PX PY PZ PT")
+    return vals
+
+
+def _prime_factors(n: int) -> list:
+    out, p = [], 2
+    while n > 1:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return sorted(out, reverse=True)
+
+
+def choose_grid(size: int, lattice) -> tuple:
+    """A process grid for ``size`` ranks on ``lattice`` (nx, ny, nz, nt): prime factors, largest first, go to the
+    dimension with the largest local extent (ties: t, z, y, x) whose extent they divide into even pieces."""
+    local = [int(n) for n in lattice]
+    grid = [1, 1, 1, 1]
+    for p in _prime_factors(int(size)):
+        best = None
+        for mu in (3, 2, 1, 0):
+            if local[mu] % p == 0 and (local[mu] // p) % 2 == 0:
+                if best is None or local[mu] > local[best]:
+                    best = mu
+        if best is None:
+            raise CommsError(f"cannot split the {'x'.join(map(str, lattice))} lattice over {size} ranks into even "
+                             "local extents: give --grid PX PY PZ PT or use another rank count")
+        grid[best] *= p
+        local[best] //= p
+    return tuple(grid)
+
+
+def _parse_partition(spec) -> tuple:
+    if spec is None:
+        return (False,) * 4
+    if isinstance(spec, str):
+        s = spec.strip().lower()
+        if s in ("", "none", "0"):
+            return (False,) * 4
+        if not set(s) <= set(DIRS + ", "):
+            raise CommsError(f"HMC_PARTITION={spec!r}: give the directions to partition as letters, e.g. 't' or "
+                             "'zt'")
+        return tuple(d in s for d in DIRS)
+    spec = tuple(bool(v) for v in spec)
+    if len(spec) != 4:
+        raise CommsError(f"partitioned={spec} must have four entries (x, y, z, t)")
+    return spec
+
+
+class _Context:
+    """One level of the communicator stack: comm, grid shape, coordinates, neighbours, halo engine."""
+
+    def __init__(self, comm, dims, coords, neighbours, order):
+        self.comm = comm
+        self.dims = dims
+        self.coords = coords
+        self.neighbours = neighbours
+        self.order = order          # order[g] = rank in comm at grid index g (x fastest)
+        self.engine = None
+
+
+def grid_index(coords, dims) -> int:
+    g = 0
+    for c, d in zip(reversed(coords), reversed(dims)):
+        g = g * d + c
+    return g
+
+
+def grid_coords(g: int, dims) -> tuple:
+    c = []
+    for d in dims:
+        c.append(g % d)
+        g //= d
+    return tuple(c)
+
+
 class ProcessGrid:
-    """A 4D Cartesian grid of ranks (x, y, z, t). This slice runs one rank; the domain-decomposition issue
-    adds neighbours, halos and transports."""
+    """A 4D Cartesian grid of ranks (x, y, z, t), with halo exchanges over the partitioned dimensions.
 
-    def __init__(self, dims=(1, 1, 1, 1), comm=None):
+    dims: ranks per dimension; None (or all ones on several ranks) chooses a grid from the rank count and the
+    lattice (given here or later by :meth:`bind`); HMC_GRID="PX PY PZ PT" (what ``--grid`` sets) overrides.
+    partitioned: force one-rank dimensions onto the halo path (tuple of 4 bools or letters "zt"; default
+    HMC_PARTITION). transport: "mpi" | "shm" | None (HMC_P2P_TRANSPORT, else the best every rank can use).
+    """
+
+    def __init__(self, dims=None, comm=None, *, lattice=None, partitioned=None, transport=None):
         self.comm = comm if comm is not None else world()
-        self.dims = tuple(int(d) for d in dims)
-        if len(self.dims) != 4 or any(d < 1 for d in self.dims):
-            raise CommsError(f"process grid {self.dims} is not four positive integers: use --grid PX PY PZ PT")
-        if int(np.prod(self.dims)) != self.comm.size:
-            raise CommsError(f"process grid {'x'.join(map(str, self.dims))} needs {int(np.prod(self.dims))} ranks "
-                             f"but the job has {self.comm.size}: change --grid or the mpiexec -n count")
+        self.size = self.comm.size
         self.rank = self.comm.rank
-        self.coords = self._coords(self.rank)
+        env_grid = os.environ.get("HMC_GRID")
+        if env_grid:
+            dims = _parse_ints(env_grid, "HMC_GRID (--grid)")
+        elif dims is not None:
+            dims = tuple(int(d) for d in dims)
+            if len(dims) != 4 or any(d < 1 for d in dims):
+                raise CommsError(f"process grid {dims} is not four positive integers: use --grid PX PY PZ PT")
+            if self.size > 1 and dims == (1, 1, 1, 1):
+                dims = None          # the default grid of a deck: choose one for the rank count
+        self._forced = _parse_partition(partitioned if partitioned is not None else os.environ.get("HMC_PARTITION"))
+        self.transport_request = transport
+        self._stack = []
+        self._ctx = None
+        self._protocol = None
+        self.node_comm = None
+        if dims is None and lattice is not None:
+            dims = choose_grid(self.size, lattice)
+        if dims is not None:
+            self._setup(dims)
 
-    def _coords(self, rank):
-        c = []
-        for d in self.dims:
-            c.append(rank % d)
-            rank //= d
-        return tuple(c)
+    # set-up -------------------------------------------------------------------------------------------------
+    def bind(self, lattice) -> "ProcessGrid":
+        """Choose the grid now if it was left open, and check that it divides ``lattice``."""
+        if self._ctx is None:
+            self._setup(choose_grid(self.size, lattice))
+        self.check_divides(lattice)
+        return self
+
+    def _setup(self, dims):
+        dims = tuple(int(d) for d in dims)
+        if int(np.prod(dims)) != self.size:
+            raise CommsError(f"process grid {'x'.join(map(str, dims))} needs {int(np.prod(dims))} ranks "
+                             f"but the job has {self.size}: change --grid or the mpiexec -n count")
+        order = list(range(self.size))
+        self.node_of = [0] * self.size
+        if self.size > 1:
+            MPI = mpi()
+            self.node_comm = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+            leader = self.node_comm.bcast(self.rank, root=0)
+            info = self.comm.allgather((leader, self.node_comm.rank))
+            leaders = sorted({l for l, _ in info})
+            self.node_of = [leaders.index(l) for l, _ in info]
+            order = sorted(range(self.size), key=lambda r: (info[r][0], info[r][1]))
+        self._ctx = self._make_context(self.comm, dims, order)
+
+    def _make_context(self, comm, dims, order) -> _Context:
+        rank = comm.rank if is_mpi_comm(comm) else 0
+        g = order.index(rank)
+        coords = grid_coords(g, dims)
+        neighbours = []
+        for mu in range(4):
+            pair = []
+            for step in (-1, +1):
+                c = list(coords)
+                c[mu] = (c[mu] + step) % dims[mu]
+                pair.append(order[grid_index(c, dims)])
+            neighbours.append(tuple(pair))
+        return _Context(comm, dims, coords, tuple(neighbours), order)
+
+    # the current context ------------------------------------------------------------------------------------
+    def _need(self):
+        if self._ctx is None:
+            raise CommsError("the process grid is not chosen yet: bind it to a lattice (Geometry does) or give dims")
+        return self._ctx
+
+    @property
+    def dims(self):
+        return None if self._ctx is None else self._ctx.dims
+
+    @dims.setter
+    def dims(self, value):
+        if value is not None:
+            raise AttributeError("set the grid through the constructor")
+
+    @property
+    def coords(self):
+        return self._need().coords
+
+    @property
+    def neighbours(self):
+        return self._need().neighbours
+
+    @property
+    def active_comm(self):
+        """The communicator of the current context (a sub-grid's while one is pushed)."""
+        return self._need().comm
+
+    @property
+    def partitioned(self) -> tuple:
+        d = self._need().dims
+        return tuple(d[mu] > 1 or self._forced[mu] for mu in range(4))
 
     @property
     def is_root(self) -> bool:
         return self.rank == 0
 
-    def sum(self, value):
-        """Global sum of a Python or NumPy scalar/array (same value on every rank)."""
-        if self.comm.size == 1:
-            return value
-        from mpi4py import MPI
+    @property
+    def depth(self) -> int:
+        """How many communicators are pushed on top of the base grid."""
+        return len(self._stack)
 
-        return self.comm.allreduce(value, op=MPI.SUM)
+    def describe(self) -> str:
+        d = self._need().dims
+        p = "".join(DIRS[mu] for mu in range(4) if self.partitioned[mu]) or "none"
+        return f"grid {'x'.join(map(str, d))} on {self.size} rank(s), partitioned: {p}"
+
+    # reductions ---------------------------------------------------------------------------------------------
+    def sum(self, value):
+        """Global sum of a Python or NumPy scalar/array (same value on every rank, rounding depends on the rank
+        count: use :meth:`sum_exact` for floats that must not depend on the decomposition)."""
+        comm = self.active_comm if self._ctx is not None else self.comm
+        if comm.size == 1:
+            return value
+        return comm.allreduce(value, op=mpi().SUM)
+
+    def sum_exact(self, a):
+        """Correctly rounded global sum of the local float (or complex) arrays ``a``: bitwise the same for every
+        decomposition, rank count and order (comms.reduce). Returns a Python float or complex."""
+        comm = self.active_comm if self._ctx is not None else self.comm
+        parts = _reduce.local_parts(a)
+        allparts = comm.allgather(parts) if comm.size > 1 else [parts]
+        re = _reduce.combine([p[0] for p in allparts])
+        if parts[1] is None:
+            return re
+        return complex(re, _reduce.combine([p[1] for p in allparts]))
+
+    def max(self, value):
+        comm = self.active_comm if self._ctx is not None else self.comm
+        return value if comm.size == 1 else comm.allreduce(value, op=mpi().MAX)
+
+    def min(self, value):
+        comm = self.active_comm if self._ctx is not None else self.comm
+        return value if comm.size == 1 else comm.allreduce(value, op=mpi().MIN)
+
+    def chain(self, dim: int, fn):
+        """Run ``fn`` along ``dim`` in coordinate order: the rank at coordinate 0 calls fn(None), each next one
+        fn(result of the previous); returns the last rank's result there, None elsewhere (e.g. ordered products
+        along t, bitwise the same as one process computing them in order)."""
+        ctx = self._need()
+        n, c = ctx.dims[dim], ctx.coords[dim]
+        acc = None
+        if c > 0:
+            acc = ctx.comm.recv(source=ctx.neighbours[dim][0], tag=900 + dim)
+        out = fn(acc)
+        if c < n - 1:
+            ctx.comm.send(out, dest=ctx.neighbours[dim][1], tag=900 + dim)
+            return None
+        return out
+
+    def gather_blocks(self, local, root: int = 0):
+        """On ``root``: a list, by rank, of (coords, local array) of every rank; None elsewhere."""
+        ctx = self._need()
+        item = (ctx.coords, np.asarray(local))
+        if ctx.comm.size == 1:
+            return [item]
+        return ctx.comm.gather(item, root=root)
+
+    def barrier(self):
+        self.active_comm.Barrier() if self._ctx is not None else self.comm.Barrier()
 
     def check_divides(self, lattice):
-        for mu, (n, p) in enumerate(zip(lattice, self.dims)):
+        dims = self._need().dims
+        for mu, (n, p) in enumerate(zip(lattice, dims)):
             if n % p:
-                raise CommsError(f"lattice extent {n} in direction {'xyzt'[mu]} is not divisible by the {p} ranks "
+                raise CommsError(f"lattice extent {n} in direction {DIRS[mu]} is not divisible by the {p} ranks "
                                  f"of the process grid: choose a --grid that divides {tuple(lattice)}")
+
+    # halo exchange ------------------------------------------------------------------------------------------
+    @property
+    def halo(self):
+        """The halo engine of the current context (created collectively on first use)."""
+        ctx = self._need()
+        if ctx.engine is None:
+            from .halo import HaloEngine, ProtocolState
+
+            if self._protocol is None:
+                self._protocol = ProtocolState()
+            ctx.engine = HaloEngine(self, ctx, self._protocol, self.transport_request)
+        return ctx.engine
+
+    def transport_table(self, everywhere: bool = False) -> list:
+        """The resolved links of every rank (on rank 0; this rank's only elsewhere unless ``everywhere``):
+        dicts with rank, link, peer, transport, reason. Collective."""
+        if not any(self.partitioned):
+            return []
+        rows = self.halo.table_rows()
+        comm = self.active_comm
+        if comm.size == 1:
+            return rows
+        if everywhere:
+            return [r for part in comm.allgather(rows) for r in part]
+        gathered = comm.gather(rows, root=0)
+        return [r for part in gathered for r in part] if comm.rank == 0 else rows
+
+    # split grid ---------------------------------------------------------------------------------------------
+    def push(self, split, *, reset: bool = True):
+        """Split the current grid into sub-grids: ``split[mu]`` sub-grids along mu, each of dims[mu] // split[mu]
+        ranks; this rank continues on its sub-grid until :meth:`pop`. Collective over the current grid.
+        Halo state is reset in lock-step (COMMS.md, split grid); ``reset=False`` is a testing hook that skips it."""
+        ctx = self._need()
+        split = tuple(int(s) for s in split)
+        if len(split) != 4 or any(s < 1 or d % s for s, d in zip(split, ctx.dims)):
+            raise CommsError(f"split {split} does not divide the process grid {ctx.dims}")
+        sub_dims = tuple(d // s for d, s in zip(ctx.dims, split))
+        block = tuple(c // sd for c, sd in zip(ctx.coords, sub_dims))
+        color = grid_index(block, split)
+        key = grid_index(tuple(c % sd for c, sd in zip(ctx.coords, sub_dims)), sub_dims)
+        if ctx.engine is not None:
+            ctx.engine.suspend(reset=reset)
+        if is_mpi_comm(ctx.comm):
+            sub = ctx.comm.Split(color, key)
+        else:
+            sub = ctx.comm
+        self._stack.append(ctx)
+        self._ctx = self._make_context(sub, sub_dims, list(range(int(np.prod(sub_dims)))))
+        if ctx.engine is not None:
+            # create the sub-grid's engine now, collectively, with the protocol state reset (or not)
+            if reset:
+                self._protocol.reset()
+            self.halo
+        return self
+
+    def pop(self, *, reset: bool = True):
+        """Return to the grid below the current sub-grid (collective over the full grid)."""
+        if not self._stack:
+            raise CommsError("pop() without a matching push()")
+        ctx = self._ctx
+        parent = self._stack.pop()
+        if ctx.engine is not None:
+            ctx.engine.free()
+        if is_mpi_comm(ctx.comm) and ctx.comm is not parent.comm:
+            ctx.comm.Free()
+        self._ctx = parent
+        if parent.engine is not None:
+            parent.engine.resume(reset=reset)
+        elif ctx.engine is not None and reset:
+            self._protocol.reset()
+        if is_mpi_comm(parent.comm):
+            parent.comm.Barrier()
+        return self
+
+    def close(self):
+        """Free every halo engine (windows and peer mappings) and check that none leaked. Collective."""
+        while self._stack:
+            self.pop()
+        if self._ctx is not None and self._ctx.engine is not None:
+            self._ctx.engine.free()
+            self._ctx.engine = None
+        from .halo import leaked
+
+        left = leaked()
+        if left:
+            raise CommsError(f"rank {self.rank}: comms teardown found leaked mappings/windows: {left}")

@@ -3,6 +3,11 @@
 Arrays of site data have the site axes first, in the order (t, z, y, x), so that in memory x runs fastest as in
 MILC's files: global index = x + nx*(y + ny*(z + nz*t)). Direction mu = 0, 1, 2, 3 is x, y, z, t and lives on
 array axis 3 - mu.
+
+Distribution: every neighbour access of the physics code goes through :meth:`Geometry.shift`. On a partitioned
+dimension a shift by k is the local roll with its |k| wrapped slabs replaced by the neighbour's, received through
+a halo exchange (comms.halo): exact data movement, so every result is bitwise the one of a single process.
+:meth:`Geometry.sum` is the correctly rounded sum (comms.reduce), the same for every decomposition.
 """
 from __future__ import annotations
 
@@ -40,8 +45,8 @@ class Geometry:
                 raise GeometryError(f"lattice extent {n} in direction {DIRS[mu]} must be even and at least 2 "
                                     "(staggered fermions need an even-odd split)")
         if self.grid is None:
-            self.grid = ProcessGrid()
-        self.grid.check_divides(self.dims)
+            self.grid = ProcessGrid(lattice=self.dims)
+        self.grid.bind(self.dims)
         self.local_dims = tuple(n // p for n, p in zip(self.dims, self.grid.dims))
         self.offset = tuple(c * n for c, n in zip(self.grid.coords, self.local_dims))
 
@@ -83,10 +88,112 @@ class Geometry:
 
     def shift(self, f, mu: int, step: int = 1):
         """The field at x + step*mu_hat, at x: ``shift(f, mu, +1)[x] = f[x + mu]``."""
-        return self.xp.roll(f, -step, axis=site_axis(mu))
+        if not self.grid.partitioned[mu]:
+            return self.xp.roll(f, -step, axis=site_axis(mu))
+        return self.shift_start(f, mu, step).finish()
+
+    def shift_start(self, f, mu: int, step: int = 1) -> "ShiftHandle":
+        """Post the halo exchange of ``shift(f, mu, step)``; ``.finish()`` returns the shifted field. Work done
+        between the two overlaps the exchange. At most two may be outstanding (double buffering)."""
+        return ShiftHandle(self, f, mu, step)
+
+    def halo(self, f, depth: int = 1, dims=None) -> dict:
+        """The neighbours' boundary slabs of ``f``, ``depth`` deep, over the partitioned dimensions (or ``dims``):
+        {(mu, 0): the last ``depth`` slabs of the backward neighbour, (mu, 1): the first ``depth`` slabs of the
+        forward neighbour}, in one exchange."""
+        return self.halo_start(f, depth, dims).finish()
+
+    def halo_start(self, f, depth: int = 1, dims=None) -> "HaloHandle":
+        return HaloHandle(self, f, depth, dims)
 
     def sum(self, a):
-        """Global sum of a local array (a Python float or complex)."""
-        local = a.sum()
-        local = complex(local) if self.xp.iscomplexobj(local) else float(local)
-        return self.grid.sum(local)
+        """Global sum of a local array (a Python float or complex): the correctly rounded sum of every element,
+        bitwise the same for every decomposition and rank count."""
+        a = self.backend.to_numpy(a) if self.backend.is_gpu else np.asarray(a)
+        if a.dtype.kind in "biu":
+            return float(self.grid.sum(int(a.sum())))
+        return self.grid.sum_exact(a)
+
+    # distributed arrays -----------------------------------------------------------------------------------
+    def local_part(self, a):
+        """This rank's block of a global site array (site axes (nt, nz, ny, nx) first)."""
+        (ox, oy, oz, ot), (lx, ly, lz, lt) = self.offset, self.local_dims
+        return a[ot:ot + lt, oz:oz + lz, oy:oy + ly, ox:ox + lx]
+
+    def gather(self, a, root: int = 0):
+        """The global site array (site axes first) assembled on ``root`` from every rank's block; None on the other
+        ranks. Collective."""
+        a = self.backend.to_numpy(a) if self.backend.is_gpu else np.asarray(a)
+        blocks = self.grid.gather_blocks(a, root)
+        if blocks is None:
+            return None
+        nx, ny, nz, nt = self.dims
+        out = np.empty((nt, nz, ny, nx) + a.shape[4:], dtype=a.dtype)
+        lx, ly, lz, lt = self.local_dims
+        for (cx, cy, cz, ct), blk in blocks:
+            out[ct * lt:(ct + 1) * lt, cz * lz:(cz + 1) * lz, cy * ly:(cy + 1) * ly, cx * lx:(cx + 1) * lx] = blk
+        return out
+
+
+def _slab(axis: int, start: int, stop: int) -> tuple:
+    return (slice(None),) * axis + (slice(start, stop),)
+
+
+class ShiftHandle:
+    """A shift in flight (:meth:`Geometry.shift_start`)."""
+
+    def __init__(self, geom: Geometry, f, mu: int, step: int):
+        self.geom, self.mu, self.step = geom, mu, int(step)
+        axis = site_axis(mu)
+        n = f.shape[axis]
+        sign, k = (1 if step > 0 else -1), abs(int(step))
+        while k > n:                        # farther than the neighbour's block: whole blocks hop first
+            f = ShiftHandle(geom, f, mu, sign * n).finish()
+            k -= n
+        self.f, self.axis, self.n, self.sign, self.k = f, axis, n, sign, k
+        self.ex = None
+        if k == 0:
+            return
+        be = geom.backend
+        face = f[_slab(axis, 0, k)] if sign > 0 else f[_slab(axis, n - k, n)]
+        self.dir = 0 if sign > 0 else 1     # step > 0 needs the forward neighbour's first slabs: it sends them back
+        self.ex = geom.grid.halo.start({(mu, self.dir): be.to_numpy(face) if be.is_gpu else face})
+
+    def finish(self):
+        xp, f = self.geom.xp, self.f
+        g = xp.roll(f, -self.sign * self.k, axis=self.axis)
+        if self.ex is None:
+            return g
+        n, k = self.n, self.k
+        dest = g[_slab(self.axis, n - k, n)] if self.sign > 0 else g[_slab(self.axis, 0, k)]
+        key = (self.mu, 1 - self.dir)
+        if self.geom.backend.is_gpu:
+            dest[...] = xp.asarray(self.ex.finish()[key])
+        else:
+            self.ex.finish({key: dest})
+        return g
+
+
+class HaloHandle:
+    """A full halo exchange in flight (:meth:`Geometry.halo_start`)."""
+
+    def __init__(self, geom: Geometry, f, depth: int, dims=None):
+        self.geom = geom
+        dims = [mu for mu in range(4) if geom.grid.partitioned[mu]] if dims is None else list(dims)
+        be = geom.backend
+        sends = {}
+        for mu in dims:
+            axis = site_axis(mu)
+            n = f.shape[axis]
+            if not 1 <= depth <= n:
+                raise GeometryError(f"halo depth {depth} is not in 1..{n}, the local extent in direction {DIRS[mu]}")
+            lo, hi = f[_slab(axis, 0, depth)], f[_slab(axis, n - depth, n)]
+            sends[(mu, 0)] = be.to_numpy(lo) if be.is_gpu else lo
+            sends[(mu, 1)] = be.to_numpy(hi) if be.is_gpu else hi
+        self.ex = geom.grid.halo.start(sends)
+
+    def finish(self) -> dict:
+        got = self.ex.finish()
+        if self.geom.backend.is_gpu:
+            return {k: self.geom.xp.asarray(v) for k, v in got.items()}
+        return got

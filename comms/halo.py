@@ -1,0 +1,537 @@
+"""Halo exchanges over the partitioned dimensions of a ProcessGrid: the protocol of COMMS.md on the host.
+
+An exchange moves one face per (dim, dir) that this rank sends: ``dir`` 0 to the backward neighbour, 1 to the
+forward one. Every rank sends the same set of faces (SPMD), so the face a rank sends on (dim, dir) is matched by
+the one it receives on side (dim, 1 - dir) from the opposite neighbour. ``start`` posts every receive and every
+send of the exchange (no wait that a send could be blocked by comes before the sends); ``finish`` waits, unpacks
+in a fixed (dim, side) order and releases the buffer.
+
+Transports, per link (this rank's link to neighbour[dim][dir], used both ways):
+
+* ``mpi``: the reference. Faces are packed into host buffers, Irecv posted before Isend; tags encode only the
+  displacement (2 dim + dir of the sender).
+* ``shm``: MPI-3 shared windows on the node communicator (MPI.Win.Allocate_shared). Each rank's segment holds a
+  header (signal slots [dim][side], ack slots [dim][dir][buffer]: monotonic 64-bit counters) and its receive
+  buffers [buffer][dim][side]. The sender copies its face straight into the peer's buffer at (buffer_index, dim,
+  1 - dir), fences (MPI.Win.Sync: a full memory barrier in Open MPI's osc/sm) and stores ++send_counter into the
+  peer's signal slot (dim, 1 - dir) with one aligned 64-bit store. The receiver polls its slot until it is >=
+  the expected count (GEQ: the peer may already have signalled the next exchange), fences, copies the face out,
+  fences and returns a credit: the message number it consumed from that buffer, into the sender's ack slot. A
+  sender waits for that credit before it writes the same buffer again, so it is never more than one exchange
+  ahead of its slowest reader (double buffering).
+
+``buffer_index`` (0/1) is process-wide, the same on every rank before each exchange, and flips after every
+exchange; counters are per link and monotonic. Both, and the signal and ack slots, are reset in lock-step when a
+communicator is pushed or popped (split grid) or when the shared buffers grow. Every host wait has a deadline
+(HMC_COMMS_TIMEOUT seconds, default 60) and fails with a CommsTimeout naming the rank, the link and the counters.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from .grid import DIRS, CommsError, CommsTimeout, is_mpi_comm, mpi
+
+TRANSPORTS = ("mpi", "shm")
+GPU_TRANSPORTS = ("event", "stream_gated")
+HEADER = 256                     # bytes: 8 signal slots [dim][side] at 0, 16 ack slots [dim][dir][buffer] at 64
+_ACK0 = 8                        # index of the first ack slot in the uint64 header
+MIN_CAPACITY = 1 << 16           # bytes per receive buffer, grown to a power of two as needed
+TAG_BASE = 700
+
+_LIVE: dict = {}                 # live windows and peer mappings, for the teardown leak check
+
+
+def leaked() -> list:
+    return sorted(_LIVE.values())
+
+
+def link_name(dim: int, dir_: int) -> str:
+    return f"{DIRS[dim]}{'-+'[dir_]}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# configuration from the environment
+
+def comms_timeout() -> float:
+    text = os.environ.get("HMC_COMMS_TIMEOUT", "60")
+    try:
+        t = float(text)
+    except ValueError:
+        raise CommsError(f"HMC_COMMS_TIMEOUT={text!r} is not a number of seconds") from None
+    if not t > 0:
+        raise CommsError(f"HMC_COMMS_TIMEOUT={text!r} must be positive")
+    return t
+
+
+def _read_config(request):
+    """(transport request or None, mask, clique, error or None) from the argument and the environment."""
+    err = None
+    req = request if request is not None else os.environ.get("HMC_P2P_TRANSPORT", "")
+    req = (req or "").strip().lower() or None
+    if req == "auto":
+        req = None
+    if req in GPU_TRANSPORTS:
+        err = (f"transport {req!r} needs CUDA buffers (the GPU transports are not part of this CPU build): use "
+               "mpi or shm, or leave HMC_P2P_TRANSPORT unset")
+    elif req is not None and req not in TRANSPORTS:
+        err = f"unknown transport {req!r} (HMC_P2P_TRANSPORT / --transport): use one of mpi, shm"
+    mask, clique = 0, 0
+    text = os.environ.get("HMC_P2P_MASK", "0").strip() or "0"
+    try:
+        mask = int(text, 0)
+        if not 0 <= mask <= 15:
+            raise ValueError
+    except ValueError:
+        err = err or f"HMC_P2P_MASK={text!r} must be an integer 0..15 (bits x=1, y=2, z=4, t=8)"
+    text = os.environ.get("HMC_P2P_FAKE_CLIQUE", "0").strip() or "0"
+    try:
+        clique = int(text)
+        if clique < 0:
+            raise ValueError
+    except ValueError:
+        err = err or f"HMC_P2P_FAKE_CLIQUE={text!r} must be a non-negative integer (ranks per clique)"
+    try:
+        comms_timeout()
+    except CommsError as e:
+        err = err or str(e)
+    return req, mask, clique, err
+
+
+# --------------------------------------------------------------------------------------------------------------
+
+class ProtocolState:
+    """Counters, buffer index and credits: process-wide, shared by every communicator context, reset together."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.send = [[0, 0] for _ in range(4)]           # messages sent on link (dim, dir)
+        self.recv = [[0, 0] for _ in range(4)]           # messages expected on side (dim, side)
+        self.last_sent = [[[0, 0], [0, 0]] for _ in range(4)]   # message number last written to (dim, dir, buffer)
+        self.buffer_index = 0
+        self.busy = [None, None]                         # the unfinished exchange holding each buffer
+        self.outstanding = 0
+        self.resets = getattr(self, "resets", -1) + 1
+
+    def snapshot(self) -> dict:
+        return {"send": [list(r) for r in self.send], "recv": [list(r) for r in self.recv],
+                "buffer_index": self.buffer_index, "outstanding": self.outstanding}
+
+
+class _Windows:
+    """The node's shared windows: one segment per rank, header + 2 x 4 x 2 receive buffers of ``capacity``."""
+
+    def __init__(self, node, capacity: int):
+        MPI = mpi()
+        self.node = node
+        self.capacity = int(capacity)
+        size = HEADER + 16 * self.capacity
+        try:
+            self.win = MPI.Win.Allocate_shared(size, 1, comm=node)
+        except Exception as e:  # noqa: BLE001 - any MPI failure here means: no shared windows
+            raise CommsError(f"shared-memory windows are not available (MPI.Win.Allocate_shared failed: {e}): "
+                             "use --transport mpi") from None
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self.key = f"window {id(self):x} ({size} bytes on {node.size} rank(s))"
+        _LIVE[self.key] = self.key
+        self.maps = {}
+        self.own = self.map(node.rank)
+        self.own_header = memoryview(self.own[:HEADER]).cast("Q")
+
+    def map(self, node_rank: int) -> np.ndarray:
+        seg = self.maps.get(node_rank)
+        if seg is None:
+            buf, _ = self.win.Shared_query(node_rank)
+            seg = np.frombuffer(buf, dtype=np.uint8)
+            if seg.size < HEADER + 16 * self.capacity:
+                raise CommsError(f"shared segment of node rank {node_rank} is {seg.size} bytes, expected "
+                                 f"{HEADER + 16 * self.capacity}")
+            self.maps[node_rank] = seg
+            _LIVE[(self.key, node_rank)] = f"mapping of node rank {node_rank} in {self.key}"
+        return seg
+
+    def header(self, node_rank: int):
+        return memoryview(self.map(node_rank)[:HEADER]).cast("Q")
+
+    def data_offset(self, buffer: int, dim: int, side: int) -> int:
+        return HEADER + ((buffer * 4 + dim) * 2 + side) * self.capacity
+
+    def unmap_peers(self):
+        for r in list(self.maps):
+            if r != self.node.rank:
+                del self.maps[r]
+                _LIVE.pop((self.key, r), None)
+
+    def zero_header(self):
+        self.own[:HEADER] = 0
+        self.win.Sync()
+
+    def sync(self):
+        self.win.Sync()
+
+    def free(self):
+        self.own_header.release()
+        self.own_header = None
+        self.own = None
+        for r in list(self.maps):
+            _LIVE.pop((self.key, r), None)
+        self.maps.clear()
+        self.win.Unlock_all()
+        self.win.Free()
+        _LIVE.pop(self.key, None)
+
+
+class _Link:
+    """This rank's link to neighbour[dim][dir]: used to send on dir and to receive from side dir."""
+
+    __slots__ = ("dim", "dir", "peer", "peer_world", "transport", "reason", "peer_node", "peer_header")
+
+    def __init__(self, dim, dir_, peer, peer_world, transport, reason):
+        self.dim, self.dir, self.peer, self.peer_world = dim, dir_, peer, peer_world
+        self.transport, self.reason = transport, reason
+        self.peer_node = None
+        self.peer_header = None
+
+
+class HaloEngine:
+    """Halo exchanges of one communicator context (see the module docstring)."""
+
+    def __init__(self, grid, ctx, protocol: ProtocolState, request=None):
+        MPI = mpi()
+        self.grid, self.ctx, self.state = grid, ctx, protocol
+        base = ctx.comm if is_mpi_comm(ctx.comm) else MPI.COMM_SELF
+        self.comm = base.Dup()
+        self.rank = self.comm.rank
+        self.world_rank = grid.rank
+        self.node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.timeout = 60.0
+        self.spin = 0 if self.node.size > (os.cpu_count() or 1) else 4000   # oversubscribed: yield at once
+        self._mpi_bufs = {}
+        self.windows = None
+        self._live_key = f"engine {id(self):x}"
+        self.links = {}
+        self._resolve(request)
+        _LIVE[self._live_key] = f"halo engine {self._live_key} of rank {self.world_rank}"
+
+    # transport resolution ---------------------------------------------------------------------------------
+    def _resolve(self, request):
+        req, mask, clique, err = _read_config(request)
+        everyone = self.comm.allgather((self.world_rank, req, err, mask, clique))
+        errors = [(r, e) for r, _, e, _, _ in everyone if e]
+        if errors:
+            raise CommsError(errors[0][1])
+        reqs = sorted({str(q) for _, q, _, _, _ in everyone})
+        if len(reqs) > 1:
+            raise CommsError(f"ranks disagree on the transport (HMC_P2P_TRANSPORT / --transport: "
+                             f"{', '.join(reqs)}): every rank must ask for the same")
+        self.request = req
+        self.timeout = comms_timeout()
+        world_of = [w for w, _, _, _, _ in everyone]
+        members = self.node.allgather(self.rank)
+        self.node_rank_of = {r: i for i, r in enumerate(members)}
+        node_members = set(members)
+        parts = self.grid.partitioned
+        allow = [[(False, "not partitioned")] * 2 for _ in range(4)]
+        for dim in range(4):
+            if not parts[dim]:
+                continue
+            for d in (0, 1):
+                peer = self.ctx.neighbours[dim][d]
+                if req == "mpi":
+                    allow[dim][d] = (False, "mpi requested")
+                elif peer not in node_members:
+                    allow[dim][d] = (False, "other node")
+                elif clique and world_of[peer] // clique != self.world_rank // clique:
+                    allow[dim][d] = (False, f"other clique (HMC_P2P_FAKE_CLIQUE={clique})")
+                elif mask & (1 << dim):
+                    allow[dim][d] = (False, f"masked (HMC_P2P_MASK={mask})")
+                else:
+                    allow[dim][d] = (True, "same node")
+        tables = self.comm.allgather(allow)
+        any_shm = False
+        for dim in range(4):
+            if not parts[dim]:
+                continue
+            for d in (0, 1):
+                peer = self.ctx.neighbours[dim][d]
+                mine, theirs = tables[self.rank][dim][d], tables[peer][dim][1 - d]
+                if mine[0] and theirs[0]:
+                    t, why = "shm", "shared window (same node)"
+                elif not mine[0]:
+                    t, why = "mpi", mine[1]
+                else:
+                    t, why = "mpi", f"peer forbids: {theirs[1]}"
+                self.links[(dim, d)] = _Link(dim, d, peer, world_of[peer], t, why)
+                any_shm |= t == "shm"
+        any_shm = self.comm.allreduce(any_shm, op=mpi().LOR)
+        if any_shm or req == "shm":
+            self.windows = _Windows(self.node, MIN_CAPACITY)
+            self.windows.zero_header()
+            self.node.Barrier()
+            self._map_peers()
+
+    def _map_peers(self):
+        for link in self.links.values():
+            if link.transport != "shm":
+                continue
+            node_rank = self.node_rank_of.get(link.peer)
+            if node_rank is None:
+                raise CommsError(f"rank {self.world_rank}: shm link {link_name(link.dim, link.dir)} to rank "
+                                 f"{link.peer_world} has no mapping (peer not on this node)")
+            link.peer_node = node_rank
+            link.peer_header = self.windows.header(node_rank)
+
+    def _unmap_peers(self):
+        for link in self.links.values():
+            if link.peer_header is not None:
+                link.peer_header.release()
+                link.peer_header = None
+        if self.windows is not None:
+            self.windows.unmap_peers()
+
+    def table_rows(self) -> list:
+        return [{"rank": self.world_rank, "coords": list(self.ctx.coords), "link": link_name(dim, d),
+                 "peer": l.peer_world, "transport": l.transport, "reason": l.reason}
+                for (dim, d), l in sorted(self.links.items())]
+
+    def transport(self, dim: int, dir_: int) -> str:
+        return self.links[(dim, dir_)].transport
+
+    def counters(self) -> dict:
+        snap = self.state.snapshot()
+        if self.windows is not None:
+            h = self.windows.own_header
+            snap["signal_slots"] = [[int(h[dim * 2 + s]) for s in (0, 1)] for dim in range(4)]
+            snap["ack_slots"] = [[[int(h[_ACK0 + (dim * 2 + d) * 2 + b]) for b in (0, 1)] for d in (0, 1)]
+                                 for dim in range(4)]
+        return snap
+
+    # lifecycle --------------------------------------------------------------------------------------------
+    def _check_idle(self, what):
+        if self.state.outstanding:
+            raise CommsError(f"rank {self.world_rank}: {what} with {self.state.outstanding} halo exchange(s) not "
+                             "finished: finish them first")
+
+    def _reset_slots(self):
+        """Zero this rank's signal and ack slots and the protocol state; all ranks do it between barriers."""
+        self.comm.Barrier()
+        if self.windows is not None:
+            self.windows.zero_header()
+        self.state.reset()
+        self.comm.Barrier()
+
+    def suspend(self, reset=True):
+        """A communicator is pushed on top of this one: free the peer mappings (keep the buffers)."""
+        self._check_idle("push()")
+        self._unmap_peers()
+
+    def resume(self, reset=True):
+        """Back on top after a pop: map the peers again and reset counters, slots and buffer_index in
+        lock-step (``reset=False``: the testing hook that shows why the reset is needed)."""
+        if self.windows is not None:
+            self._map_peers()
+        if reset:
+            self._reset_slots()
+        else:
+            self.comm.Barrier()
+
+    def free(self):
+        """Unmap and free everything of this context (collective over its communicator); check for leaks."""
+        self._unmap_peers()
+        if self.windows is not None:
+            key = self.windows.key
+            self.windows.free()
+            self.windows = None
+            left = [v for k, v in _LIVE.items() if k == key or (isinstance(k, tuple) and k[0] == key)]
+            if left:
+                raise CommsError(f"rank {self.world_rank}: leaked after free: {left}")
+        self.node.Free()
+        self.comm.Free()
+        _LIVE.pop(self._live_key, None)
+
+    def _grow(self, nbytes: int):
+        """Larger shared buffers for every rank of the node (the same decision everywhere: all ranks exchange
+        faces of the same size); the protocol state restarts from zero in lock-step."""
+        self._check_idle(f"growing the shared halo buffers to {nbytes} bytes")
+        cap = max(MIN_CAPACITY, 1 << (int(nbytes) - 1).bit_length())
+        self._unmap_peers()
+        self.node.Barrier()
+        self.windows.free()
+        self.windows = _Windows(self.node, cap)
+        self._map_peers()
+        self._reset_slots()
+
+    def reserve(self, nbytes: int):
+        """Grow the shared buffers now (collective) so that faces of ``nbytes`` need no growth later."""
+        if self.windows is not None and nbytes > self.windows.capacity:
+            self._grow(nbytes)
+
+    # exchanges --------------------------------------------------------------------------------------------
+    def _mpi_buf(self, kind, dim, d, b, nbytes):
+        key = (kind, dim, d, b)
+        buf = self._mpi_bufs.get(key)
+        if buf is None or buf.size < nbytes:
+            buf = np.empty(max(nbytes, 64), dtype=np.uint8)
+            self._mpi_bufs[key] = buf
+        return buf
+
+    def start(self, sends: dict) -> "Exchange":
+        """Post an exchange: ``sends`` maps (dim, dir) to the face (any array) sent to neighbour[dim][dir]."""
+        st = self.state
+        b = st.buffer_index
+        sends = {k: np.asarray(v) for k, v in sends.items()}
+        if st.busy[b] is not None:
+            raise CommsError(f"rank {self.world_rank}: halo buffer {b} is still held by an unfinished exchange: at "
+                             "most two exchanges may be outstanding (double buffering); finish the older first")
+        keys = sorted(sends)
+        for k in keys:
+            if k not in self.links:
+                raise CommsError(f"rank {self.world_rank}: no halo link {k}: dimension {DIRS[k[0]]} is not "
+                                 "partitioned")
+        if self.windows is not None:
+            need = max((sends[k].nbytes for k in keys), default=0)
+            if need > self.windows.capacity:
+                self._grow(need)
+        ex = Exchange(self, b)
+        comm = self.comm
+        # receives first (MPI), then every send
+        for dim, d in keys:
+            face = sends[(dim, d)]
+            side = 1 - d
+            link = self.links[(dim, side)]
+            expected = st.recv[dim][side] + 1
+            st.recv[dim][side] = expected
+            shape, dtype, nbytes = face.shape, face.dtype, face.nbytes
+            req = None
+            if link.transport == "mpi":
+                buf = self._mpi_buf("r", dim, side, b, nbytes)
+                req = comm.Irecv(buf[:nbytes], source=link.peer, tag=TAG_BASE + 2 * dim + d)
+            ex.recvs.append((dim, side, shape, dtype, nbytes, expected, req))
+        shm_signals = []
+        for dim, d in keys:
+            face = sends[(dim, d)]
+            link = self.links[(dim, d)]
+            msg = st.send[dim][d] + 1
+            st.send[dim][d] = msg
+            nbytes = face.nbytes
+            if link.transport == "mpi":
+                buf = self._mpi_buf("s", dim, d, b, nbytes)
+                np.copyto(buf[:nbytes].view(face.dtype).reshape(face.shape), face)
+                ex.sends.append((dim, d, comm.Isend(buf[:nbytes], dest=link.peer, tag=TAG_BASE + 2 * dim + d)))
+            else:
+                win = self.windows
+                ack = win.own_header
+                slot = _ACK0 + (dim * 2 + d) * 2 + b
+                need = st.last_sent[dim][d][b]
+                if ack[slot] < need:
+                    self._wait(ack, slot, need, lambda v, dim=dim, d=d, need=need, b=b: (
+                        f"rank {self.world_rank}: rank {link.peer_world} has not freed halo buffer {b} on link "
+                        f"{link_name(dim, d)} (shm) after {self.timeout:g} s (HMC_COMMS_TIMEOUT): ack slot {v}, "
+                        f"need >= {need}; {self._counter_text()}"))
+                off = win.data_offset(b, dim, 1 - d)
+                seg = win.maps[link.peer_node]
+                np.copyto(seg[off:off + nbytes].view(face.dtype).reshape(face.shape), face)
+                st.last_sent[dim][d][b] = msg
+                shm_signals.append((link.peer_header, dim * 2 + (1 - d), msg))
+        if shm_signals:
+            self.windows.sync()                      # the data before the signal (a full memory barrier)
+            for header, slot, msg in shm_signals:
+                header[slot] = msg                   # one aligned 64-bit store
+        st.buffer_index ^= 1
+        st.busy[b] = ex
+        st.outstanding += 1
+        return ex
+
+    def _counter_text(self) -> str:
+        st = self.state
+        return (f"send counters {st.send}, recv counters {st.recv}, buffer_index {st.buffer_index}, "
+                f"outstanding {st.outstanding}")
+
+    def _wait(self, mv, slot, target, describe):
+        """Poll ``mv[slot]`` until it is >= target (GEQ), with the deadline."""
+        deadline = time.monotonic() + self.timeout
+        spins, spin = 0, self.spin
+        while mv[slot] < target:
+            spins += 1
+            if spins > spin:
+                os.sched_yield()
+            if not spins & 255 and time.monotonic() > deadline:
+                raise CommsTimeout(describe(int(mv[slot])))
+
+    def _wait_request(self, req, describe):
+        if req.Test():
+            return
+        deadline = time.monotonic() + self.timeout
+        spins, spin = 0, self.spin
+        while not req.Test():
+            spins += 1
+            if spins > spin:
+                os.sched_yield()
+            if not spins & 63 and time.monotonic() > deadline:
+                raise CommsTimeout(describe())
+
+
+class Exchange:
+    """One posted exchange; ``finish`` completes it."""
+
+    def __init__(self, engine: HaloEngine, buffer: int):
+        self.engine = engine
+        self.buffer = buffer
+        self.recvs = []
+        self.sends = []
+        self.done = False
+        self.observed = {}       # (dim, side): the signal slot value the wait saw (tests: GEQ)
+
+    def finish(self, out: dict | None = None) -> dict:
+        """Wait for every face of the exchange; copy each into ``out[(dim, side)]`` when given (an array of the
+        face's shape), else into a new array. Returns {(dim, side): array}: side 0 came from the backward
+        neighbour, side 1 from the forward one."""
+        if self.done:
+            raise CommsError("finish() called twice on one halo exchange")
+        eng, st, b = self.engine, self.engine.state, self.buffer
+        results = {}
+        credits = []
+        for dim, side, shape, dtype, nbytes, expected, req in self.recvs:
+            link = eng.links[(dim, side)]
+            dest = None if out is None else out.get((dim, side))
+            if link.transport == "mpi":
+                eng._wait_request(req, lambda dim=dim, side=side, expected=expected: (
+                    f"rank {eng.world_rank}: no halo from rank {link.peer_world} on link {link_name(dim, side)} "
+                    f"(mpi) after {eng.timeout:g} s (HMC_COMMS_TIMEOUT): waiting for message {expected} of "
+                    f"this link; {eng._counter_text()}"))
+                src = eng._mpi_bufs[("r", dim, side, b)][:nbytes].view(dtype).reshape(shape)
+            else:
+                win = eng.windows
+                own = win.own_header
+                slot = dim * 2 + side
+                if own[slot] < expected:
+                    eng._wait(own, slot, expected, lambda v, dim=dim, side=side, expected=expected: (
+                        f"rank {eng.world_rank}: no halo from rank {link.peer_world} on link "
+                        f"{link_name(dim, side)} (shm) after {eng.timeout:g} s (HMC_COMMS_TIMEOUT): signal slot "
+                        f"{v}, expected >= {expected}, buffer {b}; {eng._counter_text()}"))
+                self.observed[(dim, side)] = int(own[slot])
+                win.sync()                           # the signal before the data
+                off = win.data_offset(b, dim, side)
+                src = win.own[off:off + nbytes].view(dtype).reshape(shape)
+                credits.append((link, _ACK0 + (dim * 2 + (1 - side)) * 2 + b, expected))
+            if dest is None:
+                dest = np.empty(shape, dtype)
+            np.copyto(dest, src)
+            results[(dim, side)] = dest
+        if credits:
+            eng.windows.sync()                       # our reads before the credit that lets the sender overwrite
+            for link, slot, msg in credits:
+                link.peer_header[slot] = msg
+        for dim, d, req in self.sends:
+            link = eng.links[(dim, d)]
+            eng._wait_request(req, lambda dim=dim, d=d: (
+                f"rank {eng.world_rank}: send to rank {link.peer_world} on link {link_name(dim, d)} (mpi) not "
+                f"complete after {eng.timeout:g} s (HMC_COMMS_TIMEOUT); {eng._counter_text()}"))
+        st.busy[b] = None
+        st.outstanding -= 1
+        self.done = True
+        return results
