@@ -1,0 +1,405 @@
+"""The HISQ (fat + Naik) staggered Dirac operator in MILC's conventions (CONVENTIONS.md 1.2, 1.6).
+
+With the staggered phases and boundary signs folded into the fat links X and the long links L,
+
+    D psi(x) = sum_mu [ X_mu(x) psi(x+mu) - X_mu^dag(x-mu) psi(x-mu) + L_mu(x) psi(x+3mu) - L_mu^dag(x-3mu) psi(x-3mu) ]
+
+with no factor 1/2. D is anti-Hermitian and connects even and odd sites; M = 2m + D, M^dag = 2m - D. The
+even-odd form solves A_m x_e = (M^dag b)_e with A_m = 4m^2 - D_eo D_oe (Hermitian positive) and reconstructs
+x_o = (b_o - D_oe x_e)/(2m).
+
+Field layout
+------------
+A colour-vector field is a full-lattice site array of shape (nt, nz, ny, nx, 3), x fastest (the order of
+``Geometry`` and of MILC's files), complex128 or complex64. A field "on even sites" is such an array whose odd sites
+are zero (and vice versa); every even-odd operator here returns exact zeros on the sites it does not own and ignores
+the input on the sites it does not read. Why full-lattice and not checkerboarded (half volume per parity):
+
+* neighbours are reached with ``geom.shift`` on full site arrays, which the domain-decomposition issue replaces by
+  halo exchanges; a checkerboarded x-shift would need a parity-dependent shift that Geometry does not have;
+* fields go to and from the rest of the code (pseudofermions drawn by global site index, the fermion force, I/O)
+  without conversion;
+* the cost that matters is not doubled: each application computes only the sites of its output parity, with
+  the links stored per output parity (below), so an even-odd application does half-volume work. Only the BLAS-1
+  linear algebra of the solvers runs over the full array (a factor 2 on a small part of the time).
+
+The operator's *links* are private and are kept in the layout a kernel wants: for each output parity p a contiguous
+block ``links[p]`` of shape (nhop, V/2, 3, 3), one 3x3 matrix per hop and output site, with the backward links
+-X_mu^dag(x-mu) and -L_mu^dag(x-3mu) precomputed once when the links are set (as MILC's ``fatback``/``longback``) so
+an application is 16 matrix-vector products per site and no daggers. A CUDA kernel reads these blocks coalesced
+(thread = output site, structure of arrays per parity).
+
+GPU
+---
+All hopping goes through one primitive, :meth:`StaggeredDslash.hop` (dslash on one output parity, with an
+optional a*x + b*D psi epilogue). Its body is chosen once, in :meth:`StaggeredDslash._select_hop`: a kernel
+registered with :func:`register_hop_kernel` for the geometry's backend if there is one, else the NumPy/CuPy body
+:meth:`StaggeredDslash._hop_numpy`, which is the CPU twin that a kernel is tested against.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lattice import su3
+
+from .operator import Operator
+
+# flops of one 3x3 complex matrix times complex 3-vector, and of one complex 3-vector addition
+FLOPS_MATVEC = 66
+FLOPS_VADD = 6
+FLOPS_AXPY = 12  # real a * x + y on a complex 3-vector
+
+#: backend name -> factory(dslash) returning a function with the signature of StaggeredDslash._hop_numpy
+_HOP_KERNELS: dict = {}
+
+
+def register_hop_kernel(backend_name: str, factory) -> None:
+    """Install a hand-written kernel for ``hop`` on one backend ("cupy"). ``factory(dslash)`` is called once per
+    operator and returns ``f(psi, parity, out, a, x, b)`` with the semantics of :meth:`StaggeredDslash._hop_numpy`;
+    it may use ``dslash.geom.backend.kernel(key, build)`` to cache compiled modules, and must read the links from
+    ``dslash._links`` at each call (``set_links`` replaces them)."""
+    _HOP_KERNELS[backend_name] = factory
+
+
+def hop_table(naik: bool = True) -> list[tuple[int, int]]:
+    """(mu, step) of each hop, in the order of the link blocks: +1, -1, (+3, -3) for mu = x, y, z, t."""
+    steps = (1, -1, 3, -3) if naik else (1, -1)
+    return [(mu, s) for mu in range(4) for s in steps]
+
+
+def parity_sites(geom, parity: int):
+    """Flat (x-fastest) indices of the local sites of one parity, an integer array of length V_local/2."""
+    xp = geom.xp
+    return xp.flatnonzero((geom.parity() == parity).ravel()).astype(xp.int64)
+
+
+def epsilon(geom, dtype=np.float64):
+    """eps(x) = +1 on even sites, -1 on odd ones, shape (nt, nz, ny, nx, 1), ready to multiply a field."""
+    return (1 - 2 * geom.parity()).astype(dtype)[..., None]
+
+
+def project(psi, geom, parity: int):
+    """The field with the sites of the other parity set to zero."""
+    return psi * (geom.parity() == parity)[..., None]
+
+
+def _check_links(geom, a, what):
+    shape = (4,) + tuple(geom.shape) + (3, 3)
+    if tuple(a.shape) != shape:
+        raise ValueError(f"{what} links have shape {tuple(a.shape)}, expected {shape} (4, nt, nz, ny, nx, 3, 3) "
+                         "for this geometry")
+
+
+class _LinkStore:
+    """The link blocks shared by a dslash and its adjoint, with the parity site lists and the precision
+    conversions made from them (dropped when the links change)."""
+
+    def __init__(self, geom, sites=None):
+        self.sites = sites if sites is not None else [parity_sites(geom, 0), parity_sites(geom, 1)]
+        self.links = None
+        self.naik = False
+        self.converted = {}
+
+    def set(self, links, naik):
+        self.links, self.naik = links, bool(naik)
+        self.converted = {}
+
+
+class StaggeredDslash(Operator):
+    """D, the HISQ hopping operator on the full lattice (anti-Hermitian).
+
+    ``StaggeredDslash(geom, fat, long=None, dtype=complex128)``: ``fat`` and ``long`` are (4, nt, nz, ny, nx, 3, 3)
+    arrays with the phases and boundary signs folded in; ``long=None`` gives a one-link (fat-only) operator.
+    """
+
+    name = "HISQ dslash"
+
+    def __init__(self, geom, fat=None, long=None, dtype=np.complex128, *, _store=None, _sign=1.0):
+        super().__init__(geom, dtype)
+        self._sign = float(_sign)
+        self._adjoint = None
+        if _store is not None:
+            self._store = _store
+        else:
+            if fat is None:
+                raise ValueError("StaggeredDslash needs the fat links")
+            self._store = _LinkStore(geom)
+            self.set_links(fat, long)
+        self._hop_impl = self._select_hop()
+
+    # --- links --------------------------------------------------------------------------------------------------
+    def set_links(self, fat, long=None) -> None:
+        """(Re)load the links: precompute the backward links and split them per output parity.
+
+        The operator and its adjoint (and every operator built on them: M, the even-odd pieces) see the new links;
+        conversions to another precision are made again on the next ``converted()`` call, so get them through
+        ``converted()`` rather than keeping one across a link update.
+        """
+        geom, xp = self.geom, self.xp
+        _check_links(geom, fat, "fat")
+        if long is not None:
+            _check_links(geom, long, "long")
+        naik = long is not None
+        blocks = []
+        for mu in range(4):
+            blocks.append(fat[mu])
+            blocks.append(-su3.dagger(geom.shift(fat[mu], mu, -1)))
+            if naik:
+                blocks.append(long[mu])
+                blocks.append(-su3.dagger(geom.shift(long[mu], mu, -3)))
+        nhop = len(blocks)
+        full = xp.stack(blocks).astype(self.dtype, copy=False).reshape(nhop, -1, 3, 3)
+        st = self._store
+        st.set([xp.ascontiguousarray(xp.take(full, st.sites[p], axis=1)) for p in (0, 1)], naik)
+
+    @property
+    def _links(self):
+        """The link blocks, per output parity p: (nhop, V/2, 3, 3) matrices multiplying psi(x + step mu)."""
+        return self._store.links
+
+    @property
+    def _sites(self):
+        return self._store.sites
+
+    @property
+    def naik(self) -> bool:
+        return self._store.naik
+
+    @property
+    def hops(self) -> list:
+        return hop_table(self.naik)
+
+    @property
+    def site_flops(self) -> int:
+        """Flops per output site of one dslash: 1146 with the Naik term (MILC, QUDA), 570 without."""
+        nhop = len(self.hops)
+        return nhop * FLOPS_MATVEC + (nhop - 1) * FLOPS_VADD
+
+    @property
+    def flops(self) -> float:
+        return float(self.site_flops * self.geom.volume)
+
+    @flops.setter
+    def flops(self, value):      # set by Operator.__init__; derived from the links here
+        pass
+
+    def converted(self, dtype) -> "StaggeredDslash":
+        dtype = np.dtype(dtype)
+        if dtype == self.dtype:
+            return self
+        cache = self._store.converted
+        if dtype not in cache:
+            store = _LinkStore(self.geom, self._store.sites)
+            store.set([l.astype(dtype) for l in self._links], self.naik)
+            cache[dtype] = StaggeredDslash(self.geom, dtype=dtype, _store=store)
+        d = cache[dtype]
+        return d if self._sign > 0 else d.adjoint()
+
+    def adjoint(self) -> "StaggeredDslash":
+        """D^dag = -D (the same link blocks, opposite sign)."""
+        if self._adjoint is None:
+            self._adjoint = StaggeredDslash(self.geom, dtype=self.dtype, _store=self._store, _sign=-self._sign)
+            self._adjoint._adjoint = self
+        return self._adjoint
+
+    # --- the one primitive --------------------------------------------------------------------------------------
+    def _select_hop(self):
+        """The single backend switch: a registered kernel for this backend, else the NumPy/CuPy body."""
+        factory = _HOP_KERNELS.get(self.geom.backend.name)
+        return factory(self) if factory is not None else self._hop_numpy
+
+    def hop(self, psi, parity: int, out=None, a: float = 0.0, x=None, b: float = 1.0):
+        """On the sites of ``parity``: out = a*x + b*(D psi); the other sites of ``out`` are left as they are.
+
+        D psi on a site of one parity reads psi only on sites of the other parity. ``out=None`` allocates a zero
+        field; ``out`` must be C-contiguous. Returns ``out``.
+        """
+        psi = self._as_field(psi)
+        if out is None:
+            out = self.xp.zeros(self.field_shape, dtype=self.dtype)
+        elif not out.flags.c_contiguous or out.dtype != self.dtype or tuple(out.shape) != self.field_shape:
+            raise ValueError(f"hop: out must be a C-contiguous {self.dtype} array of shape {self.field_shape}")
+        if x is not None:
+            x = self._as_field(x)
+        self._hop_impl(psi, parity, out, float(a), x, float(b) * self._sign)
+        return out
+
+    def _hop_numpy(self, psi, parity, out, a, x, b):
+        """NumPy (and CuPy) body of :meth:`hop`; ``b`` already carries the adjoint sign."""
+        xp, geom = self.xp, self.geom
+        idx = self._sites[parity]
+        links = self._links[parity]
+        nb = xp.stack([xp.take(geom.shift(psi, mu, s).reshape(-1, 3), idx, axis=0) for mu, s in self.hops])
+        acc = links[..., 0] * nb[..., None, 0]
+        acc += links[..., 1] * nb[..., None, 1]
+        acc += links[..., 2] * nb[..., None, 2]
+        res = acc.sum(axis=0)
+        if b != 1.0:
+            res *= b
+        if x is not None and a != 0.0:
+            res += a * xp.take(x.reshape(-1, 3), idx, axis=0)
+        out.reshape(-1, 3)[idx] = res
+
+    def _as_field(self, psi):
+        psi = self.xp.asarray(psi)
+        if tuple(psi.shape) != self.field_shape:
+            raise ValueError(f"field has shape {tuple(psi.shape)}, expected {self.field_shape} (nt, nz, ny, nx, 3)")
+        return psi.astype(self.dtype, copy=False)
+
+    def hop_flops(self, axpy: bool = False) -> float:
+        """Flops of one :meth:`hop` (one output parity, global)."""
+        return (self.site_flops + (FLOPS_AXPY if axpy else 0)) * self.geom.volume / 2
+
+    # --- operator interface -------------------------------------------------------------------------------------
+    def _apply(self, psi):
+        out = self.xp.empty(self.field_shape, dtype=self.dtype)
+        self.hop(psi, 0, out)
+        self.hop(psi, 1, out)
+        return out
+
+    # --- derived operators --------------------------------------------------------------------------------------
+    def matrix(self, mass: float) -> "StaggeredMatrix":
+        """M = 2m + D on the full lattice."""
+        return StaggeredMatrix(self, mass)
+
+    def even_odd(self, mass: float, parity: int = 0) -> "StaggeredEvenOdd":
+        """The even-odd (Schur) form of M, solving on ``parity`` (0 = even, as MILC)."""
+        return StaggeredEvenOdd(self, mass, parity)
+
+
+class ParityHop(Operator):
+    """One block of D: D_{p q} maps fields on parity q to fields on parity p = ``out_parity``.
+
+    ``ParityHop(D, 0)`` is D_eo (odd -> even), ``ParityHop(D, 1)`` is D_oe. Its adjoint is -D_{q p}.
+    """
+
+    def __init__(self, dslash: StaggeredDslash, out_parity: int):
+        super().__init__(dslash.geom, dslash.dtype, dslash.hop_flops(), dslash.geom.volume // 2)
+        self.dslash, self.out_parity = dslash, int(out_parity)
+        self.name = "D_eo" if self.out_parity == 0 else "D_oe"
+
+    def _apply(self, psi):
+        return self.dslash.hop(psi, self.out_parity)
+
+    def adjoint(self):
+        return ParityHop(self.dslash.adjoint(), 1 - self.out_parity)
+
+    def converted(self, dtype):
+        return ParityHop(self.dslash.converted(dtype), self.out_parity)
+
+
+class StaggeredMatrix(Operator):
+    """M = 2m + D (or M^dag = 2m - D with ``dagger=True``) on the full lattice."""
+
+    def __init__(self, dslash: StaggeredDslash, mass: float, dagger: bool = False):
+        super().__init__(dslash.geom, dslash.dtype, 2 * dslash.hop_flops(axpy=True))
+        self.dslash, self.mass, self.dagger = dslash, float(mass), bool(dagger)
+        self.name = f"M{'^dag' if dagger else ''}(m={self.mass:g})"
+
+    def _apply(self, psi):
+        d = self.dslash.adjoint() if self.dagger else self.dslash
+        out = self.xp.empty(self.field_shape, dtype=self.dtype)
+        for p in (0, 1):
+            d.hop(psi, p, out, a=2 * self.mass, x=psi)
+        return out
+
+    def adjoint(self):
+        return StaggeredMatrix(self.dslash, self.mass, not self.dagger)
+
+    def converted(self, dtype):
+        return StaggeredMatrix(self.dslash.converted(dtype), self.mass, self.dagger)
+
+    def normal(self) -> "StaggeredNormal":
+        """M^dag M = 4m^2 - D^2 on the full lattice (Hermitian positive)."""
+        return StaggeredNormal(self.dslash, self.mass)
+
+
+class StaggeredNormal(Operator):
+    """M^dag M = M M^dag = 4m^2 - D^2 on the full lattice; it does not mix parities."""
+
+    hermitian = True
+
+    def __init__(self, dslash: StaggeredDslash, mass: float):
+        super().__init__(dslash.geom, dslash.dtype, 2 * dslash.hop_flops() + 2 * dslash.hop_flops(axpy=True))
+        self.dslash, self.mass = dslash, float(mass)
+        self.name = f"M^dag M(m={self.mass:g})"
+
+    def _apply(self, psi):
+        d = self.dslash
+        t = d(psi)
+        out = self.xp.empty(self.field_shape, dtype=self.dtype)
+        for p in (0, 1):
+            d.hop(t, p, out, a=4 * self.mass ** 2, x=psi, b=-1.0)
+        return out
+
+    def converted(self, dtype):
+        return StaggeredNormal(self.dslash.converted(dtype), self.mass)
+
+
+class EvenOddNormal(Operator):
+    """A_m = 4m^2 - D_pq D_qp on the sites of parity p (p = 0: MILC's 4m^2 - D_eo D_oe), Hermitian positive.
+
+    Input: a field on parity p (its other sites are ignored); output: a field on parity p, exactly zero elsewhere.
+    ``mass = 0`` gives the massless operator of RHMC, whose shifts 4 m_i^2 go to the multishift solver.
+    """
+
+    hermitian = True
+
+    def __init__(self, dslash: StaggeredDslash, mass: float, parity: int = 0):
+        super().__init__(dslash.geom, dslash.dtype, dslash.hop_flops() + dslash.hop_flops(axpy=True),
+                         dslash.geom.volume // 2)
+        self.dslash, self.mass, self.parity = dslash, float(mass), int(parity)
+        self.name = f"4m^2 - D_{'eo' if self.parity == 0 else 'oe'} D_{'oe' if self.parity == 0 else 'eo'}" \
+                    f"(m={self.mass:g})"
+
+    def _apply(self, psi):
+        d, p = self.dslash, self.parity
+        t = d.hop(psi, 1 - p)
+        return d.hop(t, p, a=4 * self.mass ** 2, x=psi, b=-1.0)
+
+    def converted(self, dtype):
+        return EvenOddNormal(self.dslash.converted(dtype), self.mass, self.parity)
+
+
+class StaggeredEvenOdd:
+    """The even-odd decomposition of M = 2m + D, solving on ``parity`` (0 = even).
+
+    * ``normal``: A_m on parity p (an :class:`EvenOddNormal`);
+    * ``prepare(b)``: the parity-p source (M^dag b)_p = 2m b_p - D_pq b_q;
+    * ``reconstruct(x_p, b)``: the full solution, x_q = (b_q - D_qp x_p)/(2m);
+    * ``D_eo``, ``D_oe``, ``matrix`` (the full M), ``converted(dtype)``.
+
+    Pass it to :func:`solvers.cg.even_odd_inverse` to get M^-1.
+    """
+
+    def __init__(self, dslash: StaggeredDslash, mass: float, parity: int = 0):
+        if parity not in (0, 1):
+            raise ValueError(f"parity must be 0 (even) or 1 (odd), not {parity}")
+        self.dslash, self.mass, self.parity = dslash, float(mass), int(parity)
+        self.geom, self.dtype = dslash.geom, dslash.dtype
+        self.normal = EvenOddNormal(dslash, mass, parity)
+        self.D_eo = ParityHop(dslash, 0)
+        self.D_oe = ParityHop(dslash, 1)
+        self.matrix = StaggeredMatrix(dslash, mass)
+
+    @property
+    def prepare_flops(self) -> float:
+        return self.dslash.hop_flops(axpy=True)
+
+    reconstruct_flops = prepare_flops
+
+    def prepare(self, b):
+        """(M^dag b) on parity p: 2m b_p - D_pq b_q, a field on parity p."""
+        return self.dslash.hop(b, self.parity, a=2 * self.mass, x=b, b=-1.0)
+
+    def reconstruct(self, x_p, b):
+        """The full solution of M x = b from its parity-p part: x_q = (b_q - D_qp x_p)/(2m)."""
+        if self.mass == 0:
+            raise ZeroDivisionError("even-odd reconstruction divides by 2m: the mass must not be zero")
+        d = self.dslash
+        out = d._as_field(x_p).copy()
+        c = 1.0 / (2 * self.mass)
+        return d.hop(x_p, 1 - self.parity, out, a=c, x=b, b=-c)
+
+    def converted(self, dtype) -> "StaggeredEvenOdd":
+        return StaggeredEvenOdd(self.dslash.converted(dtype), self.mass, self.parity)
