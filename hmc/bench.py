@@ -76,3 +76,89 @@ def bench_gauge(args) -> dict:
         print(f"  trajectory   {t_traj:10.3f} s   {out['trajectory_us_per_site']:9.2f} us/site "
               f"(Omelyan, 10 steps, 10 force evaluations)")
     return out
+
+
+def _random_links(geom, rng, stream, scale=1.0):
+    """Random 3x3 complex link matrices (timing only: the operator's cost does not depend on their values)."""
+    g = rng.gaussian(stream, geom.site_ids(), 4 * 18).reshape(geom.shape + (4, 3, 3, 2))
+    m = (g[..., 0] + 1j * g[..., 1]) * scale
+    return geom.xp.ascontiguousarray(geom.xp.moveaxis(m, -3, 0))
+
+
+def _event_time(backend, fn, repeat):
+    """Median seconds per call; device events on the GPU, wall clock on the CPU."""
+    fn()
+    backend.synchronize()
+    times = []
+    for _ in range(repeat):
+        if backend.is_gpu:
+            cp = backend.xp
+            s, e = cp.cuda.Event(), cp.cuda.Event()
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(cp.cuda.get_elapsed_time(s, e) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def bench_dslash(args) -> dict:
+    """Dslash (one parity of D, 16 hops) rate, bytes and fraction of the copy bandwidth; CG iteration time and its
+    split between the operator and the linear algebra; mixed against double CG to a 1e-10 answer."""
+    from solvers import StaggeredDslash, cg, mixed_cg
+    from solvers.staggered_cuda import hop_bytes
+
+    backend = get_backend(args.backend or "auto")
+    geom = Geometry(tuple(args.lattice), backend)
+    rng = CounterRNG(3)
+    fat = _random_links(geom, rng, "fat", 0.3)
+    long = _random_links(geom, rng, "long", 0.05)
+    dtype = np.complex64 if args.precision == "single" else np.complex128
+    d = StaggeredDslash(geom, fat, long).converted(dtype)
+    xp = geom.xp
+    g = rng.gaussian("src", geom.site_ids(), 6).reshape(geom.shape + (3, 2))
+    psi = (g[..., 0] + 1j * g[..., 1]).astype(dtype)
+    out = xp.zeros_like(psi)
+    vh = geom.volume // 2
+    t_hop = _event_time(backend, lambda: d.hop(psi, 0, out), args.repeat)
+    nbytes = hop_bytes(dtype) * vh
+    bw = copy_bandwidth(backend)
+    res = {"backend": backend.name, "lattice": list(args.lattice), "precision": args.precision,
+           "hop_s": t_hop, "gflops": d.hop_flops() / t_hop / 1e9, "GBps": nbytes / t_hop / 1e9,
+           "copy_GBps": bw / 1e9, "fraction_of_copy_bandwidth": nbytes / t_hop / bw, "bytes_per_site": hop_bytes(dtype)}
+    # CG iteration time on the even-odd normal operator, fixed iteration count
+    d64 = StaggeredDslash(geom, fat, long)
+    A = d64.even_odd(0.01).normal
+    b = d64.even_odd(0.01).prepare(psi.astype(np.complex128))
+    n_it = 50
+    inv = cg(tol=1e-30, maxiter=n_it, raise_on_fail=False)(A)
+    t_cg = _event_time(backend, lambda: inv.solve(b), max(1, args.repeat // 5))
+    t_op = _event_time(backend, lambda: A(b), args.repeat)
+    res.update({"cg_iteration_s": t_cg / n_it, "cg_operator_s": t_op, "cg_linalg_s": t_cg / n_it - t_op})
+    # mixed against double CG to 1e-10
+    M_eo = d64.even_odd(0.05)
+    t0 = time.perf_counter()
+    _, st_d = cg(1e-10, 5000)(M_eo.normal).solve(M_eo.prepare(psi.astype(np.complex128)))
+    backend.synchronize()
+    t_double = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _, st_m = mixed_cg(1e-10, 5000)(M_eo.normal).solve(M_eo.prepare(psi.astype(np.complex128)))
+    backend.synchronize()
+    t_mixed = time.perf_counter() - t0
+    res.update({"cg_double_s": t_double, "cg_double_iters": st_d.iters, "cg_double_true_residual": st_d.true_residual,
+                "cg_mixed_s": t_mixed, "cg_mixed_iters": st_m.iters, "cg_mixed_true_residual": st_m.true_residual})
+    if not getattr(args, "json", False):
+        L = "x".join(map(str, args.lattice))
+        print(f"bench dslash {L} {args.precision} on {backend.name}:")
+        print(f"  hop (one parity)  {t_hop * 1e6:10.1f} us  {res['gflops']:8.1f} GFLOP/s  {res['GBps']:8.1f} GB/s = "
+              f"{100 * res['fraction_of_copy_bandwidth']:.1f}% of copy bandwidth {bw / 1e9:.0f} GB/s "
+              f"({hop_bytes(dtype)} B/site)")
+        print(f"  CG iteration (double, m=0.01)  {1e6 * t_cg / n_it:10.1f} us: operator {1e6 * t_op:.1f} us, "
+              f"linear algebra {1e6 * (t_cg / n_it - t_op):.1f} us")
+        print(f"  to 1e-10 (m=0.05): double CG {t_double:.3f} s ({st_d.iters} it), mixed CG {t_mixed:.3f} s "
+              f"({st_m.iters} it), true residuals {st_d.true_residual:.1e} / {st_m.true_residual:.1e}")
+    return res

@@ -11,6 +11,7 @@ from .operator import (Operator, FunctionOperator, ProductOperator, ShiftedOpera
                        norm2_and_redot, set_reductions, reductions)
 from .staggered import (StaggeredDslash, StaggeredMatrix, StaggeredNormal, StaggeredEvenOdd, EvenOddNormal,
                         ParityHop, epsilon, project, parity_sites, hop_table, register_hop_kernel)
+from . import staggered_cuda  # noqa: F401  (registers the CUDA hop kernel for the cupy backend)
 from .cg import (SolverStats, SolverConvergenceError, SolverBreakdownError, InverseOperator, CGInverse,
                  MultishiftInverse, EvenOddInverse, cg, mixed_cg, multishift_cg, even_odd_inverse)
 
