@@ -52,8 +52,29 @@ def link_name(dim: int, dir_: int) -> str:
     return f"{DIRS[dim]}{'-+'[dir_]}"
 
 
+def format_table(rows: list, title: str = "") -> str:
+    """The resolved transport table, one line per rank: link:peer transport (reason when not peer-to-peer)."""
+    by_rank = {}
+    for r in rows:
+        by_rank.setdefault(r["rank"], []).append(r)
+    lines = [f"comms: {title}".rstrip(": ")] if title else ["comms:"]
+    for rank in sorted(by_rank):
+        rs = by_rank[rank]
+        cells = [f"{r['link']}:{r['peer']} {r['transport']}" + ("" if r["transport"] != "mpi" else f" ({r['reason']})")
+                 for r in rs]
+        lines.append(f"  rank {rank} {tuple(rs[0]['coords'])}: " + ", ".join(cells))
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # configuration from the environment
+
+def check_transport_name(name) -> None:
+    """A one-line CommsError for a transport this build cannot provide (checked before any MPI set-up)."""
+    req, _, _, err = _read_config(name)
+    if err:
+        raise CommsError(err)
+
 
 def comms_timeout() -> float:
     text = os.environ.get("HMC_COMMS_TIMEOUT", "60")
@@ -214,6 +235,7 @@ class HaloEngine:
         self.windows = None
         self._live_key = f"engine {id(self):x}"
         self.links = {}
+        self.profile = None              # a dict: seconds spent waiting accumulate in profile["wait"]
         self._resolve(request)
         _LIVE[self._live_key] = f"halo engine {self._live_key} of rank {self.world_rank}"
 
@@ -453,7 +475,8 @@ class HaloEngine:
 
     def _wait(self, mv, slot, target, describe):
         """Poll ``mv[slot]`` until it is >= target (GEQ), with the deadline."""
-        deadline = time.monotonic() + self.timeout
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout
         spins, spin = 0, self.spin
         while mv[slot] < target:
             spins += 1
@@ -461,11 +484,14 @@ class HaloEngine:
                 os.sched_yield()
             if not spins & 255 and time.monotonic() > deadline:
                 raise CommsTimeout(describe(int(mv[slot])))
+        if self.profile is not None:
+            self.profile["wait"] += time.monotonic() - t0
 
     def _wait_request(self, req, describe):
         if req.Test():
             return
-        deadline = time.monotonic() + self.timeout
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout
         spins, spin = 0, self.spin
         while not req.Test():
             spins += 1
@@ -473,6 +499,8 @@ class HaloEngine:
                 os.sched_yield()
             if not spins & 63 and time.monotonic() > deadline:
                 raise CommsTimeout(describe())
+        if self.profile is not None:
+            self.profile["wait"] += time.monotonic() - t0
 
 
 class Exchange:

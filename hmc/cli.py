@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 
 from comms import CommsError
 from lattice.backend import BackendError
@@ -39,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hmc", description="HISQ/staggered HMC in Python, MILC conventions.")
     ap.add_argument("--backend", choices=("numpy", "cupy", "auto"), default=None,
                     help="array backend (default: $HMC_BACKEND or the deck's)")
+    ap.add_argument("--grid", type=int, nargs=4, metavar=("PX", "PY", "PZ", "PT"),
+                    help="process grid under mpiexec (default: the deck's, or chosen from the rank count)")
+    ap.add_argument("--transport", metavar="mpi|shm",
+                    help="halo transport (default: $HMC_P2P_TRANSPORT, else shm between ranks of a node)")
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("init", help="create a run file from a deck (default: the embedded quick 4^4 deck)")
@@ -71,20 +77,62 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--action", choices=("wilson", "symanzik"), default="symanzik")
     b.add_argument("--repeat", type=int, default=5)
     b.add_argument("--json", action="store_true")
+    b = bsub.add_parser("halo", help="halo latency and bandwidth per transport and face size (run under mpiexec)")
+    b.add_argument("--transport", dest="bench_transport", default="mpi,shm",
+                   help="transports to measure, comma-separated (default: mpi,shm)")
+    b.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16], metavar="L",
+                   help="face sizes: L^3 sites (default: 2 4 8 16)")
+    b.add_argument("--element", choices=("matrix", "vector"), default="matrix",
+                   help="per-site data: 3x3 complex128 matrices (144 B) or 3-vectors (48 B)")
+    b.add_argument("--min-time", type=float, default=0.3, help="seconds per measurement loop")
+    b.add_argument("--json", action="store_true")
     return ap
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _comms_options(args)
         return _dispatch(args)
     except BrokenPipeError:  # output piped into head: not an error
         sys.stderr.close()
         return 0
     except _user_errors() as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"hmc {args.command}: error: {msg}", file=sys.stderr)
-        return 2
+        from comms import CommsTimeout, launched_size
+
+        if launched_size() <= 1:
+            print(f"hmc {args.command}: error: {msg}", file=sys.stderr)
+            return 2
+        # Several ranks. Bad input fails alike everywhere: rank 0 says so and exits at once, and the launcher ends
+        # the others. A rank whose error rank 0 does not share (a timeout waiting for a peer) speaks for itself.
+        # Never wait in MPI_Finalize: a peer may be stuck in an exchange.
+        if _rank() == 0 or isinstance(e, CommsTimeout):
+            print(f"hmc {args.command}: error: {msg}", file=sys.stderr, flush=True)
+            if isinstance(e, CommsTimeout):
+                time.sleep(1.0)        # let the other neighbours of a stalled rank report too
+        else:
+            time.sleep(2.0)            # ended by the launcher meanwhile when rank 0 had the same error
+            print(f"hmc {args.command}: error: rank {_rank()}: {msg}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(2)
+
+
+def _rank() -> int:
+    from comms import world
+
+    return world().rank
+
+
+def _comms_options(args):
+    """--grid and --transport reach every ProcessGrid through the environment (HMC_GRID, HMC_P2P_TRANSPORT)."""
+    if args.grid:
+        os.environ["HMC_GRID"] = " ".join(map(str, args.grid))
+    if args.transport:
+        from comms.halo import check_transport_name
+
+        check_transport_name(args.transport)
+        os.environ["HMC_P2P_TRANSPORT"] = args.transport
 
 
 def _dispatch(args) -> int:
@@ -112,6 +160,17 @@ def _dispatch(args) -> int:
         else:
             for k, v in result.items():
                 print(f"{k}: {v}")
+        return 0
+    if args.command == "bench" and args.bench == "halo":
+        from comms.bench import bench_halo, format_rows
+        from comms.halo import check_transport_name
+
+        transports = [t.strip() for t in args.bench_transport.split(",") if t.strip()]
+        for t in transports:
+            check_transport_name(t)
+        rows = bench_halo(transports, args.sizes, args.element, args.min_time)
+        if _rank() == 0:
+            print(json.dumps(rows, indent=2) if args.json else format_rows(rows))
         return 0
     if args.command == "bench":
         from .bench import bench_gauge

@@ -40,11 +40,11 @@ def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, f
                                    "overwrite it")
     geom = make_geometry(d, backend)
     u, source = _starting_links(d, geom, from_lattice, ignore_checksum)
-    state = runfile.RunState(d, text, geom.backend.to_numpy(u.site_major()), 0,
+    ss, st = plaquette(u)                    # collective: every rank has checked for an existing file by now
+    state = runfile.RunState(d, text, geom.gather(u.site_major()), 0,   # the whole lattice on rank 0
                              CounterRNG(d["run"]["seed"]).state(), [], [], source)
     if geom.grid.is_root:
         runfile.save(out, state)
-        ss, st = plaquette(u)
         log(f"wrote {out}: {d['run']['name']}, lattice {'x'.join(map(str, d['lattice']['dims']))}, {source}, "
             f"PLAQ: {ss:.10f} {st:.10f}")
     return state
@@ -84,13 +84,18 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
     schedule = make_schedule(d, monomials)
     expm = link_exponential(d["integrator"]["link_exponential"])
     rng = CounterRNG(state.rng["seed"], state.rng["counters"])
-    u = GaugeField.from_site_major(geom, state.links)
+    u = GaugeField.from_site_major(geom, geom.local_part(state.links))     # every rank read the file: keep its sites
     remaining = d["run"]["trajectories"] - state.trajectory if trajectories is None else trajectories
     if remaining <= 0:
         if root:
             log(f"{path}: all {state.trajectory} trajectories of the deck are done; run more with "
                 f"'hmc run {path} --trajectories N'")
         return state
+    state.comms = geom.grid.transport_table()             # collective; the resolved links of every rank on rank 0
+    if root and state.comms:
+        from comms.halo import format_table
+
+        log(format_table(state.comms, geom.grid.describe()))
     if root:
         log(f"{d['run']['name']}: resuming after trajectory {state.trajectory}, running {remaining} more "
             f"({geom.backend.name}, {'; '.join(m.describe() for m in monomials)})")
@@ -115,7 +120,7 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
             log(summary_line(row))
         bar.update(i + 1, f"dH {row['dH']:+.2e}")
         if (i + 1) % every == 0 or i + 1 == remaining:
-            state.links = geom.backend.to_numpy(u.site_major())
+            state.links = geom.gather(u.site_major())      # collective: the whole lattice on rank 0
             state.rng = rng.state()
             if root:
                 runfile.save(path, state)
@@ -123,4 +128,5 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
         tested = [r["accepted"] for r in state.history[-remaining:] if not r["warmup"]]
         acc = f"acceptance {np.mean(tested):.3f}" if tested else "all warmups"
         log(f"RUNNING COMPLETED: {remaining} trajectories, {acc}, file {path}")
+    geom.grid.close()                        # free the halo buffers; fails if a mapping or window leaked
     return state

