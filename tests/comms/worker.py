@@ -171,9 +171,8 @@ def case_split(out, reset="1"):
     if reset:
         grid.close()
     emit(out, "split.json", results)
-    if world().rank == 0:
-        sys.stdout.flush()
     if not reset:
+        world().Barrier()        # rank 0 has written the results
         os._exit(0)              # the broken state may leave peers waiting: do not finalize
 
 
