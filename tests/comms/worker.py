@@ -241,7 +241,42 @@ def case_table(out, grid_text):
     emit(out, "table.json", rows)
 
 
-CASES = {"halo": case_halo, "physics": case_physics, "split": case_split, "geq": case_geq, "stall": case_stall,
+def case_solvers(out, grid_text, lattice_text="4x4x4x4"):
+    """HISQ dslash, even-odd normal operator and CG / mixed CG / multishift CG (exact reductions) on the
+    distributed field: the solutions gathered on rank 0 (compared bitwise with one process by the test)."""
+    sys.path.insert(0, str(ROOT / "tests" / "solvers"))
+    from solver_testlib import random_field, random_links
+    from solvers import StaggeredDslash, cg, mixed_cg, multishift_cg, project, set_reductions
+
+    set_reductions("exact")
+    dims = grid_arg(lattice_text)
+    ref = single_geometry(dims)
+    fat, long = random_links(ref, seed=21)
+    psi = random_field(ref, np.random.default_rng(1))
+    b = project(random_field(ref, np.random.default_rng(2)), ref, 0)
+    g = Geometry(dims, grid=ProcessGrid(grid_arg(grid_text)))
+
+    def lp(a):          # this rank's part of a (4, nt, nz, ny, nx, ...) link array
+        return np.ascontiguousarray(np.moveaxis(g.local_part(np.moveaxis(a, 0, 4)), 4, 0))
+
+    d = StaggeredDslash(g, lp(fat), lp(long))
+    arrays = {"dslash": g.gather(d(g.local_part(psi))),
+              "normal": g.gather(d.even_odd(0.1).normal(g.local_part(psi)))}
+    stats = {}
+    for name, solver in (("cg", cg(1e-8, 2000)), ("mixed_cg", mixed_cg(1e-8, 2000))):
+        x, st = solver(d.even_odd(0.4).normal).solve(g.local_part(b))
+        arrays[name] = g.gather(x)
+        stats[name] = [st.iters, st.true_residual]
+    xs = multishift_cg([0.64, 2.0], 1e-8)(d.even_odd(0.0).normal)(g.local_part(b))
+    for i, x in enumerate(xs):
+        arrays[f"multishift{i}"] = g.gather(x)
+    g.grid.close()
+    if world().rank == 0:
+        np.savez(os.path.join(out, "solvers.npz"), **arrays)
+        emit(out, "solvers.json", stats)
+
+
+CASES = {"solvers": case_solvers, "halo": case_halo, "physics": case_physics, "split": case_split, "geq": case_geq, "stall": case_stall,
          "table": case_table}
 
 if __name__ == "__main__":
