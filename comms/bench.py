@@ -12,7 +12,8 @@ complex128 matrices, 144 bytes a site, or 3-vectors, 48 bytes) and transport:
   signals, MPI calls, unpack). On the CPU transports all of it is host time; there is no device time.
 
 Times are the best of ``repeats`` loops of ``reps`` exchanges (the loop count is chosen on rank 0 for about
-``min_time`` seconds and broadcast), the slowest rank's.
+``min_time / repeats`` seconds a loop and broadcast), the slowest rank's; the transports' loops are interleaved so
+that a busy machine slows them alike.
 """
 from __future__ import annotations
 
@@ -41,60 +42,72 @@ def _loop(eng, face, dest, back, reps, round_trip):
     return t, t_busy
 
 
-def bench_halo(transports=("mpi", "shm"), sizes=(2, 4, 8, 16), element="matrix", min_time=0.3, repeats=3):
-    """Rows of {transport, L, sites, bytes, one_way_us, round_trip_us, bandwidth_MBps, host_us} (on every rank)."""
+def bench_halo(transports=("mpi", "shm"), sizes=(2, 4, 8, 16), element="matrix", min_time=0.3, repeats=15):
+    """Rows of {transport, L, sites, bytes, one_way_us, round_trip_us, bandwidth_MBps, host_us} (on every rank).
+
+    The transports are measured interleaved (loop of transport 1, loop of transport 2, ... ``repeats`` times) so
+    that they see the same machine load, and each keeps its best loop."""
     comm = world()
     n = comm.size
     inner, site_bytes = ELEMENTS[element]
-    rows = []
+    grids, engines = {}, {}
     for tr in transports:
-        grid = ProcessGrid((1, 1, 1, n), partitioned=(False, False, False, True), transport=tr)
-        eng = grid.halo
-        eng.profile = {"wait": 0.0}
-        kinds = sorted({l.transport for l in eng.links.values()})
-        eng.reserve(max(sizes) ** 3 * site_bytes)
-        for L in sizes:
-            shape = (L, L, L) + inner
-            rng = np.random.default_rng(1000 + grid.rank)
-            face = rng.normal(size=shape) + 1j * rng.normal(size=shape)
-            dest = np.empty_like(face)
-            back = np.empty_like(face)
+        grids[tr] = ProcessGrid((1, 1, 1, n), partitioned=(False, False, False, True), transport=tr)
+        engines[tr] = grids[tr].halo
+        engines[tr].profile = {"wait": 0.0}
+        engines[tr].reserve(max(sizes) ** 3 * site_bytes)
+    grid = grids[transports[0]]
+    rows = []
+    for L in sizes:
+        shape = (L, L, L) + inner
+        rng = np.random.default_rng(1000 + grid.rank)
+        face = rng.normal(size=shape) + 1j * rng.normal(size=shape)
+        dest = np.empty_like(face)
+        back = np.empty_like(face)
+        fwd = grid.neighbours[3][1]
+        want = np.random.default_rng(1000 + fwd)
+        expect = want.normal(size=shape) + 1j * want.normal(size=shape)
+        for tr, eng in engines.items():
             # correctness: the forward neighbour's face arrives, and comes back unchanged
             eng.start({(3, 0): face}).finish({(3, 1): dest})
-            fwd = grid.neighbours[3][1]
-            want = np.random.default_rng(1000 + fwd)
-            expect = want.normal(size=shape) + 1j * want.normal(size=shape)
             ok = np.array_equal(dest, expect)
             eng.start({(3, 1): dest}).finish({(3, 0): back})
             ok = ok and np.array_equal(back, face)
-            if not grid.sum(int(not ok)) == 0:
+            if grid.sum(int(not ok)) != 0:
                 raise RuntimeError(f"halo bench: wrong data through {tr} at L={L}")
-            # calibrate the loop length on rank 0
-            reps = 20
-            while True:
-                t, _ = _loop(eng, face, dest, back, reps, False)
-                t = grid.max(t)
-                if t > min_time / 4 or reps >= 1 << 20:
-                    break
-                reps *= 4
-            reps = max(10, int(reps * min_time / max(t, 1e-9) / 2))
-            reps = comm.bcast(reps, root=0)
-            best_one, best_host, best_rt = np.inf, np.inf, np.inf
-            for _ in range(repeats):
+        # loop length: about min_time / repeats seconds per loop, chosen on rank 0
+        eng = engines[transports[0]]
+        reps = 10
+        while True:
+            t, _ = _loop(eng, face, dest, back, reps, False)
+            t = grid.max(t)
+            if t > min_time / repeats / 4 or reps >= 1 << 20:
+                break
+            reps *= 4
+        reps = comm.bcast(max(5, int(reps * (min_time / repeats) / max(t, 1e-9))), root=0)
+        best = {tr: [np.inf, np.inf, np.inf] for tr in transports}
+        for _ in range(repeats):
+            for tr, eng in engines.items():
                 grid.barrier()
                 t, busy = _loop(eng, face, dest, back, reps, False)
                 t, busy = grid.max(t), grid.max(busy)
-                best_one, best_host = min(best_one, t / reps), min(best_host, busy / reps)
+                b = best[tr]
+                b[0], b[1] = min(b[0], t / reps), min(b[1], busy / reps)
                 grid.barrier()
                 t, _ = _loop(eng, face, dest, back, max(1, reps // 2), True)
-                best_rt = min(best_rt, grid.max(t) / max(1, reps // 2))
-            nbytes = face.nbytes
+                b[2] = min(b[2], grid.max(t) / max(1, reps // 2))
+        for tr, eng in engines.items():
+            one, host, rt = best[tr]
+            kinds = sorted({l.transport for l in eng.links.values()})
             rows.append({"transport": tr, "links": "+".join(kinds), "ranks": n, "L": L, "sites": L ** 3,
-                         "element": element, "bytes": nbytes, "one_way_us": best_one * 1e6,
-                         "round_trip_us": best_rt * 1e6, "bandwidth_MBps": nbytes / best_one / 1e6,
-                         "host_us": best_host * 1e6, "reps": reps})
-        eng.profile = None
-        grid.close()
+                         "element": element, "bytes": face.nbytes, "one_way_us": one * 1e6,
+                         "round_trip_us": rt * 1e6, "bandwidth_MBps": face.nbytes / one / 1e6,
+                         "host_us": host * 1e6, "reps": reps, "repeats": repeats})
+    for tr in transports:
+        engines[tr].profile = None
+    for tr in reversed(transports):
+        grids[tr].close()
+    rows.sort(key=lambda r: (transports.index(r["transport"]), r["L"]))
     return rows
 
 

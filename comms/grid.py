@@ -443,6 +443,6 @@ class ProcessGrid:
             self._ctx.engine = None
         from .halo import leaked
 
-        left = leaked()
+        left = leaked(id(self))
         if left:
             raise CommsError(f"rank {self.rank}: comms teardown found leaked mappings/windows: {left}")

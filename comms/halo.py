@@ -44,8 +44,9 @@ TAG_BASE = 700
 _LIVE: dict = {}                 # live windows and peer mappings, for the teardown leak check
 
 
-def leaked() -> list:
-    return sorted(_LIVE.values())
+def leaked(owner=None) -> list:
+    """Live engines, windows and peer mappings (of the ProcessGrid with id ``owner``, or of all)."""
+    return sorted(text for o, text in _LIVE.values() if owner is None or o == owner)
 
 
 def link_name(dim: int, dir_: int) -> str:
@@ -146,8 +147,9 @@ class ProtocolState:
 class _Windows:
     """The node's shared windows: one segment per rank, header + 2 x 4 x 2 receive buffers of ``capacity``."""
 
-    def __init__(self, node, capacity: int):
+    def __init__(self, node, capacity: int, owner=None):
         MPI = mpi()
+        self.owner = owner
         self.node = node
         self.capacity = int(capacity)
         size = HEADER + 16 * self.capacity
@@ -158,7 +160,7 @@ class _Windows:
                              "use --transport mpi") from None
         self.win.Lock_all(MPI.MODE_NOCHECK)
         self.key = f"window {id(self):x} ({size} bytes on {node.size} rank(s))"
-        _LIVE[self.key] = self.key
+        _LIVE[self.key] = (owner, self.key)
         self.maps = {}
         self.own = self.map(node.rank)
         self.own_header = memoryview(self.own[:HEADER]).cast("Q")
@@ -172,7 +174,7 @@ class _Windows:
                 raise CommsError(f"shared segment of node rank {node_rank} is {seg.size} bytes, expected "
                                  f"{HEADER + 16 * self.capacity}")
             self.maps[node_rank] = seg
-            _LIVE[(self.key, node_rank)] = f"mapping of node rank {node_rank} in {self.key}"
+            _LIVE[(self.key, node_rank)] = (self.owner, f"mapping of node rank {node_rank} in {self.key}")
         return seg
 
     def header(self, node_rank: int):
@@ -232,12 +234,14 @@ class HaloEngine:
         self.timeout = 60.0
         self.spin = 0 if self.node.size > (os.cpu_count() or 1) else 4000   # oversubscribed: yield at once
         self._mpi_bufs = {}
+        self._mpi_views = {}             # (kind, dim, dir, buffer, shape, dtype) -> (typed view, byte view)
+        self._shm_views = {}             # (node rank, offset, shape, dtype) -> typed view into a shared segment
         self.windows = None
         self._live_key = f"engine {id(self):x}"
         self.links = {}
         self.profile = None              # a dict: seconds spent waiting accumulate in profile["wait"]
         self._resolve(request)
-        _LIVE[self._live_key] = f"halo engine {self._live_key} of rank {self.world_rank}"
+        _LIVE[self._live_key] = (id(grid), f"halo engine {self._live_key} of rank {self.world_rank}")
 
     # transport resolution ---------------------------------------------------------------------------------
     def _resolve(self, request):
@@ -291,12 +295,13 @@ class HaloEngine:
                 any_shm |= t == "shm"
         any_shm = self.comm.allreduce(any_shm, op=mpi().LOR)
         if any_shm or req == "shm":
-            self.windows = _Windows(self.node, MIN_CAPACITY)
+            self.windows = _Windows(self.node, MIN_CAPACITY, id(self.grid))
             self.windows.zero_header()
             self.node.Barrier()
             self._map_peers()
 
     def _map_peers(self):
+        self._shm_views.clear()
         for link in self.links.values():
             if link.transport != "shm":
                 continue
@@ -308,6 +313,7 @@ class HaloEngine:
             link.peer_header = self.windows.header(node_rank)
 
     def _unmap_peers(self):
+        self._shm_views.clear()
         for link in self.links.values():
             if link.peer_header is not None:
                 link.peer_header.release()
@@ -368,7 +374,7 @@ class HaloEngine:
             key = self.windows.key
             self.windows.free()
             self.windows = None
-            left = [v for k, v in _LIVE.items() if k == key or (isinstance(k, tuple) and k[0] == key)]
+            left = [v[1] for k, v in _LIVE.items() if k == key or (isinstance(k, tuple) and k[0] == key)]
             if left:
                 raise CommsError(f"rank {self.world_rank}: leaked after free: {left}")
         self.node.Free()
@@ -383,7 +389,7 @@ class HaloEngine:
         self._unmap_peers()
         self.node.Barrier()
         self.windows.free()
-        self.windows = _Windows(self.node, cap)
+        self.windows = _Windows(self.node, cap, id(self.grid))
         self._map_peers()
         self._reset_slots()
 
@@ -393,57 +399,77 @@ class HaloEngine:
             self._grow(nbytes)
 
     # exchanges --------------------------------------------------------------------------------------------
-    def _mpi_buf(self, kind, dim, d, b, nbytes):
-        key = (kind, dim, d, b)
-        buf = self._mpi_bufs.get(key)
-        if buf is None or buf.size < nbytes:
-            buf = np.empty(max(nbytes, 64), dtype=np.uint8)
-            self._mpi_bufs[key] = buf
-        return buf
+    def _mpi_view(self, kind, dim, d, b, shape, dtype):
+        """(typed view, byte view) of the host buffer of an MPI message (grown, never shrunk; views cached)."""
+        key = (kind, dim, d, b, shape, dtype)
+        v = self._mpi_views.get(key)
+        if v is None:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            bkey = (kind, dim, d, b)
+            buf = self._mpi_bufs.get(bkey)
+            if buf is None or buf.size < nbytes:
+                buf = np.empty(max(nbytes, 64), dtype=np.uint8)
+                self._mpi_bufs[bkey] = buf
+                self._mpi_views.clear()
+            if len(self._mpi_views) > 512:
+                self._mpi_views.clear()
+            v = (buf[:nbytes].view(dtype).reshape(shape), buf[:nbytes])
+            self._mpi_views[key] = v
+        return v
+
+    def _shm_view(self, node_rank, off, shape, dtype):
+        key = (node_rank, off, shape, dtype)
+        v = self._shm_views.get(key)
+        if v is None:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if len(self._shm_views) > 512:
+                self._shm_views.clear()
+            v = self.windows.maps[node_rank][off:off + nbytes].view(dtype).reshape(shape)
+            self._shm_views[key] = v
+        return v
 
     def start(self, sends: dict) -> "Exchange":
         """Post an exchange: ``sends`` maps (dim, dir) to the face (any array) sent to neighbour[dim][dir]."""
         st = self.state
         b = st.buffer_index
-        sends = {k: np.asarray(v) for k, v in sends.items()}
         if st.busy[b] is not None:
             raise CommsError(f"rank {self.world_rank}: halo buffer {b} is still held by an unfinished exchange: at "
                              "most two exchanges may be outstanding (double buffering); finish the older first")
-        keys = sorted(sends)
+        keys = sorted(sends) if len(sends) > 1 else list(sends)
+        faces = []
         for k in keys:
             if k not in self.links:
                 raise CommsError(f"rank {self.world_rank}: no halo link {k}: dimension {DIRS[k[0]]} is not "
                                  "partitioned")
+            f = sends[k]
+            faces.append(f if isinstance(f, np.ndarray) else np.asarray(f))
         if self.windows is not None:
-            need = max((sends[k].nbytes for k in keys), default=0)
+            need = max(f.nbytes for f in faces) if faces else 0
             if need > self.windows.capacity:
                 self._grow(need)
         ex = Exchange(self, b)
         comm = self.comm
         # receives first (MPI), then every send
-        for dim, d in keys:
-            face = sends[(dim, d)]
+        for (dim, d), face in zip(keys, faces):
             side = 1 - d
             link = self.links[(dim, side)]
             expected = st.recv[dim][side] + 1
             st.recv[dim][side] = expected
-            shape, dtype, nbytes = face.shape, face.dtype, face.nbytes
-            req = None
+            shape, dtype = face.shape, face.dtype
+            req = view = None
             if link.transport == "mpi":
-                buf = self._mpi_buf("r", dim, side, b, nbytes)
-                req = comm.Irecv(buf[:nbytes], source=link.peer, tag=TAG_BASE + 2 * dim + d)
-            ex.recvs.append((dim, side, shape, dtype, nbytes, expected, req))
+                view, raw = self._mpi_view("r", dim, side, b, shape, dtype)
+                req = comm.Irecv(raw, source=link.peer, tag=TAG_BASE + 2 * dim + d)
+            ex.recvs.append((dim, side, shape, dtype, expected, req, view))
         shm_signals = []
-        for dim, d in keys:
-            face = sends[(dim, d)]
+        for (dim, d), face in zip(keys, faces):
             link = self.links[(dim, d)]
             msg = st.send[dim][d] + 1
             st.send[dim][d] = msg
-            nbytes = face.nbytes
             if link.transport == "mpi":
-                buf = self._mpi_buf("s", dim, d, b, nbytes)
-                np.copyto(buf[:nbytes].view(face.dtype).reshape(face.shape), face)
-                ex.sends.append((dim, d, comm.Isend(buf[:nbytes], dest=link.peer, tag=TAG_BASE + 2 * dim + d)))
+                view, raw = self._mpi_view("s", dim, d, b, face.shape, face.dtype)
+                np.copyto(view, face)
+                ex.sends.append((dim, d, comm.Isend(raw, dest=link.peer, tag=TAG_BASE + 2 * dim + d)))
             else:
                 win = self.windows
                 ack = win.own_header
@@ -454,9 +480,8 @@ class HaloEngine:
                         f"rank {self.world_rank}: rank {link.peer_world} has not freed halo buffer {b} on link "
                         f"{link_name(dim, d)} (shm) after {self.timeout:g} s (HMC_COMMS_TIMEOUT): ack slot {v}, "
                         f"need >= {need}; {self._counter_text()}"))
-                off = win.data_offset(b, dim, 1 - d)
-                seg = win.maps[link.peer_node]
-                np.copyto(seg[off:off + nbytes].view(face.dtype).reshape(face.shape), face)
+                np.copyto(self._shm_view(link.peer_node, win.data_offset(b, dim, 1 - d), face.shape, face.dtype),
+                          face)
                 st.last_sent[dim][d][b] = msg
                 shm_signals.append((link.peer_header, dim * 2 + (1 - d), msg))
         if shm_signals:
@@ -523,15 +548,15 @@ class Exchange:
         eng, st, b = self.engine, self.engine.state, self.buffer
         results = {}
         credits = []
-        for dim, side, shape, dtype, nbytes, expected, req in self.recvs:
+        for dim, side, shape, dtype, expected, req, src in self.recvs:
             link = eng.links[(dim, side)]
             dest = None if out is None else out.get((dim, side))
             if link.transport == "mpi":
-                eng._wait_request(req, lambda dim=dim, side=side, expected=expected: (
-                    f"rank {eng.world_rank}: no halo from rank {link.peer_world} on link {link_name(dim, side)} "
-                    f"(mpi) after {eng.timeout:g} s (HMC_COMMS_TIMEOUT): waiting for message {expected} of "
-                    f"this link; {eng._counter_text()}"))
-                src = eng._mpi_bufs[("r", dim, side, b)][:nbytes].view(dtype).reshape(shape)
+                if not req.Test():
+                    eng._wait_request(req, lambda dim=dim, side=side, expected=expected: (
+                        f"rank {eng.world_rank}: no halo from rank {link.peer_world} on link "
+                        f"{link_name(dim, side)} (mpi) after {eng.timeout:g} s (HMC_COMMS_TIMEOUT): waiting for "
+                        f"message {expected} of this link; {eng._counter_text()}"))
             else:
                 win = eng.windows
                 own = win.own_header
@@ -541,10 +566,9 @@ class Exchange:
                         f"rank {eng.world_rank}: no halo from rank {link.peer_world} on link "
                         f"{link_name(dim, side)} (shm) after {eng.timeout:g} s (HMC_COMMS_TIMEOUT): signal slot "
                         f"{v}, expected >= {expected}, buffer {b}; {eng._counter_text()}"))
-                self.observed[(dim, side)] = int(own[slot])
+                self.observed[(dim, side)] = own[slot]
                 win.sync()                           # the signal before the data
-                off = win.data_offset(b, dim, side)
-                src = win.own[off:off + nbytes].view(dtype).reshape(shape)
+                src = eng._shm_view(win.node.rank, win.data_offset(b, dim, side), shape, dtype)
                 credits.append((link, _ACK0 + (dim * 2 + (1 - side)) * 2 + b, expected))
             if dest is None:
                 dest = np.empty(shape, dtype)
@@ -556,6 +580,8 @@ class Exchange:
                 link.peer_header[slot] = msg
         for dim, d, req in self.sends:
             link = eng.links[(dim, d)]
+            if req.Test():
+                continue
             eng._wait_request(req, lambda dim=dim, d=d: (
                 f"rank {eng.world_rank}: send to rank {link.peer_world} on link {link_name(dim, d)} (mpi) not "
                 f"complete after {eng.timeout:g} s (HMC_COMMS_TIMEOUT); {eng._counter_text()}"))
