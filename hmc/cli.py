@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-checksum", action="store_true")
     _add_action_args(p)
 
+    from . import solve as _solve, spectrum as _spectrum  # light at import: solvers and force load on use
+
+    _solve.add_parser(sub)
+    _spectrum.add_parser(sub)
+
     p = sub.add_parser("bench", help="benchmarks (commands, not tests)")
     bsub = p.add_subparsers(dest="bench", required=True)
     b = bsub.add_parser("gauge", help="gauge force and pure-gauge trajectory time per site")
@@ -85,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--element", choices=("matrix", "vector"), default="matrix",
                    help="per-site data: 3x3 complex128 matrices (144 B) or 3-vectors (48 B)")
     b.add_argument("--min-time", type=float, default=0.3, help="seconds per measurement loop")
+    b.add_argument("--json", action="store_true")
+    b = bsub.add_parser("dslash", help="HISQ dslash rate and bandwidth, CG iteration time, mixed vs double CG")
+    b.add_argument("--lattice", type=int, nargs=4, default=[8, 8, 8, 8], metavar=("NX", "NY", "NZ", "NT"))
+    b.add_argument("--precision", choices=("single", "double"), default="double")
+    b.add_argument("--repeat", type=int, default=20)
     b.add_argument("--json", action="store_true")
     return ap
 
@@ -161,6 +171,10 @@ def _dispatch(args) -> int:
             for k, v in result.items():
                 print(f"{k}: {v}")
         return 0
+    if args.command in ("solve", "spectrum"):
+        from . import solve, spectrum
+
+        return (solve if args.command == "solve" else spectrum).cli(args)
     if args.command == "bench" and args.bench == "halo":
         from comms.bench import bench_halo, format_rows
         from comms.halo import check_transport_name
@@ -173,9 +187,9 @@ def _dispatch(args) -> int:
             print(json.dumps(rows, indent=2) if args.json else format_rows(rows))
         return 0
     if args.command == "bench":
-        from .bench import bench_gauge
+        from . import bench
 
-        result = bench_gauge(args)
+        result = {"gauge": bench.bench_gauge, "dslash": bench.bench_dslash}[args.bench](args)
         if args.json:
             print(json.dumps(result, indent=2))
         return 0
