@@ -75,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     _solve.add_parser(sub)
     _spectrum.add_parser(sub)
 
+    p = sub.add_parser("check", help="regression suite: plaquette, actions, forces and a short trajectory against "
+                                     "the references in runs/checks")
+    p.add_argument("references", nargs="*", help="reference names (default: all in runs/checks)")
+    p.add_argument("--update", action="store_true", help="write new reference values (printed old and new)")
+    p.add_argument("--list", action="store_true", help="list the references")
+
     p = sub.add_parser("bench", help="benchmarks (commands, not tests)")
     bsub = p.add_subparsers(dest="bench", required=True)
     b = bsub.add_parser("gauge", help="gauge force and pure-gauge trajectory time per site")
@@ -171,6 +177,13 @@ def _dispatch(args) -> int:
             for k, v in result.items():
                 print(f"{k}: {v}")
         return 0
+    if args.command == "check":
+        from . import check
+
+        if args.list:
+            print("\n".join(check.available()))
+            return 0
+        return 1 if check.run_checks(args.references, args.update, args.backend) else 0
     if args.command in ("solve", "spectrum"):
         from . import solve, spectrum
 

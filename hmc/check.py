@@ -1,0 +1,138 @@
+"""``hmc check``: the regression suite users run after a change.
+
+Each reference is a deck ``runs/checks/NAME.toml`` (a small lattice, a hot start from a fixed seed) and its stored
+values ``runs/checks/NAME.json``. For every reference the check recomputes, at fixed seeds: the plaquette; for
+each monomial its action after the refresh, the norm of its force and its directional derivative along a fixed
+random direction Omega, which must also equal the central difference of the action (the force test of
+CONVENTIONS.md 5.2); and one short trajectory (dH and the final plaquette). Every quantity is compared with the
+stored value under a stated relative tolerance; the table is printed and any failure makes the exit code
+non-zero. ``--update`` rewrites the stored values, printing old and new side by side: never silently.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lattice import CounterRNG, GaugeField, plaquette, su3
+
+from . import deck as deckmod
+from .assemble import make_geometry, make_monomials, make_schedule
+from .momenta import random_momenta
+from .trajectory import hmc_trajectory
+
+#: relative tolerances by kind of quantity: plaquette and gauge numbers are exact arithmetic, fermion numbers carry
+#: the solver tolerance of the reference deck.
+TOLERANCES = {"plaquette": 1e-12, "gauge": 1e-10, "fermion": 1e-7, "trajectory": 1e-7, "fd": 1e-6}
+FD_STEP = 1e-5
+
+
+@dataclass
+class Row:
+    reference: str
+    quantity: str
+    value: float
+    stored: float | None
+    tol: float
+
+    @property
+    def rel(self) -> float | None:
+        if self.stored is None:
+            return None
+        return abs(self.value - self.stored) / max(abs(self.stored), 1e-300)
+
+    @property
+    def ok(self) -> bool:
+        return self.rel is not None and self.rel <= self.tol
+
+
+def checks_dir() -> Path:
+    return Path(os.environ.get("HMC_CHECKS_DIR", Path(__file__).resolve().parents[1] / "runs" / "checks"))
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in checks_dir().glob("*.toml"))
+
+
+def _directional(monomials, u, omega):
+    """sum_{x,mu} Tr(Pdot Omega) per monomial: the predicted dS/dtau along U -> exp(tau Omega) U."""
+    out = {}
+    for m in monomials:
+        f = m.force(u)
+        out[m.name] = (u.geom.sum((f * omega.swapaxes(-1, -2)).sum(axis=(-1, -2)).real),
+                       math.sqrt(u.geom.sum((f.conj() * f).real)))
+    return out
+
+
+def _moved(u, omega, tau):
+    return GaugeField(u.geom, su3.expm_su3(tau * omega) @ u.links)
+
+
+def compute(name: str, backend: str | None = None) -> list[tuple[str, float, float]]:
+    """(quantity, value, tolerance) for one reference deck."""
+    d, _ = deckmod.load(checks_dir() / f"{name}.toml")
+    geom = make_geometry(d, backend)
+    seed = d["run"]["seed"]
+    u = GaugeField.random(geom, CounterRNG(seed))
+    monomials = make_monomials(d)
+    out = []
+    ss, st = plaquette(u)
+    out += [("plaq_ss", ss, TOLERANCES["plaquette"]), ("plaq_st", st, TOLERANCES["plaquette"])]
+    rng = CounterRNG(seed + 1)
+    for m in monomials:
+        m.refresh(u, rng)
+    omega = random_momenta(geom, CounterRNG(seed + 2), "check_direction")
+    derivs = _directional(monomials, u, omega)
+    for m in monomials:
+        kind = "gauge" if m.kind == "gauge" else "fermion"
+        s0 = m.action(u)
+        sp = m.action(_moved(u, omega, FD_STEP))
+        sm = m.action(_moved(u, omega, -FD_STEP))
+        fd = (sp - sm) / (2 * FD_STEP)
+        pred, norm = derivs[m.name]
+        out += [(f"{m.name}: action", s0, TOLERANCES[kind]),
+                (f"{m.name}: |force|", norm, TOLERANCES[kind]),
+                (f"{m.name}: dS/dtau", pred, TOLERANCES[kind]),
+                (f"{m.name}: dS/dtau / finite difference", pred / fd, TOLERANCES["fd"])]
+    schedule = make_schedule(d, monomials)
+    v, res = hmc_trajectory(u, CounterRNG(seed + 3), monomials, schedule, metropolis=False)
+    ss, st = plaquette(v)
+    out += [("trajectory: dH", res.delta_h, TOLERANCES["trajectory"]),
+            ("trajectory: plaquette", (ss + st) / 6, TOLERANCES["trajectory"])]
+    return out
+
+
+def run_checks(names=None, update: bool = False, backend: str | None = None, log=print) -> int:
+    """Run the named references (all by default); returns the number of failures."""
+    names = names or available()
+    unknown = [n for n in names if n not in available()]
+    if unknown:
+        raise deckmod.DeckError(f"no reference named {', '.join(unknown)} in {checks_dir()}: known references are "
+                                f"{', '.join(available()) or 'none'}")
+    rows = []
+    for name in names:
+        t0 = time.perf_counter()
+        ref_path = checks_dir() / f"{name}.json"
+        stored = json.loads(ref_path.read_text()) if ref_path.exists() else {}
+        values = compute(name, backend)
+        for q, v, tol in values:
+            # the force/finite-difference ratio is checked against its exact value, 1
+            rows.append(Row(name, q, v, 1.0 if q.endswith("finite difference") else stored.get(q), tol))
+        if update:
+            new = {q: v for q, v, _ in values if not q.endswith("finite difference")}
+            ref_path.write_text(json.dumps(new, indent=1, sort_keys=True) + "\n")
+            log(f"{name}: wrote {len(new)} reference values to {ref_path}")
+        log(f"{name}: computed in {time.perf_counter() - t0:.1f} s")
+    log(f"{'reference':22s} {'quantity':44s} {'value':>22s} {'stored':>22s} {'rel diff':>9s} {'tol':>7s}  result")
+    failures = 0
+    for r in rows:
+        stored = "missing" if r.stored is None else f"{r.stored:.15e}"
+        rel = "" if r.rel is None else f"{r.rel:.1e}"
+        word = "updated" if update else ("ok" if r.ok else "FAIL")
+        failures += (not update) and not r.ok
+        log(f"{r.reference:22s} {r.quantity:44s} {r.value:22.15e} {stored:>22s} {rel:>9s} {r.tol:7.0e}  {word}")
+    log(f"hmc check: {len(rows)} values, {failures} failed" + (" (references updated)" if update else ""))
+    return failures
