@@ -52,7 +52,7 @@ def bench_halo(transports=("mpi", "shm"), sizes=(2, 4, 8, 16), element="matrix",
     inner, site_bytes = ELEMENTS[element]
     grids, engines = {}, {}
     for tr in transports:
-        grids[tr] = ProcessGrid((1, 1, 1, n), partitioned=(False, False, False, True), transport=tr)
+        grids[tr] = ProcessGrid((1, 1, 1, n), comm, partitioned=(False, False, False, True), transport=tr)
         engines[tr] = grids[tr].halo
         engines[tr].profile = {"wait": 0.0}
         engines[tr].reserve(max(sizes) ** 3 * site_bytes)

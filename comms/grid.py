@@ -184,16 +184,18 @@ class ProcessGrid:
     """A 4D Cartesian grid of ranks (x, y, z, t), with halo exchanges over the partitioned dimensions.
 
     dims: ranks per dimension; None (or all ones on several ranks) chooses a grid from the rank count and the
-    lattice (given here or later by :meth:`bind`); HMC_GRID="PX PY PZ PT" (what ``--grid`` sets) overrides.
+    lattice (given here or later by :meth:`bind`); HMC_GRID="PX PY PZ PT" (what ``--grid`` sets) overrides it for
+    grids on COMM_WORLD (``comm`` not given).
     partitioned: force one-rank dimensions onto the halo path (tuple of 4 bools or letters "zt"; default
     HMC_PARTITION). transport: "mpi" | "shm" | None (HMC_P2P_TRANSPORT, else the best every rank can use).
     """
 
     def __init__(self, dims=None, comm=None, *, lattice=None, partitioned=None, transport=None):
+        explicit_comm = comm is not None
         self.comm = comm if comm is not None else world()
         self.size = self.comm.size
         self.rank = self.comm.rank
-        env_grid = os.environ.get("HMC_GRID")
+        env_grid = None if explicit_comm else os.environ.get("HMC_GRID")
         if env_grid:
             dims = _parse_ints(env_grid, "HMC_GRID (--grid)")
         elif dims is not None:
