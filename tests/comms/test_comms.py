@@ -275,6 +275,10 @@ def test_split_grid_resets(tmp_path):
         assert not r["errors"], r
         assert r["zero_after_pop"], r
         assert r["after"] == "ok", r
+        # teardown: pop freed the sub-grid's engine, window and mappings; close freed the rest
+        assert sum("halo engine" in x for x in r["pushed"]) == 2 and sum("window" in x for x in r["pushed"]) >= 2
+        assert sum("halo engine" in x for x in r["popped"]) == 1
+        assert r["closed"] == []
 
 
 @needs_mpi

@@ -154,7 +154,11 @@ def case_split(out, reset="1"):
             if not np.all(arr == 1000.0 * peer + serial[0]):
                 errors.append("inside sub-grid")
     sub_counters = grid.halo.counters()
+    from comms.halo import leaked
+
+    live_pushed = leaked(id(grid))
     grid.pop(reset=reset)
+    live_popped = leaked(id(grid))
     counters = eng.counters()
     world().Barrier()            # everyone has looked before anyone signals the next exchange
     zero = (counters["send"] == [[0, 0]] * 4 and counters["recv"] == [[0, 0]] * 4
@@ -166,10 +170,13 @@ def case_split(out, reset="1"):
         outcome = "ok" if not bad else f"wrong halo on {bad}"
     except CommsTimeout as e:
         outcome = f"timeout: {e}"
-    results = world().gather({"rank": grid.rank, "errors": errors, "zero_after_pop": zero, "after": outcome, "counters_after_pop": counters,
+    results = before_close = world().gather({"rank": grid.rank, "errors": errors, "zero_after_pop": zero, "after": outcome, "counters_after_pop": counters,
                               "sub_exchanges": n_sub, "sub_send": sub_counters["send"], "sub_coords": sub_t})
     if reset:
         grid.close()
+        live_closed = leaked(id(grid))
+        results = world().gather({"pushed": live_pushed, "popped": live_popped, "closed": live_closed})
+        results = results and [dict(r, **l) for r, l in zip(before_close, results)]
     emit(out, "split.json", results)
     if not reset:
         world().Barrier()        # rank 0 has written the results
