@@ -443,10 +443,12 @@ class HaloEngine:
                                  "partitioned")
             f = sends[k]
             faces.append(f if isinstance(f, np.ndarray) else np.asarray(f))
-        if self.windows is not None:
-            need = max(f.nbytes for f in faces) if faces else 0
-            if need > self.windows.capacity:
+        win = self.windows
+        if win is not None:
+            need = faces[0].nbytes if len(faces) == 1 else max((f.nbytes for f in faces), default=0)
+            if need > win.capacity:
                 self._grow(need)
+                win = self.windows
         ex = Exchange(self, b)
         comm = self.comm
         # receives first (MPI), then every send
@@ -471,7 +473,6 @@ class HaloEngine:
                 np.copyto(view, face)
                 ex.sends.append((dim, d, comm.Isend(raw, dest=link.peer, tag=TAG_BASE + 2 * dim + d)))
             else:
-                win = self.windows
                 ack = win.own_header
                 slot = _ACK0 + (dim * 2 + d) * 2 + b
                 need = st.last_sent[dim][d][b]
@@ -480,12 +481,12 @@ class HaloEngine:
                         f"rank {self.world_rank}: rank {link.peer_world} has not freed halo buffer {b} on link "
                         f"{link_name(dim, d)} (shm) after {self.timeout:g} s (HMC_COMMS_TIMEOUT): ack slot {v}, "
                         f"need >= {need}; {self._counter_text()}"))
-                np.copyto(self._shm_view(link.peer_node, win.data_offset(b, dim, 1 - d), face.shape, face.dtype),
-                          face)
+                off = HEADER + ((b * 4 + dim) * 2 + 1 - d) * win.capacity
+                np.copyto(self._shm_view(link.peer_node, off, face.shape, face.dtype), face)
                 st.last_sent[dim][d][b] = msg
                 shm_signals.append((link.peer_header, dim * 2 + (1 - d), msg))
         if shm_signals:
-            self.windows.sync()                      # the data before the signal (a full memory barrier)
+            win.sync()                      # the data before the signal (a full memory barrier)
             for header, slot, msg in shm_signals:
                 header[slot] = msg                   # one aligned 64-bit store
         st.buffer_index ^= 1
@@ -531,6 +532,8 @@ class HaloEngine:
 class Exchange:
     """One posted exchange; ``finish`` completes it."""
 
+    __slots__ = ("engine", "buffer", "recvs", "sends", "done", "observed")
+
     def __init__(self, engine: HaloEngine, buffer: int):
         self.engine = engine
         self.buffer = buffer
@@ -568,7 +571,7 @@ class Exchange:
                         f"{v}, expected >= {expected}, buffer {b}; {eng._counter_text()}"))
                 self.observed[(dim, side)] = own[slot]
                 win.sync()                           # the signal before the data
-                src = eng._shm_view(win.node.rank, win.data_offset(b, dim, side), shape, dtype)
+                src = eng._shm_view(win.node.rank, HEADER + ((b * 4 + dim) * 2 + side) * win.capacity, shape, dtype)
                 credits.append((link, _ACK0 + (dim * 2 + (1 - side)) * 2 + b, expected))
             if dest is None:
                 dest = np.empty(shape, dtype)
