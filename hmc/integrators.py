@@ -11,6 +11,10 @@ Schemes (CONVENTIONS.md 3.5; MILC ``ks_imp_rhmc/update_rhmc.c``), with eps = tau
 - ``3g1f``: MILC's INT_3G1F two-time-scale scheme with alpha = beta = 0.1: per 2 eps, 2 kicks of the outer
   (fermion) monomials and 6 of the inner (gauge) ones; it takes exactly two levels (the second level's
   scheme and steps are not used: the gauge kicks sit where MILC puts them).
+
+With ``reunitarize=True`` the schedule also has ``("R", 0.0)`` after every cycle of the outer level (one step of
+leapfrog, two of omelyan and 3g1f): re-unitarize the links there, as MILC's ``update_rhmc.c`` does
+(``reunitarize()`` after each pass of its step loop).
 """
 from __future__ import annotations
 
@@ -57,24 +61,30 @@ def _milc_3g1f_cycle(eps, outer, inner, alpha=0.1, beta=0.1):
     return ops
 
 
-def _level_ops(level: Level, tau: float, inner_ops):
-    """Operations of one level over time tau; ``inner_ops(dt)`` expands a link move of length dt."""
+REUNITARIZE = ("R", 0.0)
+
+
+def _level_ops(level: Level, tau: float, inner_ops, reunitarize: bool = False):
+    """Operations of one level over time tau; ``inner_ops(dt)`` expands a link move of length dt. With
+    ``reunitarize``, a re-unitarization closes every cycle (one leapfrog step, two omelyan steps)."""
     eps = tau / level.steps
     names = tuple(level.monomials)
+    tail = [REUNITARIZE] if reunitarize else []
     ops = []
     if level.scheme == "leapfrog":
         for _ in range(level.steps):
-            ops += inner_ops(eps / 2) + [("P", names, eps)] + inner_ops(eps / 2)
+            ops += inner_ops(eps / 2) + [("P", names, eps)] + inner_ops(eps / 2) + tail
     elif level.scheme == "omelyan":
         h, lam = 2 * eps, OMELYAN_LAMBDA
         for _ in range(level.steps // 2):
             ops += (inner_ops(lam * h) + [("P", names, h / 2)] + inner_ops((1 - 2 * lam) * h)
-                    + [("P", names, h / 2)] + inner_ops(lam * h))
+                    + [("P", names, h / 2)] + inner_ops(lam * h)) + tail
     return ops
 
 
-def build_schedule(levels: list[Level], tau: float) -> list:
-    """Flatten nested levels (outermost first) into one list of operations over trajectory length tau."""
+def build_schedule(levels: list[Level], tau: float, reunitarize: bool = False) -> list:
+    """Flatten nested levels (outermost first) into one list of operations over trajectory length tau; with
+    ``reunitarize``, ``("R", 0.0)`` closes every cycle of the outer level (module docstring)."""
     if not levels:
         raise IntegratorError("an integrator needs at least one level")
     if levels[0].scheme == "3g1f":
@@ -85,6 +95,8 @@ def build_schedule(levels: list[Level], tau: float) -> list:
         ops = []
         for _ in range(levels[0].steps // 2):
             ops += _milc_3g1f_cycle(eps, levels[0].monomials, levels[1].monomials)
+            if reunitarize:
+                ops.append(REUNITARIZE)
         return _drop_empty(ops)
     if any(lv.scheme == "3g1f" for lv in levels):
         raise IntegratorError("3g1f must be the outer level")
@@ -93,7 +105,7 @@ def build_schedule(levels: list[Level], tau: float) -> list:
         if depth == len(levels):
             return lambda dt: [("U", dt)]
         inner = expand(depth + 1)
-        return lambda dt: _level_ops(levels[depth], dt, inner)
+        return lambda dt: _level_ops(levels[depth], dt, inner, reunitarize and depth == 0)
 
     return _drop_empty(expand(0)(tau))
 
@@ -117,6 +129,8 @@ def describe(schedule) -> str:
     for op in schedule:
         if op[0] == "U":
             lines.append(f"U  {op[1]:+.6f}")
+        elif op[0] == "R":
+            lines.append("R  (reunitarize)")
         else:
             lines.append(f"P  {op[2]:+.6f}  [{', '.join(op[1])}]")
     return "\n".join(lines)

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from lattice import GaugeField, su3
 
-from .momenta import kinetic_energy, random_momenta
+from .momenta import kinetic_energy, random_momenta  # noqa: F401  (random_momenta: imported from here elsewhere)
+from .rngs import draw_momenta
 
 
 @dataclass
@@ -42,11 +43,16 @@ def link_exponential(name: str):
 
 
 def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3, timers=None):
-    """Integrate (U, P) along ``schedule`` in place; returns the number of force evaluations per monomial."""
+    """Integrate (U, P) along ``schedule`` in place (``("R", 0)`` re-unitarizes the links); returns the time spent
+    per phase (link updates, each monomial's force)."""
     by_name = {m.name: m for m in monomials}
     timers = timers if timers is not None else {}
     for op in schedule:
-        if op[0] == "U":
+        if op[0] == "R":
+            t0 = time.perf_counter()
+            u.reunitarize()
+            timers["links"] = timers.get("links", 0.0) + time.perf_counter() - t0
+        elif op[0] == "U":
             t0 = time.perf_counter()
             if expm is su3.expm_su3:
                 u.links = su3.exp_update(u.links, p, op[1], u.geom.backend)
@@ -78,15 +84,19 @@ class TrajectoryResult:
 
 def hmc_trajectory(u: GaugeField, rng, monomials, schedule, expm=su3.expm_su3, reunitarize=True,
                    metropolis=True):
-    """Run one trajectory from ``u``; returns (new field, TrajectoryResult). ``u`` itself is left unchanged."""
+    """Run one trajectory from ``u``; returns (new field, TrajectoryResult). ``u`` itself is left unchanged.
+
+    The momenta are drawn before the monomials refresh their auxiliary fields: MILC's order (``ranmom``, then the
+    pseudofermion heat bath), which matters for its per-site generators (:mod:`hmc.rngs`). ``reunitarize``: the
+    links are re-unitarized at the end, unless the schedule does it itself (``("R", 0)`` operations)."""
     t0 = time.perf_counter()
+    p = draw_momenta(u.geom, rng)
     for m in monomials:
         m.refresh(u, rng)
-    p = random_momenta(u.geom, rng)
     start = hamiltonian(u, p, monomials)
     v = u.copy()
     timers = molecular_dynamics(v, p, schedule, monomials, expm)
-    if reunitarize:
+    if reunitarize and not any(op[0] == "R" for op in schedule):
         v.reunitarize()
     end = hamiltonian(v, p, monomials)
     xr = rng.global_uniform("metropolis")
