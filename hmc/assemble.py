@@ -1,10 +1,13 @@
 """From a validated deck to the objects a run needs: geometry, actions, monomials, integrator schedule."""
 from __future__ import annotations
 
+import os
+
 from force.gauge_action import SymanzikAction, WilsonAction
 from lattice import Geometry, get_backend
 from comms import ProcessGrid
 
+from .deck import DeckError
 from .integrators import Level, build_schedule
 from .monomials import GaugeMonomial
 
@@ -20,12 +23,61 @@ def make_gauge_action(g: dict):
     return SymanzikAction(g["beta"], g["u0"], g["nf"], g["quark_loops"])
 
 
-def make_monomials(deck: dict) -> list:
-    return [GaugeMonomial(make_gauge_action(deck["gauge"]))]
+def rationals_path(deck: dict, base_dir: str | None = None, override: str | None = None) -> str:
+    """The rational-function file of ``[fermions]``: ``override`` (relative to the working directory) or the deck's
+    ``rationals``, a relative path being taken from ``base_dir`` (the deck's folder)."""
+    if override:
+        return os.path.abspath(override)
+    path = os.path.expanduser(deck["fermions"]["rationals"])
+    if not os.path.isabs(path) and base_dir is not None:
+        path = os.path.join(base_dir, path)
+    return os.path.abspath(path)
+
+
+def load_rationals(deck: dict, text: str | None = None, path: str | None = None) -> list:
+    """The pseudofermions' rational functions, from ``text`` (as stored in the run file) or read from ``path``,
+    checked against ``[fermions]``: the masses and flavour numbers (dyn_mass, dyn_flavors) and the number of
+    tolerance triples. A mismatch is a one-line DeckError naming both sides."""
+    from .rational import RationalsError, check_masses, parse_rationals, read_rationals
+
+    f = deck["fermions"]
+    where = path or "the run file's rational functions"
+    try:
+        pfs = parse_rationals(text, where) if text is not None else read_rationals(path)
+        check_masses(pfs, f["dyn_mass"], f["dyn_flavors"], where=where)
+    except RationalsError as e:
+        raise DeckError(f"[fermions] {e}") from None
+    if len(f["cgresid_md_fa_gr"]) != len(pfs):
+        raise DeckError(f"[fermions] cgresid_md_fa_gr has {len(f['cgresid_md_fa_gr'])} [MD, FA, GR] triples but "
+                        f"{where} has {len(pfs)} pseudofermions: give one triple per pseudofermion")
+    return pfs
+
+
+def make_fermion_monomial(deck: dict, pfs: list):
+    from .rhmc import FermionMonomial, PseudofermionTerm
+
+    f = deck["fermions"]
+    terms = [PseudofermionTerm(pf, float(md), float(fa), float(gr), f["max_multicg"])
+             for pf, (md, fa, gr) in zip(pfs, f["cgresid_md_fa_gr"])]
+    return FermionMonomial(terms, f["action"], float(f["u0"]) if f["action"] == "asqtad" else None, f["time_bc"])
+
+
+def make_monomials(deck: dict, files: dict | None = None, base_dir: str | None = None) -> list:
+    """The gauge monomial, and the RHMC fermion monomial when the deck has ``[fermions]``: its rational functions
+    come from ``files["rationals"]`` (the run file's copy) or else from the deck's path (relative to ``base_dir``)."""
+    monomials = [GaugeMonomial(make_gauge_action(deck["gauge"]))]
+    if deck.get("fermions") is not None:
+        if files and "rationals" in files:
+            pfs = load_rationals(deck, text=files["rationals"])
+        else:
+            pfs = load_rationals(deck, path=rationals_path(deck, base_dir))
+        monomials.append(make_fermion_monomial(deck, pfs))
+    return monomials
 
 
 def make_schedule(deck: dict, monomials: list) -> list:
-    """Gauge monomials on the innermost level; fermion monomials (when present) on the outer one."""
+    """Gauge monomials on the innermost level; fermion monomials (when present) on the outer one.
+    ``reunitarize = "cycle"`` re-unitarizes after every outer cycle, as MILC."""
     integ = deck["integrator"]
     gauge = [m.name for m in monomials if m.kind == "gauge"]
     fermion = [m.name for m in monomials if m.kind != "gauge"]
@@ -36,4 +88,4 @@ def make_schedule(deck: dict, monomials: list) -> list:
                   Level(integ["inner_scheme"], integ["inner_steps"], gauge)]
     else:
         levels = [Level(integ["scheme"], integ["steps"], fermion + gauge)]
-    return build_schedule(levels, integ["tau"])
+    return build_schedule(levels, integ["tau"], reunitarize=integ["reunitarize"] == "cycle")

@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("deck", nargs="?", help="TOML run deck (see runs/); omitted: the embedded quick deck")
     p.add_argument("-o", "--output", required=True, help="run file to create, e.g. trajectory.h5")
     p.add_argument("--from-lattice", metavar="FILE", help="start from a stored configuration (MILC, NERSC, ILDG, SciDAC)")
+    p.add_argument("--rationals", metavar="FILE",
+                   help="RHMC rational functions (MILC's format) instead of the deck's [fermions] rationals")
     p.add_argument("--ignore-checksum", action="store_true", help="read a lattice whose checksum does not match")
     p.add_argument("--force", action="store_true", help="overwrite an existing run file")
 
@@ -155,7 +157,8 @@ def _dispatch(args) -> int:
     if args.command == "init":
         from .run import init_run
 
-        init_run(args.deck, args.output, args.from_lattice, args.force, args.ignore_checksum, args.backend)
+        init_run(args.deck, args.output, args.from_lattice, args.force, args.ignore_checksum, args.backend,
+                 rationals=args.rationals)
         return 0
     if args.command == "run":
         from .run import run

@@ -22,6 +22,10 @@ def _nonneg(x):
     return x >= 0
 
 
+def _number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def _dims(x):
     return isinstance(x, list) and len(x) == 4 and all(isinstance(n, int) and n >= 2 and n % 2 == 0 for n in x)
 
@@ -41,7 +45,7 @@ SCHEMA = {
         "seed": Key(int, 1, lambda s: 0 <= s < 2**63, "an integer in [0, 2^63)"),
         "trajectories": Key(int, 10, _positive, "a positive number of trajectories"),
         "start": Key(str, "cold", None, "cold, hot, or the path of a lattice file"),
-        "rng": Key(str, "philox", None, "", ("philox",)),
+        "rng": Key(str, "philox", None, "", ("philox", "milc", "milc_old")),
         "backend": Key(str, "numpy", None, "", ("numpy", "cupy", "auto")),
         "checkpoint_every": Key(int, 1, _positive, "a positive number of trajectories"),
         "warmups": Key(int, 0, _nonneg, "a number >= 0 of leading trajectories run without the Metropolis test "
@@ -66,10 +70,31 @@ SCHEMA = {
         "inner_scheme": Key(str, "", None, "", ("", "leapfrog", "omelyan")),
         "inner_steps": Key(int, 1, _positive, "a positive integer"),
         "link_exponential": Key(str, "exact", None, "", ("exact", "taylor8")),
-        "reunitarize": Key(bool, True),
+        "reunitarize": Key((bool, str), True, lambda v: v in (True, False, "cycle"),
+                           "true (after each trajectory), false, or \"cycle\" (after every cycle of the outer "
+                           "integrator level, as MILC's update_rhmc.c)"),
         "reversibility_check": Key(bool, False),
     },
+    # optional: present for dynamical fermions (RHMC, hmc/rhmc.py), MILC's ks_imp_rhmc input parameters
+    "fermions": {
+        "action": Key(str, "hisq", None, "", ("hisq", "asqtad")),
+        "u0": Key((int, float), 1.0, _positive, "a positive tadpole factor (asqtad only)"),
+        "rationals": Key(str, None, lambda s: bool(s.strip()),
+                         "the path of a MILC rational-function file (relative paths: from the deck's folder)"),
+        "dyn_mass": Key(list, None, lambda v: bool(v) and all(_number(m) and m > 0 for m in v),
+                        "a list of positive quark masses, e.g. [0.0018, 0.018]"),
+        "dyn_flavors": Key(list, None, lambda v: bool(v) and all(isinstance(n, int) and not isinstance(n, bool)
+                                                                  and n > 0 for n in v),
+                           "a list of positive flavour numbers, one per mass, e.g. [2, 1]"),
+        "cgresid_md_fa_gr": Key(list, None, lambda v: bool(v) and all(
+            isinstance(t, list) and len(t) == 3 and all(_number(r) and r > 0 for r in t) for t in v),
+            "a list of [MD, FA, GR] solver tolerances, one triple per pseudofermion in file order, e.g. "
+            "[[5e-4, 1e-4, 1e-4], [5e-6, 1e-6, 1e-6]]"),
+        "max_multicg": Key(int, 2500, _positive, "a positive maximum number of multishift iterations"),
+        "time_bc": Key(str, "antiperiodic", None, "", ("antiperiodic", "periodic")),
+    },
 }
+OPTIONAL_SECTIONS = ("fermions",)
 
 
 def _validate_value(section, name, key: Key, value):
@@ -96,6 +121,8 @@ def validate(raw: dict) -> dict:
         if not isinstance(raw[section], dict):
             raise DeckError(f"[{section}] must be a table of keys")
     for section, keys in SCHEMA.items():
+        if section in OPTIONAL_SECTIONS and section not in raw:
+            continue
         given = raw.get(section, {})
         for name in given:
             if name not in keys:
@@ -126,6 +153,22 @@ def _cross_checks(d):
     if g["action"] == "wilson" and (g["quark_loops"] != "none" or g["u0"] != 1.0):
         raise DeckError("[gauge] u0 and quark_loops apply to the symanzik action only: remove them or set "
                         "action = \"symanzik\"")
+    if d["run"]["rng"] != "philox" and not d["run"]["seed"] < 2**32:
+        raise DeckError(f"[run] seed = {d['run']['seed']}: MILC's generator (rng = \"{d['run']['rng']}\") takes a "
+                        "32-bit seed (iseed), below 2^32")
+    f = d.get("fermions")
+    if f is not None:
+        if len(f["dyn_flavors"]) != len(f["dyn_mass"]):
+            raise DeckError(f"[fermions] dyn_mass has {len(f['dyn_mass'])} masses but dyn_flavors "
+                            f"{len(f['dyn_flavors'])} numbers: give one flavour number per mass")
+        nf = sum(f["dyn_flavors"])
+        if g["quark_loops"] != "none" and g["nf"] != nf:
+            raise DeckError(f"[gauge] nf = {g['nf']} but [fermions] dyn_flavors add up to {nf}: the quark-loop terms "
+                            "of the gauge action take the total number of dynamical flavours (MILC's "
+                            "total_dyn_flavors)")
+        if f["action"] == "hisq" and f["u0"] != 1.0:
+            raise DeckError("[fermions] u0 applies to the asqtad action only (HISQ has no tadpole factor): remove it "
+                            "or set action = \"asqtad\"")
 
 
 def loads(text: str) -> dict:

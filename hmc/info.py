@@ -67,7 +67,7 @@ def info(path: str, as_json: bool = False, schedule: bool = False) -> str:
     left = d["run"]["trajectories"] - st.trajectory
     lines.append(f"  continue: hmc run {path}" + ("" if left > 0 else " --trajectories N"))
     if schedule:
-        mon = make_monomials(d)
+        mon = make_monomials(d, st.files)
         sch = make_schedule(d, mon)
         lines.append(f"  schedule ({force_evaluations(sch)} force evaluations):")
         lines += ["    " + l for l in describe(sch).splitlines()]

@@ -10,9 +10,10 @@ from lattice import CounterRNG, GaugeField, link_trace, plaquette, polyakov_loop
 
 from . import deck as deckmod
 from . import runfile
-from .assemble import make_geometry, make_monomials, make_schedule
+from .assemble import load_rationals, make_geometry, make_monomials, make_schedule, rationals_path
 from .progress import Progress
-from .trajectory import hmc_trajectory, link_exponential, random_momenta, reversibility_check
+from .rngs import copy_rng, draw_momenta, make_rng, rng_from_state
+from .trajectory import hmc_trajectory, link_exponential, reversibility_check
 
 
 def _starting_links(d: dict, geom, from_lattice: str | None, ignore_checksum: bool):
@@ -27,9 +28,26 @@ def _starting_links(d: dict, geom, from_lattice: str | None, ignore_checksum: bo
     return u, f"{info.get('format', 'lattice')} file {os.path.abspath(start)}"
 
 
+def _run_files(d: dict, deck_path: str | None, rationals: str | None) -> dict:
+    """Texts the run file keeps besides the deck: the RHMC rational functions (checked against the deck)."""
+    if d.get("fermions") is None:
+        if rationals:
+            raise deckmod.DeckError("--rationals was given but the deck has no [fermions] section")
+        return {}
+    base = os.path.dirname(os.path.abspath(deck_path)) if deck_path else os.getcwd()
+    path = rationals_path(d, base, rationals)
+    load_rationals(d, path=path)
+    with open(path, encoding="utf-8") as fh:
+        return {"rationals": fh.read()}
+
+
 def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, force: bool = False,
-             ignore_checksum: bool = False, backend: str | None = None, log=print) -> runfile.RunState:
-    """Validate the deck (or the embedded quick deck), build the starting configuration, write the run file."""
+             ignore_checksum: bool = False, backend: str | None = None, log=print,
+             rationals: str | None = None) -> runfile.RunState:
+    """Validate the deck (or the embedded quick deck), build the starting configuration, write the run file.
+
+    With ``[fermions]`` the rational functions (the deck's ``rationals``, relative to the deck's folder, or
+    ``rationals``, relative to the working directory) are checked against the deck and copied into the run file."""
     if deck_path is None:
         text = deckmod.default_deck_text()
         d = deckmod.loads(text)
@@ -38,11 +56,13 @@ def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, f
     if os.path.exists(out) and not force:
         raise runfile.RunFileError(f"{out} exists already: continue it with 'hmc run {out}', or pass --force to "
                                    "overwrite it")
+    files = _run_files(d, deck_path, rationals)
     geom = make_geometry(d, backend)
     u, source = _starting_links(d, geom, from_lattice, ignore_checksum)
     ss, st = plaquette(u)                    # collective: every rank has checked for an existing file by now
+    rng = make_rng(d["run"]["rng"], d["run"]["seed"], geom.dims)
     state = runfile.RunState(d, text, geom.gather(u.site_major()), 0,   # the whole lattice on rank 0
-                             CounterRNG(d["run"]["seed"]).state(), [], [], source)
+                             rng.state(), [], [], source, files)
     if geom.grid.is_root:
         runfile.save(out, state)
         log(f"wrote {out}: {d['run']['name']}, lattice {'x'.join(map(str, d['lattice']['dims']))}, {source}, "
@@ -50,7 +70,7 @@ def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, f
     return state
 
 
-def _history_row(traj, res, u, geom, warmup: bool) -> dict:
+def _history_row(traj, res, u, geom, warmup: bool, fermions=()) -> dict:
     ss, st = plaquette(u)
     pl = polyakov_loop(u)
     dh = res.delta_h
@@ -62,7 +82,35 @@ def _history_row(traj, res, u, geom, warmup: bool) -> dict:
            "link_trace": link_trace(u)}
     for k, v in sorted(res.timers.items()):
         row[f"time_{k}"] = float(v)
+    for m in fermions:                        # one RHMC monomial: iterations, solves, link builds, times per phase
+        row.update(m.stats.totals())
     return row
+
+
+def milc_lines(res, fermions, row: dict) -> list[str]:
+    """MILC's printout of one RHMC trajectory (CONVENTIONS.md 3.6): GRSOURCE and heat-bath CG lines, the action's CG
+    lines and ``ACTION: g,h,f = ...`` at the start, the CG lines of every force evaluation, the same at the end,
+    ``ACCEPT``/``REJECT: delta S``, ``PLAQ:`` and ``P_LOOP:``."""
+    def action(h):
+        return f"ACTION: g,h,f = {h.gauge:.14e}  {h.kinetic:.14e}  {h.fermion:.14e}  {h.total:.14e}"
+
+    out = []
+    for m in fermions:
+        out += m.milc_lines("GR")
+    for m in fermions:
+        out += m.milc_lines("FA", 0)
+    out.append(action(res.start))
+    for m in fermions:
+        for call in range(m.stats.calls.get("MD", 0)):
+            out += m.milc_lines("MD", call)
+    for m in fermions:
+        out += m.milc_lines("FA", 1)
+    out.append(action(res.end))
+    word = "WARMUP" if row["warmup"] else "ACCEPT" if row["accepted"] else "REJECT"
+    out.append(f"{word}: delta S = {row['dH']:e}")
+    out.append(f"PLAQ:\t{row['plaq_ss']:.16f}\t{row['plaq_st']:.16f}")
+    out.append(f"P_LOOP:\t{row['ploop_re']:e}\t{row['ploop_im']:e}")
+    return out
 
 
 def summary_line(row: dict) -> str:
@@ -80,10 +128,11 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
     d = state.deck
     geom = make_geometry(d, backend)
     root = geom.grid.is_root
-    monomials = make_monomials(d)
+    monomials = make_monomials(d, state.files)
+    fermions = [m for m in monomials if m.kind == "fermion"]
     schedule = make_schedule(d, monomials)
     expm = link_exponential(d["integrator"]["link_exponential"])
-    rng = CounterRNG(state.rng["seed"], state.rng["counters"])
+    rng = rng_from_state(d["run"]["rng"], state.rng, geom.dims)
     u = GaugeField.from_site_major(geom, geom.local_part(state.links))     # every rank read the file: keep its sites
     remaining = d["run"]["trajectories"] - state.trajectory if trajectories is None else trajectories
     if remaining <= 0:
@@ -105,8 +154,11 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
     every = d["run"]["checkpoint_every"]
     for i in range(remaining):
         if d["integrator"]["reversibility_check"]:
-            probe_rng = CounterRNG(rng.seed, dict(rng.counters))
-            rev = reversibility_check(u, random_momenta(geom, probe_rng), monomials, schedule, expm)
+            probe_rng = copy_rng(rng)
+            p = draw_momenta(geom, probe_rng)
+            for m in monomials:
+                m.refresh(u, probe_rng)
+            rev = reversibility_check(u, p, monomials, schedule, expm)
             if root:
                 log(f"REVERSIBILITY: max|dU| = {rev['links']:.3e} max|dP| = {rev['momenta']:.3e} "
                     f"dH = {rev['dH']:+.3e}")
@@ -114,9 +166,11 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
         u, res = hmc_trajectory(u, rng, monomials, schedule, expm, d["integrator"]["reunitarize"],
                                 metropolis=not warmup)
         state.trajectory += 1
-        row = _history_row(state.trajectory, res, u, geom, warmup)
+        row = _history_row(state.trajectory, res, u, geom, warmup, fermions)
         state.history.append(row)
         if root:
+            for line in milc_lines(res, fermions, row) if fermions else ():
+                log(line)
             log(summary_line(row))
         bar.update(i + 1, f"dH {row['dH']:+.2e}")
         if (i + 1) % every == 0 or i + 1 == remaining:

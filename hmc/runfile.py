@@ -2,9 +2,12 @@
 
 Layout (DESIGN.md): ``/params`` (validated deck as JSON, and the TOML text it came from), ``/gauge`` (links in
 MILC's site-major order, with trajectory, plaquette and SHA-256 attributes), ``/rng`` (seed and per-stream draw
-counters: the whole state of the counter-based generator), ``/history`` (one row per trajectory), ``/comms``
-(the resolved transport table). Every save writes a complete new file next to the old one, flushes it to disk and
-renames it over the old one, so a run killed at any moment leaves the last complete checkpoint.
+counters: the whole state of the counter-based generator; with MILC's generators, ``/rng/milc`` holds their state,
+:mod:`hmc.rngs`), ``/history`` (one row per trajectory), ``/comms`` (the resolved transport table), ``/params/files``
+(texts the run needs besides the deck, e.g. its rational functions, copied in at ``hmc init`` so that the run file
+does not depend on them staying where they were). Every save writes a complete new file next to the old one,
+flushes it to disk and renames it over the old one, so a run killed at any moment leaves the last complete
+checkpoint.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ class RunState:
     history: list = field(default_factory=list)
     comms: list = field(default_factory=list)
     source: str = ""                 # where the starting configuration came from
+    files: dict = field(default_factory=dict)   # name -> text (e.g. "rationals": the RHMC rational functions)
 
 
 def links_digest(links: np.ndarray) -> str:
@@ -77,6 +81,10 @@ def save(path, state: RunState) -> None:
             par = f.create_group("params")
             par.attrs["deck_json"] = json.dumps(state.deck, sort_keys=True)
             par.create_dataset("deck_toml", data=state.deck_text)
+            if state.files:
+                fg = par.create_group("files")
+                for name, text in state.files.items():
+                    fg.create_dataset(name, data=text)
             g = f.create_group("gauge")
             g.create_dataset("links", data=state.links)
             g.attrs["sha256"] = links_digest(state.links)
@@ -86,6 +94,8 @@ def save(path, state: RunState) -> None:
             r = f.create_group("rng")
             r.attrs["seed"] = state.rng.get("seed", 0)
             r.attrs["counters_json"] = json.dumps(state.rng.get("counters", {}), sort_keys=True)
+            if "milc" in state.rng:
+                _write_state(r.create_group("milc"), state.rng["milc"])
             h = f.create_group("history")
             arr = _history_array(state.history)
             if arr is not None:
@@ -130,6 +140,9 @@ def load(path) -> RunState:
             digest = f["gauge"].attrs["sha256"]
             traj = int(f.attrs["trajectory"])
             rng = {"seed": int(f["rng"].attrs["seed"]), "counters": json.loads(f["rng"].attrs["counters_json"])}
+            if "milc" in f["rng"]:
+                rng["milc"] = _read_state(f["rng/milc"])
+            files = {k: v[()].decode() for k, v in f["params/files"].items()} if "files" in f["params"] else {}
             rows = f["history/rows"][()] if "rows" in f["history"] else None
             comms = json.loads(f["comms"].attrs["table_json"])
             source = str(f.attrs.get("source", ""))
@@ -153,4 +166,20 @@ def load(path) -> RunState:
     if len(history) != traj:
         raise RunFileError(f"{path}: {traj} trajectories recorded but {len(history)} history rows: the file is "
                            "inconsistent")
-    return RunState(d, deck_text, links, traj, rng, history, comms, source)
+    return RunState(d, deck_text, links, traj, rng, history, comms, source, files)
+
+
+def _write_state(group, st: dict) -> None:
+    """A generator state (scalars and numpy arrays) into an HDF5 group: arrays as datasets, the rest as attributes."""
+    for k, v in st.items():
+        if isinstance(v, np.ndarray):
+            group.create_dataset(k, data=v)
+        else:
+            group.attrs[k] = v
+
+
+def _read_state(group) -> dict:
+    out = {k: v[()] for k, v in group.items()}
+    for k, v in group.attrs.items():
+        out[k] = v.decode() if isinstance(v, bytes) else (v.item() if isinstance(v, np.generic) else v)
+    return out
