@@ -220,6 +220,32 @@ class _Link:
         self.peer_header = None
 
 
+class _Route:
+    """Everything the hot path needs for a face sent on (dim, dir) and the matching one received on side
+    (dim, 1 - dir): links, slots, offsets per buffer, MPI tag, and one cached view per buffer and end."""
+
+    __slots__ = ("key", "recv_key", "dim", "dir", "side", "send", "recv", "send_mpi", "recv_mpi", "tag",
+                 "sig_slot", "ack_slot", "own_sig_slot", "credit_slot", "peer_off", "own_off", "send_views",
+                 "recv_views")
+
+    def __init__(self, engine, dim, d):
+        side = 1 - d
+        self.key, self.recv_key = (dim, d), (dim, side)
+        self.dim, self.dir, self.side = dim, d, side
+        self.send, self.recv = engine.links[(dim, d)], engine.links[(dim, side)]
+        self.send_mpi, self.recv_mpi = self.send.transport == "mpi", self.recv.transport == "mpi"
+        self.tag = TAG_BASE + 2 * dim + d
+        self.sig_slot = dim * 2 + side                                  # in the peer's header
+        self.ack_slot = [_ACK0 + (dim * 2 + d) * 2 + b for b in (0, 1)]          # in my header
+        self.own_sig_slot = dim * 2 + side                              # in my header
+        self.credit_slot = [_ACK0 + (dim * 2 + d) * 2 + b for b in (0, 1)]       # in the sender's header
+        cap = engine.windows.capacity if engine.windows is not None else 0
+        self.peer_off = [HEADER + ((b * 4 + dim) * 2 + side) * cap for b in (0, 1)]
+        self.own_off = [HEADER + ((b * 4 + dim) * 2 + side) * cap for b in (0, 1)]
+        self.send_views = [None, None]
+        self.recv_views = [None, None]
+
+
 class HaloEngine:
     """Halo exchanges of one communicator context (see the module docstring)."""
 
@@ -236,6 +262,7 @@ class HaloEngine:
         self._mpi_bufs = {}
         self._mpi_views = {}             # (kind, dim, dir, buffer, shape, dtype) -> (typed view, byte view)
         self._shm_views = {}             # (node rank, offset, shape, dtype) -> typed view into a shared segment
+        self._routes = {}                # (dim, dir) -> _Route
         self.windows = None
         self._live_key = f"engine {id(self):x}"
         self.links = {}
@@ -302,6 +329,7 @@ class HaloEngine:
 
     def _map_peers(self):
         self._shm_views.clear()
+        self._routes.clear()
         for link in self.links.values():
             if link.transport != "shm":
                 continue
@@ -314,6 +342,7 @@ class HaloEngine:
 
     def _unmap_peers(self):
         self._shm_views.clear()
+        self._routes.clear()
         for link in self.links.values():
             if link.peer_header is not None:
                 link.peer_header.release()
@@ -428,6 +457,15 @@ class HaloEngine:
             self._shm_views[key] = v
         return v
 
+    def _route(self, k) -> _Route:
+        r = self._routes.get(k)
+        if r is None:
+            if k not in self.links or (k[0], 1 - k[1]) not in self.links:
+                raise CommsError(f"rank {self.world_rank}: no halo link {k}: dimension {DIRS[k[0]]} is not "
+                                 "partitioned")
+            r = self._routes[k] = _Route(self, *k)
+        return r
+
     def start(self, sends: dict) -> "Exchange":
         """Post an exchange: ``sends`` maps (dim, dir) to the face (any array) sent to neighbour[dim][dir]."""
         st = self.state
@@ -435,61 +473,62 @@ class HaloEngine:
         if st.busy[b] is not None:
             raise CommsError(f"rank {self.world_rank}: halo buffer {b} is still held by an unfinished exchange: at "
                              "most two exchanges may be outstanding (double buffering); finish the older first")
-        keys = sorted(sends) if len(sends) > 1 else list(sends)
-        faces = []
-        for k in keys:
-            if k not in self.links:
-                raise CommsError(f"rank {self.world_rank}: no halo link {k}: dimension {DIRS[k[0]]} is not "
-                                 "partitioned")
-            f = sends[k]
-            faces.append(f if isinstance(f, np.ndarray) else np.asarray(f))
+        plan = []
+        for k, f in (sends.items() if len(sends) == 1 else sorted(sends.items())):
+            plan.append((self._route(k), f if type(f) is np.ndarray else np.asarray(f)))
         win = self.windows
         if win is not None:
-            need = faces[0].nbytes if len(faces) == 1 else max((f.nbytes for f in faces), default=0)
+            need = max(f.nbytes for _, f in plan) if plan else 0
             if need > win.capacity:
                 self._grow(need)
                 win = self.windows
+                plan = [(self._route(r.key), f) for r, f in plan]
         ex = Exchange(self, b)
+        recvs = ex.recvs
         comm = self.comm
+        send_ctr, recv_ctr, last_sent = st.send, st.recv, st.last_sent
         # receives first (MPI), then every send
-        for (dim, d), face in zip(keys, faces):
-            side = 1 - d
-            link = self.links[(dim, side)]
-            expected = st.recv[dim][side] + 1
-            st.recv[dim][side] = expected
-            shape, dtype = face.shape, face.dtype
-            req = view = None
-            if link.transport == "mpi":
-                view, raw = self._mpi_view("r", dim, side, b, shape, dtype)
-                req = comm.Irecv(raw, source=link.peer, tag=TAG_BASE + 2 * dim + d)
-            ex.recvs.append((dim, side, shape, dtype, expected, req, view))
-        shm_signals = []
-        for (dim, d), face in zip(keys, faces):
-            link = self.links[(dim, d)]
-            msg = st.send[dim][d] + 1
-            st.send[dim][d] = msg
-            if link.transport == "mpi":
+        for r, face in plan:
+            dim, side = r.dim, r.side
+            expected = recv_ctr[dim][side] + 1
+            recv_ctr[dim][side] = expected
+            if r.recv_mpi:
+                view, raw = self._mpi_view("r", dim, side, b, face.shape, face.dtype)
+                recvs.append((r, face.shape, face.dtype, expected, comm.Irecv(raw, source=r.recv.peer, tag=r.tag),
+                              view))
+            else:
+                recvs.append((r, face.shape, face.dtype, expected, None, None))
+        signals = None
+        for r, face in plan:
+            dim, d = r.dim, r.dir
+            msg = send_ctr[dim][d] + 1
+            send_ctr[dim][d] = msg
+            if r.send_mpi:
                 view, raw = self._mpi_view("s", dim, d, b, face.shape, face.dtype)
                 np.copyto(view, face)
-                ex.sends.append((dim, d, comm.Isend(raw, dest=link.peer, tag=TAG_BASE + 2 * dim + d)))
-            else:
-                ack = win.own_header
-                slot = _ACK0 + (dim * 2 + d) * 2 + b
-                need = st.last_sent[dim][d][b]
-                if ack[slot] < need:
-                    self._wait(ack, slot, need, lambda v, dim=dim, d=d, need=need, b=b: (
-                        f"rank {self.world_rank}: rank {link.peer_world} has not freed halo buffer {b} on link "
-                        f"{link_name(dim, d)} (shm) after {self.timeout:g} s (HMC_COMMS_TIMEOUT): ack slot {v}, "
-                        f"need >= {need}; {self._counter_text()}"))
-                off = HEADER + ((b * 4 + dim) * 2 + 1 - d) * win.capacity
-                np.copyto(self._shm_view(link.peer_node, off, face.shape, face.dtype), face)
-                st.last_sent[dim][d][b] = msg
-                shm_signals.append((link.peer_header, dim * 2 + (1 - d), msg))
-        if shm_signals:
-            win.sync()                      # the data before the signal (a full memory barrier)
-            for header, slot, msg in shm_signals:
+                ex.sends.append((r, comm.Isend(raw, dest=r.send.peer, tag=r.tag)))
+                continue
+            need = last_sent[dim][d][b]
+            ack = win.own_header
+            if ack[r.ack_slot[b]] < need:
+                link = r.send
+                self._wait(ack, r.ack_slot[b], need, lambda v, dim=dim, d=d, need=need: (
+                    f"rank {self.world_rank}: rank {link.peer_world} has not freed halo buffer {b} on link "
+                    f"{link_name(dim, d)} (shm) after {self.timeout:g} s (HMC_COMMS_TIMEOUT): ack slot {v}, "
+                    f"need >= {need}; {self._counter_text()}"))
+            cached = r.send_views[b]
+            if cached is None or cached.shape != face.shape or cached.dtype != face.dtype:
+                cached = r.send_views[b] = self._shm_view(r.send.peer_node, r.peer_off[b], face.shape, face.dtype)
+            np.copyto(cached, face)
+            last_sent[dim][d][b] = msg
+            if signals is None:
+                signals = []
+            signals.append((r.send.peer_header, r.sig_slot, msg))
+        if signals:
+            win.win.Sync()                           # the data before the signal (a full memory barrier)
+            for header, slot, msg in signals:
                 header[slot] = msg                   # one aligned 64-bit store
-        st.buffer_index ^= 1
+        st.buffer_index = b ^ 1
         st.busy[b] = ex
         st.outstanding += 1
         return ex
@@ -550,44 +589,51 @@ class Exchange:
             raise CommsError("finish() called twice on one halo exchange")
         eng, st, b = self.engine, self.engine.state, self.buffer
         results = {}
-        credits = []
-        for dim, side, shape, dtype, expected, req, src in self.recvs:
-            link = eng.links[(dim, side)]
-            dest = None if out is None else out.get((dim, side))
-            if link.transport == "mpi":
+        credits = None
+        win = eng.windows
+        for r, shape, dtype, expected, req, src in self.recvs:
+            key = r.recv_key
+            dest = None if out is None else out.get(key)
+            if req is not None:
                 if not req.Test():
-                    eng._wait_request(req, lambda dim=dim, side=side, expected=expected: (
+                    link = r.recv
+                    eng._wait_request(req, lambda link=link, expected=expected: (
                         f"rank {eng.world_rank}: no halo from rank {link.peer_world} on link "
-                        f"{link_name(dim, side)} (mpi) after {eng.timeout:g} s (HMC_COMMS_TIMEOUT): waiting for "
-                        f"message {expected} of this link; {eng._counter_text()}"))
+                        f"{link_name(link.dim, link.dir)} (mpi) after {eng.timeout:g} s (HMC_COMMS_TIMEOUT): "
+                        f"waiting for message {expected} of this link; {eng._counter_text()}"))
             else:
-                win = eng.windows
                 own = win.own_header
-                slot = dim * 2 + side
+                slot = r.own_sig_slot
                 if own[slot] < expected:
-                    eng._wait(own, slot, expected, lambda v, dim=dim, side=side, expected=expected: (
+                    link = r.recv
+                    eng._wait(own, slot, expected, lambda v, link=link, expected=expected: (
                         f"rank {eng.world_rank}: no halo from rank {link.peer_world} on link "
-                        f"{link_name(dim, side)} (shm) after {eng.timeout:g} s (HMC_COMMS_TIMEOUT): signal slot "
-                        f"{v}, expected >= {expected}, buffer {b}; {eng._counter_text()}"))
-                self.observed[(dim, side)] = own[slot]
-                win.sync()                           # the signal before the data
-                src = eng._shm_view(win.node.rank, HEADER + ((b * 4 + dim) * 2 + side) * win.capacity, shape, dtype)
-                credits.append((link, _ACK0 + (dim * 2 + (1 - side)) * 2 + b, expected))
+                        f"{link_name(link.dim, link.dir)} (shm) after {eng.timeout:g} s (HMC_COMMS_TIMEOUT): "
+                        f"signal slot {v}, expected >= {expected}, buffer {b}; {eng._counter_text()}"))
+                self.observed[key] = own[slot]
+                win.win.Sync()                       # the signal before the data
+                src = r.recv_views[b]
+                if src is None or src.shape != shape or src.dtype != dtype:
+                    src = r.recv_views[b] = eng._shm_view(win.node.rank, r.own_off[b], shape, dtype)
+                if credits is None:
+                    credits = []
+                credits.append((r.recv.peer_header, r.credit_slot[b], expected))
             if dest is None:
-                dest = np.empty(shape, dtype)
-            np.copyto(dest, src)
-            results[(dim, side)] = dest
+                dest = src.copy()
+            else:
+                np.copyto(dest, src)
+            results[key] = dest
         if credits:
-            eng.windows.sync()                       # our reads before the credit that lets the sender overwrite
-            for link, slot, msg in credits:
-                link.peer_header[slot] = msg
-        for dim, d, req in self.sends:
-            link = eng.links[(dim, d)]
+            win.win.Sync()                           # our reads before the credit that lets the sender overwrite
+            for header, slot, msg in credits:
+                header[slot] = msg
+        for r, req in self.sends:
             if req.Test():
                 continue
-            eng._wait_request(req, lambda dim=dim, d=d: (
-                f"rank {eng.world_rank}: send to rank {link.peer_world} on link {link_name(dim, d)} (mpi) not "
-                f"complete after {eng.timeout:g} s (HMC_COMMS_TIMEOUT); {eng._counter_text()}"))
+            link = r.send
+            eng._wait_request(req, lambda link=link: (
+                f"rank {eng.world_rank}: send to rank {link.peer_world} on link {link_name(link.dim, link.dir)} "
+                f"(mpi) not complete after {eng.timeout:g} s (HMC_COMMS_TIMEOUT); {eng._counter_text()}"))
         st.busy[b] = None
         st.outstanding -= 1
         self.done = True
