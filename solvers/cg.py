@@ -24,6 +24,16 @@ per iteration) by default, because there the recurrence p^dag A p = Re<r, A r> -
 badly on ill-conditioned systems. ``single_reduction`` selects either form in :func:`cg` and :func:`mixed_cg`.
 How the reductions are summed (fast, or exact and decomposition-independent) is set in :mod:`solvers.operator`.
 
+GPU: when the whole lattice lives on one GPU, :func:`solvers.operator.fused_blas` gives each solve a set of fused
+kernels (:mod:`solvers.blas_cuda`) that replace the vector updates and reductions of the Krylov iteration with the
+same arithmetic: a Chronopoulos-Gear iteration is one update kernel (p, s, x, r), the operator, and one reduction
+kernel for (|r|^2, Re<r, A r>) whose two numbers come back in one transfer; a Hestenes-Stiefel iteration (the
+single-precision loop of :func:`mixed_cg`) is p = r + beta p, the operator, Re<p, A p>, and one kernel for x, r and
+|r|^2; a multishift iteration is one kernel for s, every p_i, x_i and r, the operator, and the same reduction (with
+the base shift folded in). Iterates and iteration counts are the NumPy path's to rounding (the vector updates are
+bitwise the same; only the summation order of the reductions differs). The set-up, the true residuals and the
+reliable updates keep the NumPy path's code.
+
 Iteration counts (all in :class:`SolverStats`):
 * ``iters``: Krylov iterations (updates of the solution);
 * ``matvecs``: operator applications, all precisions;
@@ -41,8 +51,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .operator import Operator, FunctionOperator, inner, norm2, norm2_and_redot
+from .operator import Operator, FunctionOperator, fused_blas, inner, norm2, norm2_and_redot
 from .staggered import FLOPS_AXPY, epsilon, project
+from . import blas_cuda  # noqa: F401  (registers the fused solver kernels for the cupy backend)
 
 # linear-algebra flops per site (complex 3-vectors, real coefficients)
 _FL_NORM = 12          # |a|^2 or Re<a, b>
@@ -225,11 +236,17 @@ class CGInverse(InverseOperator):
         y = xp.zeros_like(rs)                          # solution accumulated since the last reliable update
         ws = ss = ps = None
         d = 0.0
+        blas = fused_blas(Ai, b)                       # fused GPU kernels for the Krylov iteration, or None
+        st.extra["fused"] = blas is not None
+
+        def norm2_redot(u, v):
+            return norm2_and_redot(geom, u, v) if blas is None else blas.norm2_redot(u, v)
+
         if one:
             ws = Ai(rs)
             st.matvecs += 1
             flops += Ai.flops
-            g, d = norm2_and_redot(geom, rs, ws)
+            g, d = norm2_redot(rs, ws)
         else:
             g = norm2(geom, rs) if mixed else rr
         rmax2 = g
@@ -259,7 +276,7 @@ class CGInverse(InverseOperator):
                         ws = Ai(rs)
                         st.matvecs += 1
                         flops += Ai.flops
-                        g, d = norm2_and_redot(geom, rs, ws)
+                        g, d = norm2_redot(rs, ws)
                     else:
                         g = rr
                 else:
@@ -270,27 +287,44 @@ class CGInverse(InverseOperator):
                     flops += (2 * _FL_NORM + 2 * FLOPS_AXPY) * sites
                 rmax2 = g
             # search direction p and s = A p
-            if fresh:
-                ps = rs.copy()
-            else:
-                beta = g / g_old
-                ps *= beta
-                ps += rs
-            if one and not reliable:
-                # Chronopoulos-Gear: s by recurrence, p^dag A p from |r|^2 and Re<r, A r> of the same reduction
+            cg_step = one and not reliable
+            if blas is None:
                 if fresh:
-                    ss = ws.copy()
-                    pap = d
+                    ps = rs.copy()
                 else:
-                    ss *= beta
-                    ss += ws
-                    pap = d - beta * g / alpha_old
+                    beta = g / g_old
+                    ps *= beta
+                    ps += rs
+                if cg_step:
+                    # Chronopoulos-Gear: s by recurrence, p^dag A p from |r|^2 and Re<r, A r> of the same reduction
+                    if fresh:
+                        ss = ws.copy()
+                        pap = d
+                    else:
+                        ss *= beta
+                        ss += ws
+                        pap = d - beta * g / alpha_old
+                else:
+                    # Hestenes-Stiefel (and the step after a reliable update): s = A p, p^dag A p summed
+                    ss = Ai(ps)
+                    st.matvecs += 1
+                    flops += Ai.flops + _FL_NORM * sites
+                    pap = inner(geom, ps, ss).real
             else:
-                # Hestenes-Stiefel (and the step after a reliable update): s = A p, p^dag A p summed
-                ss = Ai(ps)
-                st.matvecs += 1
-                flops += Ai.flops + _FL_NORM * sites
-                pap = inner(geom, ps, ss).real
+                # the same with fused kernels; the Chronopoulos-Gear updates of p and s wait for alpha (cg_update)
+                if ps is None:
+                    ps, ss = xp.zeros_like(rs), xp.zeros_like(rs)
+                if not fresh:
+                    beta = g / g_old
+                if cg_step:
+                    pap = d if fresh else d - beta * g / alpha_old
+                else:
+                    blas.xpay(ps, rs, beta, fresh)
+                    ss = Ai(ps)
+                    st.matvecs += 1
+                    flops += Ai.flops + _FL_NORM * sites
+                    pap = blas.norm2_redot(ps, ss)[1]
+            step_fresh = fresh
             fresh = reliable = False
             if not pap > 0 or not math.isfinite(pap):
                 st.iters, st.residual = k, math.sqrt(g / bb)
@@ -298,18 +332,23 @@ class CGInverse(InverseOperator):
                     f"{self.name} broke down at iteration {k}: p^dag A p = {pap:.3e} (the operator {A.name} is not "
                     "Hermitian positive definite, or the numbers overflowed)", st, x)
             alpha = g / pap
-            y += alpha * ps
-            rs -= alpha * ss
+            if blas is None:
+                y += alpha * ps
+                rs -= alpha * ss
+            elif cg_step:
+                blas.cg_update(ps, ss, y, rs, ws, alpha, beta, step_fresh)
+            else:
+                g_new = blas.axpy2_norm2(ps, ss, y, rs, alpha, reduce=not one)
             k += 1
             g_old, alpha_old = g, alpha
             if one:
                 ws = Ai(rs)
                 st.matvecs += 1
                 flops += Ai.flops + _FL_CG_ITER * sites
-                g, d = norm2_and_redot(geom, rs, ws)
+                g, d = norm2_redot(rs, ws)
             else:
                 flops += (_FL_CG_ITER - _FL_NORM) * sites
-                g = norm2(geom, rs)
+                g = norm2(geom, rs) if blas is None else g_new
             if not math.isfinite(g):
                 st.iters, st.residual = k, math.nan
                 raise SolverBreakdownError(f"{self.name}: non-finite residual at iteration {k}", st, x)
@@ -419,35 +458,50 @@ class MultishiftInverse:
                 w += s0 * v
             return w
 
+        blas = fused_blas(A, b)       # fused GPU kernels, or None
+        st.extra["fused"] = blas is not None
+
+        def residual_sums(r):
+            """w = (A + s0) r and (|r|^2, Re<r, w>)."""
+            if blas is None:
+                w = base(r)
+                return (w,) + norm2_and_redot(geom, r, w)
+            w = A(r)
+            return (w,) + blas.norm2_redot(r, w, shift=s0)     # w += s0 r folded into the reduction
+
         r = b.copy()
-        w = base(r)
+        w, g, d = residual_sums(r)
         matvecs = 1
-        g, d = norm2_and_redot(geom, r, w)
         xs = [xp.zeros_like(b) for _ in range(n)]
-        ps_i = [None] * n
+        ps_i = [None] * n if blas is None else [xp.zeros_like(b) for _ in range(n)]
         z = [1.0] * n            # zeta_k
         z_prev = [1.0] * n       # zeta_{k-1}
         alpha_prev, beta = 1.0, 0.0
         g_old = 1.0
-        p = s = None
+        p = None
+        s = None if blas is None else xp.zeros_like(b)
         k = 0
         while g > stop and k < self.maxiter:
+            # (the fused path leaves out p, which nothing reads, and updates s in multishift_update)
             if k == 0:
                 beta = 0.0
-                p, s = r.copy(), w.copy()
+                if blas is None:
+                    p, s = r.copy(), w.copy()
                 pap = d
             else:
                 beta = g / g_old
-                p *= beta
-                p += r
-                s *= beta
-                s += w
+                if blas is None:
+                    p *= beta
+                    p += r
+                    s *= beta
+                    s += w
                 pap = d - beta * g / alpha_prev
             if not pap > 0 or not math.isfinite(pap):
                 st.iters, st.residual = k, math.sqrt(g / bb)
                 raise SolverBreakdownError(f"{self.name} broke down at iteration {k}: p^dag A p = {pap:.3e}", st)
             alpha = g / pap
             # shifted systems (Jegerlehner): zeta_{k+1}, alpha_i, beta_i from the base alpha, beta
+            coefs = [None] * n
             for i in range(n):
                 zi, zp = z[i], z_prev[i]
                 if zi == 0.0:
@@ -457,19 +511,24 @@ class MultishiftInverse:
                 zn = zi * zp * alpha_prev / den if den != 0.0 else 0.0
                 ai = alpha * zn / zi
                 bi = beta * (zi / zp) ** 2 if k > 0 else 0.0
-                if k == 0:
-                    ps_i[i] = zi * r          # = r
+                if blas is not None:
+                    coefs[i] = (zi, ai, bi)   # p_i and x_i updated in multishift_update
                 else:
-                    ps_i[i] *= bi
-                    ps_i[i] += zi * r
-                xs[i] += ai * ps_i[i]
+                    if k == 0:
+                        ps_i[i] = zi * r          # = r
+                    else:
+                        ps_i[i] *= bi
+                        ps_i[i] += zi * r
+                    xs[i] += ai * ps_i[i]
                 z_prev[i], z[i] = zi, zn
-            r -= alpha * s
+            if blas is None:
+                r -= alpha * s
+            else:
+                blas.multishift_update(s, r, w, ps_i, xs, coefs, alpha, beta, fresh=k == 0)
             k += 1
-            w = base(r)
             matvecs += 1
             g_old, alpha_prev = g, alpha
-            g, d = norm2_and_redot(geom, r, w)
+            w, g, d = residual_sums(r)
             if not math.isfinite(g):
                 raise SolverBreakdownError(f"{self.name}: non-finite residual at iteration {k}", st)
 

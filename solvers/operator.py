@@ -11,7 +11,8 @@ Every operator has
 * ``op.converted(dtype)``: the same operator in another precision (mixed-precision solvers use it).
 
 Field layout: see :mod:`solvers.staggered`. Solvers only use element-wise arithmetic and :func:`inner`/``geom.sum``,
-so they work with any layout an operator chooses.
+so they work with any layout an operator chooses. On a GPU holding the whole lattice, the solvers' vector updates
+and reductions run instead as a few fused kernels (:func:`fused_blas`, the one switch; :mod:`solvers.blas_cuda`).
 """
 from __future__ import annotations
 
@@ -222,3 +223,70 @@ def norm2_and_redot(geom, a, b) -> tuple[float, float]:
         z = geom.sum(_local_vdot(xp, a, a).real + 1j * _local_vdot(xp, a, b).real)
     z = complex(z)
     return z.real, z.imag
+
+
+# --- fused linear algebra ---------------------------------------------------------------------------------------
+# The solvers' vector updates and reductions as a few fused kernels with one host synchronisation per reduction
+# (solvers.blas_cuda for cupy). The one switch is fused_blas(): a solver asks it once per solve and runs its NumPy
+# path when it answers None, which it does when no kernel set is registered for the backend, when the factory
+# declines the geometry (several ranks, where reductions must go through geom.sum, or a partitioned dimension), in
+# the "exact" reduction mode, and when switched off (set_fused_blas(False) or HMC_SOLVER_FUSED=0). For an even-odd
+# operator the kernels visit only the sites of its parity; set_fused_blas("all") or HMC_SOLVER_FUSED=all makes them
+# visit every site (the NumPy path's full-array arithmetic; the other parity holds zeros): in the interleaved
+# full-lattice layout a parity-restricted kernel writes 48 of every 96 bytes, so which one moves fewer bytes through
+# DRAM depends on the hardware's partial-sector writes (see solvers.blas_cuda).
+
+#: backend name -> factory(geom, dtype, parity, source) returning a fused linear-algebra object or None
+_FUSED_BLAS: dict = {}
+
+
+def _fused_mode(value):
+    v = str(value).strip().lower()
+    if v in ("0", "no", "off", "false"):
+        return False
+    if v == "all":
+        return "all"
+    if v in ("1", "yes", "on", "true", "parity", ""):
+        return True
+    raise ValueError(f"HMC_SOLVER_FUSED / set_fused_blas: {value!r}: use 1 (on), 0 (off) or all (every site)")
+
+
+_fused = {"mode": _fused_mode(os.environ.get("HMC_SOLVER_FUSED", "1"))}
+
+
+def register_fused_blas(backend_name: str, factory) -> None:
+    """Install fused solver linear algebra for one backend ("cupy"). ``factory(geom, dtype, parity, source)``
+    returns an object with the methods of :class:`solvers.blas_cuda.CudaBlas` acting on the sites of ``parity``
+    (0, 1, or None for all sites), or None to leave this geometry to the NumPy path."""
+    _FUSED_BLAS[backend_name] = factory
+
+
+def set_fused_blas(mode):
+    """Switch the fused solver linear algebra on (True, the default) or off (False; HMC_SOLVER_FUSED=0), or on over
+    every site of even-odd fields ("all"; HMC_SOLVER_FUSED=all); returns the previous setting."""
+    old = _fused["mode"]
+    _fused["mode"] = _fused_mode(mode) if isinstance(mode, str) else bool(mode)
+    return old
+
+
+def field_parity(op) -> int | None:
+    """The parity whose sites carry an operator's fields (0 or 1 for an even-odd operator), or None (all sites)."""
+    while isinstance(op, ShiftedOperator):
+        op = op.op
+    parity = getattr(op, "parity", None)
+    if parity in (0, 1) and 2 * op.sites == op.geom.volume:
+        return int(parity)
+    return None
+
+
+def fused_blas(op, source=None):
+    """The fused linear algebra for solving with ``op`` (fields of its precision, on its sites), or None for the
+    NumPy path. ``source``: the right-hand side; the kernels are restricted to the operator's parity only when it
+    vanishes on the other one."""
+    mode = _fused["mode"]
+    if not mode or _reductions["mode"] != "fast":
+        return None
+    factory = _FUSED_BLAS.get(op.geom.backend.name)
+    if factory is None:
+        return None
+    return factory(op.geom, op.dtype, None if mode == "all" else field_parity(op), source)

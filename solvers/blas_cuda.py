@@ -1,0 +1,536 @@
+"""Fused linear algebra of the CG solvers as hand-written CUDA kernels (CuPy RawModule), for one-rank GPU runs.
+
+The solvers in :mod:`solvers.cg` spend their vector work in a few fixed patterns; each is one kernel here, and
+every reduction ends in a small device buffer that comes back to the host in ONE transfer:
+
+* :meth:`CudaBlas.cg_update` (Chronopoulos-Gear CG): p = r + beta p, s = w + beta s, x += alpha p, r -= alpha s;
+* :meth:`CudaBlas.norm2_redot`: (|r|^2, Re<r, w>), optionally first w += shift r (the base shift of multishift CG);
+* :meth:`CudaBlas.xpay` (Hestenes-Stiefel): p = r + beta p;
+* :meth:`CudaBlas.axpy2_norm2` (Hestenes-Stiefel): x += alpha p, r -= alpha s and |r|^2;
+* :meth:`CudaBlas.multishift_update`: s = w + beta s, then for every shift p_i = zeta_i r + beta_i p_i,
+  x_i += alpha_i p_i, and finally r -= alpha s.
+
+So a CG iteration is: update kernel, the operator, reduction kernel, one device-to-host copy of two numbers (the
+only host synchronisation). The element-wise arithmetic is the NumPy path's, in the same order and precision
+(coefficients rounded to the field precision as NumPy does with a Python float times a complex64 array), compiled
+without contraction to fused multiply-adds (``--fmad=false``), so the updated vectors are bitwise the NumPy ones;
+the reductions accumulate in double precision (each product in the field precision, as the NumPy path) and are
+summed in a fixed order (per-block shared-memory trees, then the last block adds the block partials), so they are
+deterministic from run to run and differ from NumPy's/cuBLAS's sums only by rounding.
+
+Sites: an even-odd operator's fields are full-lattice with exact zeros on the other parity. The kernels then run
+over the V/2 sites of the operator's parity only, with the checkerboard mapping of :mod:`solvers.staggered_cuda`
+(site j of parity p: x = 2k + ((p + y + z + t) & 1) on row j / (nx/2)); sites of the other parity are neither read
+nor written. :func:`_factory` restricts to the parity only when the source vanishes there (else the NumPy path's
+iterates would carry the other parity along, and so do these kernels over the whole lattice). Bytes: a site's
+colour vector is 48 bytes and its neighbours along x have the other parity, so a parity-restricted kernel reads
+whole 32-byte sectors anyway and writes half sectors, which DRAM with ECC may have to read, modify and write. On
+the H200 at 32^4 the update and reduction kernels took about 300 us per iteration in this mode, several times what
+their useful bytes need; ``HMC_SOLVER_FUSED=all`` (``set_fused_blas("all")``) runs the same kernels over every site
+(whole sectors written) for comparison.
+
+Twin: :class:`BlasTwin`, the same interface in NumPy/CuPy array arithmetic (the NumPy formulas the tests compare
+with). Selected in one place, :func:`solvers.operator.fused_blas`; used only when the whole lattice lives on one
+GPU (one rank, no partitioned dimension): with several ranks every reduction goes through ``geom.sum``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .operator import register_fused_blas
+
+BLOCK = 256           # threads per block (the reduction trees assume exactly this)
+MAX_BLOCKS = 1024     # grid-stride loops beyond: a fixed grid keeps the reduction order fixed
+NRED = 2              # numbers a reduction kernel returns
+
+_SOURCE = r"""
+template <typename R> struct C2;
+template <> struct C2<double> { typedef double2 T; };
+template <> struct C2<float> { typedef float2 T; };
+
+#define BLOCK 256
+
+/* lattice index of checkerboard site j of parity p (p < 0: all sites, j itself) */
+__device__ __forceinline__ long long site_of(long long j, int parity, int nx, int ny, int nz) {
+    if (parity < 0) return j;
+    const int half = nx >> 1;
+    const long long row = j / half;
+    const int k = (int)(j - row * half);
+    const int y = (int)(row % ny);
+    const long long zt = row / ny;
+    const int z = (int)(zt % nz);
+    const int t = (int)(zt / nz);
+    return row * nx + 2 * k + ((parity + y + z + t) & 1);
+}
+
+#define SITE_LOOP(n) for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < (n); \
+                          j += (long long)gridDim.x * blockDim.x)
+
+/* Sum v[0..1] over the grid: shared-memory tree per block, block partials to global memory, and the last block
+   to finish adds the partials in block order and writes result[0..1] (then resets the counter). Deterministic. */
+__device__ void reduce2(double v0, double v1, double *partial, unsigned int *counter, double *result) {
+    __shared__ double sh0[BLOCK];
+    __shared__ double sh1[BLOCK];
+    __shared__ bool last;
+    const int tid = threadIdx.x;
+    sh0[tid] = v0;
+    sh1[tid] = v1;
+    __syncthreads();
+    for (int w = BLOCK / 2; w > 0; w >>= 1) {
+        if (tid < w) { sh0[tid] += sh0[tid + w]; sh1[tid] += sh1[tid + w]; }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        partial[blockIdx.x] = sh0[0];
+        partial[gridDim.x + blockIdx.x] = sh1[0];
+        __threadfence();
+        last = (atomicAdd(counter, 1u) == gridDim.x - 1);
+    }
+    __syncthreads();
+    if (!last) return;
+    double a0 = 0.0, a1 = 0.0;
+    for (unsigned int b = tid; b < gridDim.x; b += BLOCK) {
+        a0 += __ldcg(partial + b);
+        a1 += __ldcg(partial + gridDim.x + b);
+    }
+    sh0[tid] = a0;
+    sh1[tid] = a1;
+    __syncthreads();
+    for (int w = BLOCK / 2; w > 0; w >>= 1) {
+        if (tid < w) { sh0[tid] += sh0[tid + w]; sh1[tid] += sh1[tid + w]; }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        result[0] = sh0[0];
+        result[1] = sh1[0];
+        *counter = 0u;
+    }
+}
+
+/* p = r + beta p (or r when fresh); s = w + beta s (or w); x += alpha p; r -= alpha s */
+template <typename R>
+__device__ void cg_update(typename C2<R>::T *p, typename C2<R>::T *s, typename C2<R>::T *x,
+                          typename C2<R>::T *r, const typename C2<R>::T *w, R alpha, R beta, int fresh,
+                          long long n, int parity, int nx, int ny, int nz) {
+    typedef typename C2<R>::T T;
+    SITE_LOOP(n) {
+        const long long o = 3 * site_of(j, parity, nx, ny, nz);
+        #pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            T rv = r[o + c];
+            const T wv = w[o + c];
+            T pv, sv;
+            if (fresh) {
+                pv = rv;
+                sv = wv;
+            } else {
+                pv = p[o + c];
+                sv = s[o + c];
+                pv.x = beta * pv.x + rv.x; pv.y = beta * pv.y + rv.y;
+                sv.x = beta * sv.x + wv.x; sv.y = beta * sv.y + wv.y;
+            }
+            p[o + c] = pv;
+            s[o + c] = sv;
+            T xv = x[o + c];
+            xv.x = xv.x + alpha * pv.x; xv.y = xv.y + alpha * pv.y;
+            x[o + c] = xv;
+            rv.x = rv.x - alpha * sv.x; rv.y = rv.y - alpha * sv.y;
+            r[o + c] = rv;
+        }
+    }
+}
+
+/* p = r + beta p (or r when fresh) */
+template <typename R>
+__device__ void xpay(typename C2<R>::T *p, const typename C2<R>::T *r, R beta, int fresh,
+                     long long n, int parity, int nx, int ny, int nz) {
+    typedef typename C2<R>::T T;
+    SITE_LOOP(n) {
+        const long long o = 3 * site_of(j, parity, nx, ny, nz);
+        #pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            const T rv = r[o + c];
+            T pv;
+            if (fresh) {
+                pv = rv;
+            } else {
+                pv = p[o + c];
+                pv.x = beta * pv.x + rv.x; pv.y = beta * pv.y + rv.y;
+            }
+            p[o + c] = pv;
+        }
+    }
+}
+
+/* (with do_shift: w += shift r first) result = (|a|^2, Re<a, w>), products in R, sums in double */
+template <typename R>
+__device__ void norm2_redot(const typename C2<R>::T *a, typename C2<R>::T *w, R shift, int do_shift,
+                            double *partial, unsigned int *counter, double *result,
+                            long long n, int parity, int nx, int ny, int nz) {
+    typedef typename C2<R>::T T;
+    double s0 = 0.0, s1 = 0.0;
+    SITE_LOOP(n) {
+        const long long o = 3 * site_of(j, parity, nx, ny, nz);
+        #pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            const T av = a[o + c];
+            T wv = w[o + c];
+            if (do_shift) {
+                wv.x = wv.x + shift * av.x; wv.y = wv.y + shift * av.y;
+                w[o + c] = wv;
+            }
+            const R aa = av.x * av.x + av.y * av.y;
+            const R aw = av.x * wv.x + av.y * wv.y;
+            s0 += (double)aa;
+            s1 += (double)aw;
+        }
+    }
+    reduce2(s0, s1, partial, counter, result);
+}
+
+/* x += alpha p; r -= alpha s; result = (|r|^2, 0) */
+template <typename R>
+__device__ void axpy2_norm2(const typename C2<R>::T *p, const typename C2<R>::T *s, typename C2<R>::T *x,
+                            typename C2<R>::T *r, R alpha, double *partial, unsigned int *counter, double *result,
+                            long long n, int parity, int nx, int ny, int nz) {
+    typedef typename C2<R>::T T;
+    double s0 = 0.0;
+    SITE_LOOP(n) {
+        const long long o = 3 * site_of(j, parity, nx, ny, nz);
+        #pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            const T pv = p[o + c], sv = s[o + c];
+            T xv = x[o + c], rv = r[o + c];
+            xv.x = xv.x + alpha * pv.x; xv.y = xv.y + alpha * pv.y;
+            rv.x = rv.x - alpha * sv.x; rv.y = rv.y - alpha * sv.y;
+            x[o + c] = xv;
+            r[o + c] = rv;
+            const R rr = rv.x * rv.x + rv.y * rv.y;
+            s0 += (double)rr;
+        }
+    }
+    reduce2(s0, 0.0, partial, counter, result);
+}
+
+/* multishift: s = w + beta s (or w); for each active shift i (coef[4i+3] != 0), with z, a, b = coef[4i..4i+2]:
+   p_i = z r + b p_i (or z r when fresh), x_i += a p_i; then r -= alpha s */
+template <typename R>
+__device__ void ms_update(typename C2<R>::T *s, typename C2<R>::T *r, const typename C2<R>::T *w,
+                          const unsigned long long *pp, const unsigned long long *xp, const R *coef, int nshift,
+                          R alpha, R beta, int fresh, long long n, int parity, int nx, int ny, int nz) {
+    typedef typename C2<R>::T T;
+    SITE_LOOP(n) {
+        const long long o = 3 * site_of(j, parity, nx, ny, nz);
+        #pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            T rv = r[o + c];
+            const T wv = w[o + c];
+            T sv;
+            if (fresh) {
+                sv = wv;
+            } else {
+                sv = s[o + c];
+                sv.x = beta * sv.x + wv.x; sv.y = beta * sv.y + wv.y;
+            }
+            s[o + c] = sv;
+            for (int i = 0; i < nshift; ++i) {
+                if (coef[4 * i + 3] == (R)0) continue;
+                const R zi = coef[4 * i], ai = coef[4 * i + 1], bi = coef[4 * i + 2];
+                T *P = (T *)pp[i];
+                T *X = (T *)xp[i];
+                T pv;
+                if (fresh) {
+                    pv.x = zi * rv.x; pv.y = zi * rv.y;
+                } else {
+                    pv = P[o + c];
+                    pv.x = bi * pv.x + zi * rv.x; pv.y = bi * pv.y + zi * rv.y;
+                }
+                P[o + c] = pv;
+                T xv = X[o + c];
+                xv.x = xv.x + ai * pv.x; xv.y = xv.y + ai * pv.y;
+                X[o + c] = xv;
+            }
+            rv.x = rv.x - alpha * sv.x; rv.y = rv.y - alpha * sv.y;
+            r[o + c] = rv;
+        }
+    }
+}
+
+#define LAT long long n, int parity, int nx, int ny, int nz
+#define LATA n, parity, nx, ny, nz
+#define RED double *partial, unsigned int *counter, double *result
+#define REDA partial, counter, result
+
+#define INSTANTIATE(R, T, SUF)                                                                                     \
+extern "C" __global__ void __launch_bounds__(BLOCK) cg_update_##SUF(T *p, T *s, T *x, T *r, const T *w, R alpha, \
+                                                                    R beta, int fresh, LAT) {                      \
+    cg_update<R>(p, s, x, r, w, alpha, beta, fresh, LATA);                                                        \
+}                                                                                                                  \
+extern "C" __global__ void __launch_bounds__(BLOCK) xpay_##SUF(T *p, const T *r, R beta, int fresh, LAT) {       \
+    xpay<R>(p, r, beta, fresh, LATA);                                                                             \
+}                                                                                                                  \
+extern "C" __global__ void __launch_bounds__(BLOCK) norm2_redot_##SUF(const T *a, T *w, R shift, int do_shift,   \
+                                                                      RED, LAT) {                                  \
+    norm2_redot<R>(a, w, shift, do_shift, REDA, LATA);                                                            \
+}                                                                                                                  \
+extern "C" __global__ void __launch_bounds__(BLOCK) axpy2_norm2_##SUF(const T *p, const T *s, T *x, T *r,        \
+                                                                      R alpha, RED, LAT) {                         \
+    axpy2_norm2<R>(p, s, x, r, alpha, REDA, LATA);                                                                \
+}                                                                                                                  \
+extern "C" __global__ void __launch_bounds__(BLOCK) ms_update_##SUF(T *s, T *r, const T *w,                      \
+                                                                    const unsigned long long *pp,                  \
+                                                                    const unsigned long long *xp, const R *coef,  \
+                                                                    int nshift, R alpha, R beta, int fresh, LAT) { \
+    ms_update<R>(s, r, w, pp, xp, coef, nshift, alpha, beta, fresh, LATA);                                        \
+}
+
+INSTANTIATE(double, double2, double)
+INSTANTIATE(float, float2, single)
+"""
+
+_KERNELS = ("cg_update", "xpay", "norm2_redot", "axpy2_norm2", "ms_update")
+_COMPILE_OPTIONS = ("--std=c++14", "--fmad=false")
+
+
+def _device_ptr(a) -> int:
+    return a.data.ptr
+
+
+def _precision(dtype) -> str:
+    dtype = np.dtype(dtype)
+    if dtype == np.complex128:
+        return "double"
+    if dtype == np.complex64:
+        return "single"
+    raise ValueError(f"fused linear algebra takes complex128 or complex64 fields, not {dtype}")
+
+
+class CudaBlas:
+    """The fused kernels for fields of one geometry and precision, over the sites of ``parity`` (0, 1) or, with
+    ``parity=None``, over every site. Holds its own reduction buffers (block partials, a counter and the two
+    results), used by one kernel at a time on the current stream; :func:`cuda_blas` keeps one per local lattice,
+    precision and parity."""
+
+    def __init__(self, geom, dtype, parity=None):
+        be = geom.backend
+        cp = be.xp
+        self.cp, self.geom = cp, geom
+        self.dtype = np.dtype(dtype)
+        suffix = _precision(self.dtype)
+        self.real = np.float32 if suffix == "single" else np.float64
+        mod = be.kernel(("solver_blas",), lambda: cp.RawModule(code=_SOURCE, options=_COMPILE_OPTIONS))
+        self._k = {name: mod.get_function(f"{name}_{suffix}") for name in _KERNELS}
+        self._mod = mod
+        self.parity = None if parity is None else int(parity)
+        nx, ny, nz, _ = geom.local_dims
+        self.shape = tuple(geom.shape) + (3,)
+        self.n = geom.local_volume if self.parity is None else geom.local_volume // 2
+        self._lat = (np.int64(self.n), np.int32(-1 if self.parity is None else self.parity),
+                     np.int32(nx), np.int32(ny), np.int32(nz))
+        self._grid = (max(1, min(MAX_BLOCKS, (self.n + BLOCK - 1) // BLOCK)),)
+        self._partial = cp.zeros(NRED * MAX_BLOCKS, dtype=np.float64)
+        self._counter = cp.zeros(1, dtype=np.uint32)
+        self._result = cp.zeros(NRED, dtype=np.float64)
+        self._ptr_key, self._ptrs = None, None
+
+    # --- helpers --------------------------------------------------------------------------------------------
+    def _f(self, a):
+        """A field argument: checked to be a C-contiguous device array of this precision and layout."""
+        if (not isinstance(a, self.cp.ndarray) or a.dtype != self.dtype or tuple(a.shape) != self.shape
+                or not a.flags.c_contiguous):
+            raise ValueError(f"fused solver linear algebra: expected a C-contiguous {self.dtype} CuPy array of "
+                             f"shape {self.shape}, got {type(a).__name__} "
+                             f"{getattr(a, 'dtype', '?')} {tuple(getattr(a, 'shape', ()))}")
+        return a
+
+    def _launch(self, name, *args):
+        self._k[name](self._grid, (BLOCK,), args + self._lat)
+
+    def _red(self):
+        return (self._partial, self._counter, self._result)
+
+    def _fetch(self):
+        """The two reduction results: the one device-to-host copy (and host synchronisation)."""
+        v = self._result.get()
+        return float(v[0]), float(v[1])
+
+    # --- the fused operations -------------------------------------------------------------------------------
+    def cg_update(self, p, s, x, r, w, alpha, beta, fresh=False):
+        """p = r + beta p, s = w + beta s (p = r, s = w when ``fresh``); x += alpha p; r -= alpha s."""
+        f, R = self._f, self.real
+        self._launch("cg_update", f(p), f(s), f(x), f(r), f(w), R(alpha), R(0.0 if fresh else beta),
+                     np.int32(bool(fresh)))
+
+    def xpay(self, p, r, beta, fresh=False):
+        """p = r + beta p (p = r when ``fresh``)."""
+        self._launch("xpay", self._f(p), self._f(r), self.real(0.0 if fresh else beta), np.int32(bool(fresh)))
+
+    def norm2_redot(self, a, w, shift=0.0):
+        """(|a|^2, Re<a, w>); with ``shift`` != 0, first w += shift a (in place). One host synchronisation."""
+        self._launch("norm2_redot", self._f(a), self._f(w), self.real(shift), np.int32(shift != 0.0),
+                     *self._red())
+        return self._fetch()
+
+    def norm2(self, a):
+        """|a|^2 over this object's sites."""
+        return self.norm2_redot(a, a)[0]
+
+    def axpy2_norm2(self, p, s, x, r, alpha, reduce=True):
+        """x += alpha p; r -= alpha s; returns |r|^2 (None with ``reduce=False``: no host synchronisation)."""
+        f = self._f
+        self._launch("axpy2_norm2", f(p), f(s), f(x), f(r), self.real(alpha), *self._red())
+        return self._fetch()[0] if reduce else None
+
+    def multishift_update(self, s, r, w, ps, xs, coefs, alpha, beta, fresh=False):
+        """s = w + beta s (s = w when ``fresh``); for each shift i with ``coefs[i] = (zeta, a, b)`` (None: a
+        frozen shift, left alone): p_i = zeta r + b p_i (zeta r when ``fresh``), x_i += a p_i; then r -= alpha s."""
+        if not (len(ps) == len(xs) == len(coefs)):
+            raise ValueError("multishift_update: ps, xs and coefs must have one entry per shift")
+        ptrs = tuple(_device_ptr(self._f(a)) for a in ps) + tuple(_device_ptr(self._f(a)) for a in xs)
+        if self._ptr_key != ptrs:         # the device table of the fields' addresses, rebuilt when they change
+            dev = self.cp.asarray(np.asarray(ptrs, dtype=np.uint64))
+            self._ptr_key, self._ptrs = ptrs, (dev[:len(ps)], dev[len(ps):])
+        c = np.zeros((len(coefs), 4), dtype=self.real)
+        for i, co in enumerate(coefs):
+            if co is not None:
+                c[i, :3] = co
+                c[i, 3] = 1
+        coef = self.cp.asarray(c.ravel())
+        f, R = self._f, self.real
+        self._launch("ms_update", f(s), f(r), f(w), self._ptrs[0], self._ptrs[1], coef, np.int32(len(coefs)),
+                     R(alpha), R(0.0 if fresh else beta), np.int32(bool(fresh)))
+
+    def off_parity_norm2(self, a) -> float:
+        """|a|^2 over the sites of the other parity (0 when a vanishes there), for any complex precision."""
+        if self.parity is None:
+            return 0.0
+        return cuda_blas(self.geom, a.dtype, 1 - self.parity).norm2(a)
+
+
+class BlasTwin:
+    """The NumPy/CuPy twin of :class:`CudaBlas`: the same operations in array arithmetic, in the order of the
+    solvers' NumPy path, on the sites of ``parity`` (all sites for None). What the kernels are tested against."""
+
+    def __init__(self, geom, dtype, parity=None):
+        from .staggered import parity_sites
+
+        self.geom, self.xp = geom, geom.xp
+        self.dtype = np.dtype(dtype)
+        self.parity = None if parity is None else int(parity)
+        self.idx = None if self.parity is None else parity_sites(geom, self.parity)
+
+    def _get(self, a):
+        v = a.reshape(-1, 3)
+        return v.copy() if self.idx is None else v[self.idx]
+
+    def _set(self, a, val):
+        v = a.reshape(-1, 3)
+        if self.idx is None:
+            v[...] = val
+        else:
+            v[self.idx] = val
+
+    def _sum(self, v):
+        if v.dtype == np.complex64:
+            return complex(v.sum(dtype=np.complex128))
+        return complex(v.sum())
+
+    def cg_update(self, p, s, x, r, w, alpha, beta, fresh=False):
+        P, S, X, Rr, W = (self._get(a) for a in (p, s, x, r, w))
+        if fresh:
+            P, S = Rr.copy(), W.copy()
+        else:
+            P *= beta
+            P += Rr
+            S *= beta
+            S += W
+        X += alpha * P
+        Rr -= alpha * S
+        for a, v in ((p, P), (s, S), (x, X), (r, Rr)):
+            self._set(a, v)
+
+    def xpay(self, p, r, beta, fresh=False):
+        P, Rr = self._get(p), self._get(r)
+        if fresh:
+            P = Rr.copy()
+        else:
+            P *= beta
+            P += Rr
+        self._set(p, P)
+
+    def norm2_redot(self, a, w, shift=0.0):
+        A, W = self._get(a), self._get(w)
+        if shift != 0.0:
+            W += shift * A
+            self._set(w, W)
+        return self._sum(A.conj() * A).real, self._sum(A.conj() * W).real
+
+    def norm2(self, a):
+        return self.norm2_redot(a, a)[0]
+
+    def axpy2_norm2(self, p, s, x, r, alpha, reduce=True):
+        P, S, X, Rr = (self._get(a) for a in (p, s, x, r))
+        X += alpha * P
+        Rr -= alpha * S
+        self._set(x, X)
+        self._set(r, Rr)
+        return self._sum(Rr.conj() * Rr).real if reduce else None
+
+    def multishift_update(self, s, r, w, ps, xs, coefs, alpha, beta, fresh=False):
+        S, Rr, W = self._get(s), self._get(r), self._get(w)
+        if fresh:
+            S = W.copy()
+        else:
+            S *= beta
+            S += W
+        self._set(s, S)
+        for p, x, co in zip(ps, xs, coefs):
+            if co is None:
+                continue
+            zi, ai, bi = co
+            if fresh:
+                P = zi * Rr
+            else:
+                P = self._get(p)
+                P *= bi
+                P += zi * Rr
+            X = self._get(x)
+            X += ai * P
+            self._set(p, P)
+            self._set(x, X)
+        Rr -= alpha * S
+        self._set(r, Rr)
+
+    def off_parity_norm2(self, a) -> float:
+        if self.parity is None:
+            return 0.0
+        return BlasTwin(self.geom, a.dtype, 1 - self.parity).norm2(a)
+
+
+def single_gpu(geom) -> bool:
+    """The whole lattice on this process's GPU: one rank and no partitioned dimension (no halo path)."""
+    grid = geom.grid
+    return grid.comm.size == 1 and not any(getattr(grid, "partitioned", (False,) * 4))
+
+
+def cuda_blas(geom, dtype, parity=None) -> CudaBlas:
+    """The :class:`CudaBlas` of this local lattice, precision and parity, made once per backend."""
+    key = ("solver_blas", tuple(geom.local_dims), np.dtype(dtype).str, None if parity is None else int(parity))
+    return geom.backend.kernel(key, lambda: CudaBlas(geom, dtype, parity))
+
+
+def _factory(geom, dtype, parity, source=None):
+    """A :class:`CudaBlas` for one solve, or None where the NumPy path must run (several ranks: the reductions go
+    through geom.sum; a partitioned dimension; an odd local x extent; a source that is not C-contiguous).
+    Restricted to ``parity`` when the source vanishes on the other parity."""
+    if not single_gpu(geom) or geom.local_dims[0] % 2:
+        return None
+    if source is not None and not source.flags.c_contiguous:     # the solver's fields follow the source's layout
+        return None
+    blas = cuda_blas(geom, dtype, parity)
+    if parity is not None and source is not None and blas.off_parity_norm2(source) != 0.0:
+        blas = cuda_blas(geom, dtype, None)
+    return blas
+
+
+register_fused_blas("cupy", _factory)
