@@ -47,6 +47,10 @@ def bench_halo(transports=("mpi", "shm"), sizes=(2, 4, 8, 16), element="matrix",
 
     The transports are measured interleaved (loop of transport 1, loop of transport 2, ... ``repeats`` times) so
     that they see the same machine load, and each keeps its best loop."""
+    from .halo import GPU_TRANSPORTS
+    if any(t in GPU_TRANSPORTS for t in transports):      # GPU transports hook: device faces (comms/cuda/bench.py)
+        from .cuda.bench import bench_halo as gpu_bench_halo
+        return gpu_bench_halo(tuple(transports), tuple(sizes), element)
     comm = world()
     n = comm.size
     inner, site_bytes = ELEMENTS[element]
@@ -115,6 +119,9 @@ def format_rows(rows) -> str:
     """A table, with the shm/mpi ratios of the one-way and round-trip times where both were measured."""
     if not rows:
         return "(no results)"
+    if "one_way_device_us" in rows[0]:                     # GPU transports hook (comms/cuda/bench.py)
+        from .cuda.bench import format_rows as gpu_format_rows
+        return gpu_format_rows(rows)
     ranks, element = rows[0]["ranks"], rows[0]["element"]
     hdr = (f"halo exchange, ring of {ranks} rank(s) along t, faces of L^3 sites of complex128 "
            f"{'3x3 matrices (144 B/site)' if element == 'matrix' else '3-vectors (48 B/site)'}")

@@ -372,7 +372,11 @@ class ProcessGrid:
 
             if self._protocol is None:
                 self._protocol = ProtocolState()
-            ctx.engine = HaloEngine(self, ctx, self._protocol, self.transport_request)
+            engine_class = HaloEngine
+            from .halo import wants_gpu_transport          # GPU transports hook (comms/cuda)
+            if wants_gpu_transport(self.transport_request):
+                from .cuda.transports import GpuHaloEngine as engine_class
+            ctx.engine = engine_class(self, ctx, self._protocol, self.transport_request)
         return ctx.engine
 
     def transport_table(self, everywhere: bool = False) -> list:

@@ -88,6 +88,22 @@ def comms_timeout() -> float:
     return t
 
 
+# --- GPU transports hook (comms/cuda): event and stream_gated run where CuPy, cuda-bindings and a GPU are present
+def gpu_transports_available() -> bool:
+    try:
+        from .cuda import available
+    except Exception:  # noqa: BLE001
+        return False
+    return available()
+
+
+def wants_gpu_transport(request) -> bool:
+    """True when ``request`` (else HMC_P2P_TRANSPORT) names a GPU transport that this machine can run."""
+    req = (request if request is not None else os.environ.get("HMC_P2P_TRANSPORT", "")) or ""
+    return req.strip().lower() in GPU_TRANSPORTS and gpu_transports_available()
+# --- end of the GPU transports hook
+
+
 def _read_config(request):
     """(transport request or None, mask, clique, error or None) from the argument and the environment."""
     err = None
@@ -96,8 +112,9 @@ def _read_config(request):
     if req == "auto":
         req = None
     if req in GPU_TRANSPORTS:
-        err = (f"transport {req!r} needs CUDA buffers (the GPU transports are not part of this CPU build): use "
-               "mpi or shm, or leave HMC_P2P_TRANSPORT unset")
+        if not gpu_transports_available():          # GPU transports hook (comms/cuda)
+            err = (f"transport {req!r} needs CUDA buffers (the GPU transports are not part of this CPU build): "
+                   "use mpi or shm, or leave HMC_P2P_TRANSPORT unset")
     elif req is not None and req not in TRANSPORTS:
         err = f"unknown transport {req!r} (HMC_P2P_TRANSPORT / --transport): use one of mpi, shm"
     mask, clique = 0, 0

@@ -1,0 +1,227 @@
+"""GPU halo transports (event, stream_gated over CUDA VMM buffers): every invariant of ../shared/COMMS.md that needs
+a GPU. They launch ``python -m comms.cuda.checks`` (or this file as a script) under mpiexec themselves, with timeouts,
+several ranks sharing the one GPU; with HMC_GPU_MPS=1 they run under MPS, started and stopped here (the line saying
+whether it ran goes to HMC_GPU_REPORT_DIR/mps.txt when that is set). They skip where no GPU is visible (CI).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
+
+MPIEXEC = shutil.which("mpiexec")
+needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec is not on PATH")
+TIMEOUT = int(os.environ.get("HMC_GPU_TEST_TIMEOUT", "150"))
+
+
+@pytest.fixture(scope="module")
+def mps():
+    """MPS for the module's launches when HMC_GPU_MPS=1 (its environment variables), else an empty dict."""
+    want = os.environ.get("HMC_GPU_MPS", "0") == "1"
+    if not want:
+        yield {}
+        return
+    from comms.cuda.mps import Mps
+
+    m = Mps(True).start()
+    yield m
+    m.poll_servers()
+    line = m.line()
+    m.stop()
+    rep = os.environ.get("HMC_GPU_REPORT_DIR")
+    if rep:
+        Path(rep).mkdir(parents=True, exist_ok=True)
+        with open(Path(rep, "mps.txt"), "a") as f:
+            f.write(line + "\n")
+
+
+def _env(mps, extra=None):
+    env = dict(os.environ)
+    for k in ("HMC_GRID", "HMC_P2P_TRANSPORT", "HMC_P2P_MASK", "HMC_P2P_FAKE_CLIQUE", "HMC_PARTITION",
+              "HMC_COMMS_TIMEOUT", "HMC_P2P_FORCE_FLUSH", "HMC_P2P_DATA", "HMC_BACKEND"):
+        env.pop(k, None)
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_osc": "^ucx",
+                "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1",
+                "HMC_COMMS_TIMEOUT": "60"})
+    if mps:
+        env.update(mps.vars)
+    env.update(extra or {})
+    return env
+
+
+def launch(n, args, mps, env=None, check=True):
+    cmd = [MPIEXEC, "--oversubscribe", "-n", str(n), sys.executable] + args
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=_env(mps, env), timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"{' '.join(cmd)} timed out after {TIMEOUT} s\nstdout:\n{(e.stdout or b'')[-3000:]!r}\n"
+                             f"stderr:\n{(e.stderr or b'')[-3000:]!r}") from None
+    if check and r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}\nstdout:\n{r.stdout[-4000:]}\n"
+                             f"stderr:\n{r.stderr[-4000:]}")
+    return r
+
+
+def checks(n, case, out, mps, *opts, env=None, check=True):
+    return launch(n, ["-m", "comms.cuda.checks", case, str(out)] + list(opts), mps, env, check)
+
+
+def _keep(tmp_path, name):
+    rep = os.environ.get("HMC_GPU_REPORT_DIR")
+    if rep:
+        Path(rep).mkdir(parents=True, exist_ok=True)
+        for p in Path(tmp_path).glob("*.json"):
+            shutil.copy(p, Path(rep, f"{name}_{p.name}"))
+
+
+HALO_CASES = [(2, "1x1x1x2", "4x4x4x8", ""), (2, "1x1x1x2", "4x4x4x8", "xt"), (4, "1x1x2x2", "4x4x8x8", ""),
+              (4, "2x1x1x2", "8x4x4x8", "")]
+
+
+@needs_mpi
+@pytest.mark.parametrize("n,grid,lattice,partition", HALO_CASES)
+def test_halo_bitwise_equal_to_mpi(tmp_path, mps, n, grid, lattice, partition):
+    """event and stream_gated halos (depth 1 and 3, pipelined, two outstanding, NumPy faces, grown buffers) are
+    bitwise mpi's; the registry is empty after close."""
+    opts = ["--grid", grid, "--lattice", lattice] + (["--partition", partition] if partition else [])
+    checks(n, "halo", tmp_path, mps, *opts)
+    rep = json.loads(Path(tmp_path, "halo.json").read_text())
+    _keep(tmp_path, f"halo_{n}_{grid}_{partition or 'none'}")
+    assert rep["links"]["stream_gated"] == ["stream_gated"]
+    assert rep["links"]["event"] == ["event"]
+    assert rep["registry_after_close"] == []
+
+
+@needs_mpi
+def test_fabric_fallback_and_flush_notices(tmp_path, mps):
+    """Fabric allocation falls back to POSIX fds with a logged reason; remote_write is disabled with one line where
+    the device cannot FLUSH remote writes."""
+    r = checks(2, "halo", tmp_path, mps, "--transports", "stream_gated", "--iters", "4")
+    rep = json.loads(Path(tmp_path, "halo.json").read_text())
+    notes = rep["notices"]["stream_gated"]
+    fabric = [x for x in notes if "fabric" in x]
+    assert len(fabric) == 1, notes
+    assert "falling back to POSIX file descriptors" in fabric[0] or "fabric handles" in fabric[0]
+    if "falling back" in fabric[0]:
+        assert "CUDA_ERROR_" in fabric[0]
+        assert fabric[0] in r.stderr                       # logged once, by rank 0
+    assert r.stderr.count("fabric handle unavailable") <= 1
+    flush = [x for x in notes if "remote_write" in x]
+    assert len(flush) <= 1 and all("\n" not in x for x in notes)
+
+
+@needs_mpi
+def test_forced_flush_reports_the_driver(tmp_path, mps):
+    r = checks(2, "flush", tmp_path, mps, env={"HMC_P2P_FORCE_FLUSH": "1"})
+    rep = json.loads(Path(tmp_path, "flush.json").read_text())
+    _keep(tmp_path, "flush")
+    lines = [x for x in r.stderr.splitlines() if "HMC_P2P_FORCE_FLUSH=1" in x]
+    assert len(lines) == 1, r.stderr
+    assert rep["flush_answer"] and rep["flush_answer"] in lines[0]
+    assert ("remote_write enabled (forced)" in lines[0]) == (rep["policy"] == "remote_write")
+    assert rep["correct"]
+
+
+@needs_mpi
+@pytest.mark.parametrize("env,grid,lattice,expect", [
+    ({"HMC_P2P_MASK": "8"}, "1x1x2x2", "4x4x8x8", {"z": "p2p", "t": "mpi"}),
+    ({"HMC_P2P_FAKE_CLIQUE": "2"}, "1x1x1x4", "4x4x4x16", {"t": "mixed"}),
+])
+def test_masked_dimension_and_fake_clique_mix_links(tmp_path, mps, env, grid, lattice, expect):
+    checks(4, "halo", tmp_path, mps, "--grid", grid, "--lattice", lattice, "--iters", "12", env=env)
+    rep = json.loads(Path(tmp_path, "halo.json").read_text())
+    _keep(tmp_path, "mixed_" + "_".join(env))
+    for tr in ("event", "stream_gated"):
+        assert set(rep["links"][tr]) == {"mpi", tr}, rep["links"]
+        for rank_links in rep["tables"][tr]:
+            for link, kind in rank_links.items():
+                want = expect.get(link[0])
+                if want == "p2p":
+                    assert kind == tr
+                elif want == "mpi":
+                    assert kind == "mpi"
+    if "HMC_P2P_FAKE_CLIQUE" in env:
+        # ranks 0,1 | 2,3: the link 1 -> 2 and 3 -> 0 (wrapping) are mpi, 0 <-> 1 peer-to-peer
+        t = rep["tables"]["stream_gated"]
+        assert t[0]["t+"] == "stream_gated" and t[1]["t+"] == "mpi" and t[2]["t-"] == "mpi" and t[0]["t-"] == "mpi"
+
+
+@needs_mpi
+@pytest.mark.parametrize("transport", ["stream_gated", "event"])
+def test_split_grid(tmp_path, mps, transport):
+    checks(4, "split", tmp_path, mps, "--grid", "1x1x2x2", "--lattice", "4x4x8x8", "--split", "1x1x1x2",
+           "--transport", transport)
+    rep = json.loads(Path(tmp_path, "split.json").read_text())
+    _keep(tmp_path, f"split_{transport}")
+    assert sorted(set(rep["sub_exchanges"])) == [1, 2]
+    assert rep["registry_after_close"] == []
+
+
+@needs_mpi
+def test_graph_replays_give_the_uncaptured_answer(tmp_path, mps):
+    checks(2, "graph", tmp_path, mps, "--L", "4", "--replays", "1000")
+    rep = json.loads(Path(tmp_path, "graph_L4.json").read_text())
+    _keep(tmp_path, "graph")
+    assert rep["replays"] == 1000
+
+
+@needs_mpi
+def test_geometry_shift_on_cupy(tmp_path, mps):
+    """Geometry.shift / halo on the cupy backend with a partitioned grid through stream_gated: bitwise the
+    single-process shift."""
+    launch(2, [str(Path(__file__)), "geometry", str(tmp_path)], mps)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# script mode (under mpiexec): the Geometry check
+
+def _geometry(out):
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT))
+    from comms import ProcessGrid
+    from comms.grid import _SingleComm
+    from lattice import Geometry
+    from lattice.backend import get_backend
+
+    dims = (4, 4, 4, 8)
+    rng = np.random.default_rng(3)
+    f = rng.normal(size=(8, 4, 4, 4, 3)) + 1j * rng.normal(size=(8, 4, 4, 4, 3))
+    ref = Geometry(dims, backend=get_backend("numpy"),
+                   grid=ProcessGrid((1, 1, 1, 1), comm=_SingleComm(), partitioned=(False,) * 4))
+    be = get_backend("cupy")
+    for tr in ("stream_gated", "event"):
+        grid = ProcessGrid((1, 1, 1, 2), partitioned="xt", transport=tr)
+        g = Geometry(dims, backend=be, grid=grid)
+        loc = be.xp.asarray(g.local_part(f))
+        for mu in (0, 3):
+            for k in (1, -1, 3, -3, 5):
+                got = be.to_numpy(g.shift(loc, mu, k))
+                if not np.array_equal(got, g.local_part(ref.shift(f, mu, k))):
+                    raise SystemExit(f"rank {grid.rank}: {tr} Geometry.shift mu={mu} k={k} differs")
+        h = g.halo(loc, 2)
+        for (mu, side), a in h.items():
+            axis = 3 - mu
+            n = g.local_dims[mu]
+            want = np.roll(f, -n, axis=axis) if side == 1 else np.roll(f, 2, axis=axis)
+            sl = [slice(None)] * 4
+            sl[axis] = slice(0, 2)
+            if not np.array_equal(be.to_numpy(a), g.local_part(want)[tuple(sl)]):
+                raise SystemExit(f"rank {grid.rank}: {tr} Geometry.halo ({mu},{side}) differs")
+        grid.close()
+    Path(out, "geometry.json").write_text(json.dumps({"ok": True}))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "geometry":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        _geometry(sys.argv[2])
