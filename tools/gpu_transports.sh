@@ -50,6 +50,10 @@ bench() {
   timeout ${BENCH_BUDGET:-70} $MPIRUN -n 2 python3 -m comms.cuda.bench --transport mpi,event,stream_gated \
     --sizes 2 4 8 16 32 --graph --json "$OUT/bench_mps.json" --label "2 ranks, one H200" 2>&1 | tee -a "$LOG"
   say "mps servers during bench: $(mps_servers)"
+  say "bench under MPS: 4 ranks (ring along t)"
+  timeout ${BENCH4_BUDGET:-40} $MPIRUN -n 4 python3 -m comms.cuda.bench --transport mpi,event,stream_gated \
+    --sizes 2 8 32 --reps 100 --repeats 3 --graph --graph-reps 200 --json "$REP/bench_mps_4ranks.json" \
+    --label "4 ranks, one H200" 2>&1 | tee -a "$LOG"
   say "hmc bench halo --transport mpi,event,stream_gated (the CLI path)"
   timeout 40 $MPIRUN -n 2 python3 -m hmc bench halo --transport mpi,event,stream_gated --sizes 2 8 --element vector \
     2>&1 | tail -12 | tee -a "$LOG"

@@ -741,35 +741,41 @@ class GpuHaloEngine(HaloEngine):
                     dst[...] = face
                 self._signal(ex, link, dim, d, b, msg, cs.ptr)
             return
+        srcs = []
         for dim, d, link, msg, face in p2p:
+            if not isinstance(face, np.ndarray) and face.flags.c_contiguous:
+                srcs.append((face.data.ptr, face.nbytes))   # the copy engine reads the face itself (kept alive
+                ex.keep.append(face)                        # by the exchange; the compute stream waits for the
+                continue                                    # copy before finish() returns)
             sb = self._send_view(dim, d, b, face.shape, face.dtype)
             if isinstance(face, np.ndarray):
                 sb.set(np.ascontiguousarray(face), stream=cs)
             else:
                 sb[...] = face
-        self.pack_event.record(cs)
-        for dim, d, link, msg, face in p2p:
+            srcs.append((sb.data.ptr, sb.nbytes))
+        call(drv.cuEventRecord, self.pack_event.ptr, cs.ptr)
+        for (dim, d, link, msg, face), (src, nbytes) in zip(p2p, srcs):
             sp = link.stream.ptr
             call(drv.cuStreamWaitEvent, sp, self.pack_event.ptr, 0)
             self._credit(link, dim, d, b, sp)
             st.last_sent[dim][d][b] = msg
-            sb = self._send_view(dim, d, b, face.shape, face.dtype)
-            call(drv.cuMemcpyAsync, link.peer_ptr + data_offset(b, dim, 1 - d, cap), sb.data.ptr, sb.nbytes, sp)
+            call(drv.cuMemcpyAsync, link.peer_ptr + data_offset(b, dim, 1 - d, cap), src, nbytes, sp)
             self._signal(ex, link, dim, d, b, msg, sp)
-            link.ev_sent[b].record(link.stream)
+            call(drv.cuEventRecord, link.ev_sent[b].ptr, sp)
             ex.sent.append(link.ev_sent[b])
 
 
 class GpuExchange:
     """One posted GPU exchange; ``finish`` enqueues the waits and the unpack on the exchange's compute stream."""
 
-    __slots__ = ("engine", "buffer", "stream", "host_in", "recvs", "sends", "sent", "done", "observed")
+    __slots__ = ("engine", "buffer", "stream", "host_in", "recvs", "sends", "sent", "done", "observed", "keep")
 
     def __init__(self, engine, buffer, stream, host_in):
         self.engine, self.buffer, self.stream, self.host_in = engine, buffer, stream, host_in
         self.recvs = []
         self.sends = []
         self.sent = []
+        self.keep = []
         self.done = False
         self.observed = {}
 
@@ -820,8 +826,16 @@ class GpuExchange:
                             raise CommsError(f"rank {eng.world_rank}: doorbell {int(view[0])} on link "
                                              f"{link_name(dim, side)}, expected {expected}")
                         call(drv.cuStreamWaitEvent, csp, link.ev_data_peer[b], 0)
-                    src = eng._dev_view(own + data_offset(b, dim, side, cap), shape, dtype)
-                results[(dim, side)] = self._deliver(src, dest, shape, dtype)
+                src_ptr = own + data_offset(b, dim, side, cap)
+                if dest is None and not self.host_in:
+                    dest = cp.empty(shape, dtype)
+                if (isinstance(dest, cp.ndarray) and dest.flags.c_contiguous and dest.dtype == dtype
+                        and dest.shape == tuple(shape)):
+                    call(drv.cuMemcpyAsync, dest.data.ptr, src_ptr, dest.nbytes, csp)   # copy engine, no kernel
+                    results[(dim, side)] = dest
+                else:
+                    src = eng._dev_view(src_ptr, shape, dtype)
+                    results[(dim, side)] = self._deliver(src, dest, shape, dtype)
                 if link.transport == "stream_gated":
                     if eng.graph_mode:
                         call(drv.cuStreamWriteValue64, csp, link.peer_ptr + 8 * ackf_slot(b, dim, 1 - side), 1,
@@ -835,6 +849,9 @@ class GpuExchange:
                     buf = eng._doorbell(key)
                     buf[0] = expected
                     eng._pending[key] = eng.comm.Isend(buf, dest=link.peer, tag=CREDIT_TAG + 2 * dim + (1 - side))
+            if not fenced:
+                for ev in self.sent:                           # p2p sends whose receives came by mpi
+                    call(drv.cuStreamWaitEvent, csp, ev.ptr, 0)
             for dim, d, req in self.sends:
                 link = eng.links[(dim, d)]
                 if req.Test():
@@ -848,6 +865,7 @@ class GpuExchange:
         st.busy[b] = None
         st.outstanding -= 1
         self.done = True
+        self.keep = []
         return results
 
     def _deliver(self, src, dest, shape, dtype):
