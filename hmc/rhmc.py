@@ -72,7 +72,7 @@ class PseudofermionTerm:
 
 @dataclass
 class SolveRecord:
-    phase: str                 # "GR" (heat bath), "FA" (action), "MD" (force)
+    phase: str                 # "GR" (heat bath), "FA" (action), "MD" (force); "MD_action" (md_action)
     pseudofermion: int
     call: int                  # the how-many-th call of that phase in this trajectory (from 0)
     stats: SolverStats
@@ -169,11 +169,10 @@ class FermionMonomial:
 
     def links(self, u) -> _LinkSet:
         """Fat/long links and operators of ``u``, built once per configuration."""
-        xp = u.xp
+        checksum = complex(u.xp.sum(u.links))
         c = self._cache
-        if c is not None and c.ref is u.links:
-            if complex(xp.sum(u.links)) == c.checksum:
-                return c
+        if c is not None and c.ref is u.links and c.checksum == checksum:
+            return c
         t0 = time.perf_counter()
         if self.action_name == "hisq":
             fl = dict(zip(self.epsilons, hisq_links_multi(u, self.epsilons, self.time_bc)))
@@ -186,7 +185,7 @@ class FermionMonomial:
         u.geom.backend.synchronize()
         self.stats.add_time("links", time.perf_counter() - t0)
         self.stats.link_builds += 1
-        self._cache = _LinkSet(u.links, complex(xp.sum(u.links)), fl, ops)
+        self._cache = _LinkSet(u.links, checksum, fl, ops)
         return self._cache
 
     def invalidate(self) -> None:
@@ -194,8 +193,9 @@ class FermionMonomial:
         self._cache = None
 
     # -- solves ------------------------------------------------------------------------------------------------
-    def _solve(self, ls: _LinkSet, k: int, phase: str, call: int, b):
-        """(A + p_l)^-1 b for the poles of pseudofermion k's ``phase`` approximation: (list of solutions, stats)."""
+    def _solve(self, ls: _LinkSet, k: int, phase: str, call: int, b, label: str | None = None):
+        """(A + p_l)^-1 b for the poles of pseudofermion k's ``phase`` approximation: (list of solutions, stats),
+        recorded under ``label`` (default: the phase)."""
         term = self.terms[k]
         approx = term.approximation(phase)
         _, A = ls.ops[term.naik_epsilon]
@@ -203,14 +203,15 @@ class FermionMonomial:
                             check_residual=False)(A)
         t0 = time.perf_counter()
         xs, st = inv.solve(b)
-        self.stats.add_time(f"solver_{phase}", time.perf_counter() - t0)
-        self.stats.solves.append(SolveRecord(phase, k, call, st))
+        label = label or phase
+        self.stats.add_time(f"solver_{label}", time.perf_counter() - t0)
+        self.stats.solves.append(SolveRecord(label, k, call, st))
         return xs, st
 
-    def _rational_apply(self, ls, k, phase, call, b):
+    def _rational_apply(self, ls, k, phase, call, b, label=None):
         """r(A) b = res0 b + sum_l res_l (A + p_l)^-1 b, in MILC's order of summation (``ks_rateval``)."""
         approx = self.terms[k].approximation(phase)
-        xs, _ = self._solve(ls, k, phase, call, b)
+        xs, _ = self._solve(ls, k, phase, call, b, label)
         out = approx.res0 * b
         for r, x in zip(approx.residues, xs):
             out = out + r * x
@@ -249,7 +250,7 @@ class FermionMonomial:
         self._require_phi()
         ls = self.links(u)
         call = self.stats.next_call("MD_action")
-        return float(sum(inner(u.geom, p, self._rational_apply(ls, k, "MD", call, p)).real
+        return float(sum(inner(u.geom, p, self._rational_apply(ls, k, "MD", call, p, "MD_action")).real
                          for k, p in enumerate(self.phi)))
 
     def outer_products(self, u, ls: _LinkSet | None = None) -> tuple[dict, dict]:

@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from lattice import CounterRNG
-from lattice.milc_rng import MilcRNG
+from lattice.milc_rng import MilcRNG, even_sites
 
 from .momenta import random_momenta
 
@@ -59,7 +59,7 @@ class MilcStreams:
     def pseudofermion_sources(self, geom, n: int) -> list:
         """MILC's heat-bath Gaussians for ``n`` pseudofermions (file order): fields (nt, nz, ny, nx, 3) on the even
         sites (zero on odd ones), density exp(-|g|^2) per complex component."""
-        even = _even_indices(geom.dims)
+        even = even_sites(tuple(geom.dims))
         g = self.milc.grsource(n, even)                                   # (n, n_even, 3)
         out = []
         for k in range(n):
@@ -77,12 +77,6 @@ class MilcStreams:
 
     def copy(self) -> "MilcStreams":
         return MilcStreams(self.seed, self.milc.dims, milc=MilcRNG.from_state(self.milc.state()))
-
-
-def _even_indices(dims):
-    from lattice.milc_rng import even_sites
-
-    return even_sites(tuple(dims))
 
 
 def make_rng(kind: str, seed: int, dims):
