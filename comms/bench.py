@@ -11,9 +11,10 @@ complex128 matrices, 144 bytes a site, or 3-vectors, 48 bytes) and transport:
 * host time per exchange: time in start() and finish() minus the time spent waiting for the peer (pack, copies,
   signals, MPI calls, unpack). On the CPU transports all of it is host time; there is no device time.
 
-Times are the best of ``repeats`` loops of ``reps`` exchanges (the loop count is chosen on rank 0 for about
-``min_time / repeats`` seconds a loop and broadcast), the slowest rank's; the transports' loops are interleaved so
-that a busy machine slows them alike.
+Every exchange (pair) is timed on its own; a time is the median over ``repeats`` loops of ``reps`` exchanges (the
+loop count chosen on rank 0 for about ``min_time / repeats`` seconds a loop), the slowest rank's. The transports'
+loops are interleaved so that a busy machine slows them alike, and the median ignores the few exchanges that
+another process's time slice stretches.
 """
 from __future__ import annotations
 
@@ -27,26 +28,28 @@ ELEMENTS = {"matrix": ((3, 3), 144), "vector": ((3,), 48)}
 
 
 def _loop(eng, face, dest, back, reps, round_trip):
+    """Per-exchange (or per-pair) wall times and host-busy times (wall minus waiting), as arrays."""
     prof = eng.profile
-    prof["wait"] = 0.0
-    t_busy = 0.0
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        ex = eng.start({(3, 0): face})
-        ex.finish({(3, 1): dest})
+    wall = np.empty(reps)
+    busy = np.empty(reps)
+    clock = time.perf_counter
+    for i in range(reps):
+        w0 = prof["wait"]
+        t0 = clock()
+        eng.start({(3, 0): face}).finish({(3, 1): dest})
         if round_trip:
-            ex = eng.start({(3, 1): dest})
-            ex.finish({(3, 0): back})
-    t = time.perf_counter() - t0
-    t_busy = t - prof["wait"]
-    return t, t_busy
+            eng.start({(3, 1): dest}).finish({(3, 0): back})
+        t = clock() - t0
+        wall[i] = t
+        busy[i] = t - (prof["wait"] - w0)
+    return wall, busy
 
 
 def bench_halo(transports=("mpi", "shm"), sizes=(2, 4, 8, 16), element="matrix", min_time=0.3, repeats=15):
     """Rows of {transport, L, sites, bytes, one_way_us, round_trip_us, bandwidth_MBps, host_us} (on every rank).
 
     The transports are measured interleaved (loop of transport 1, loop of transport 2, ... ``repeats`` times) so
-    that they see the same machine load, and each keeps its best loop."""
+    that they see the same machine load; a time is the median of the per-exchange times."""
     from .halo import GPU_TRANSPORTS
     if any(t in GPU_TRANSPORTS for t in transports):      # GPU transports hook: device faces (comms/cuda/bench.py)
         from .cuda.bench import bench_halo as gpu_bench_halo
@@ -83,23 +86,29 @@ def bench_halo(transports=("mpi", "shm"), sizes=(2, 4, 8, 16), element="matrix",
         eng = engines[transports[0]]
         reps = 10
         while True:
-            t, _ = _loop(eng, face, dest, back, reps, False)
-            t = grid.max(t)
+            t0 = time.perf_counter()
+            _loop(eng, face, dest, back, reps, False)
+            t = grid.max(time.perf_counter() - t0)
             if t > min_time / repeats / 4 or reps >= 1 << 20:
                 break
             reps *= 4
         reps = comm.bcast(max(5, int(reps * (min_time / repeats) / max(t, 1e-9))), root=0)
-        best = {tr: [np.inf, np.inf, np.inf] for tr in transports}
+        samples = {tr: ([], [], []) for tr in transports}
         for _ in range(repeats):
             for tr, eng in engines.items():
                 grid.barrier()
-                t, busy = _loop(eng, face, dest, back, reps, False)
-                t, busy = grid.max(t), grid.max(busy)
-                b = best[tr]
-                b[0], b[1] = min(b[0], t / reps), min(b[1], busy / reps)
+                wall, busy = _loop(eng, face, dest, back, reps, False)
+                samples[tr][0].append(wall)
+                samples[tr][1].append(busy)
                 grid.barrier()
-                t, _ = _loop(eng, face, dest, back, max(1, reps // 2), True)
-                b[2] = min(b[2], grid.max(t) / max(1, reps // 2))
+                wall, _ = _loop(eng, face, dest, back, max(1, reps // 2), True)
+                samples[tr][2].append(wall)
+        best = {}
+        for tr in transports:
+            # the median of the per-exchange times: robust to the other processes of a shared machine, which
+            # stretch a few exchanges a lot; the slowest rank's
+            one, host, rt = (float(np.median(np.concatenate(x))) for x in samples[tr])
+            best[tr] = (grid.max(one), grid.max(host), grid.max(rt))
         for tr, eng in engines.items():
             one, host, rt = best[tr]
             kinds = sorted({l.transport for l in eng.links.values()})

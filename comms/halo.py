@@ -243,7 +243,7 @@ class _Route:
 
     __slots__ = ("key", "recv_key", "dim", "dir", "side", "send", "recv", "send_mpi", "recv_mpi", "tag",
                  "sig_slot", "ack_slot", "own_sig_slot", "credit_slot", "peer_off", "own_off", "send_views",
-                 "recv_views")
+                 "recv_views", "fast")
 
     def __init__(self, engine, dim, d):
         side = 1 - d
@@ -251,6 +251,7 @@ class _Route:
         self.dim, self.dir, self.side = dim, d, side
         self.send, self.recv = engine.links[(dim, d)], engine.links[(dim, side)]
         self.send_mpi, self.recv_mpi = self.send.transport == "mpi", self.recv.transport == "mpi"
+        self.fast = self.send.transport == "shm" and self.recv.transport == "shm"
         self.tag = TAG_BASE + 2 * dim + d
         self.sig_slot = dim * 2 + side                                  # in the peer's header
         self.ack_slot = [_ACK0 + (dim * 2 + d) * 2 + b for b in (0, 1)]          # in my header
@@ -490,6 +491,11 @@ class HaloEngine:
         if st.busy[b] is not None:
             raise CommsError(f"rank {self.world_rank}: halo buffer {b} is still held by an unfinished exchange: at "
                              "most two exchanges may be outstanding (double buffering); finish the older first")
+        if len(sends) == 1:                          # one face both ways over shm (every Geometry.shift): fast path
+            for k, face in sends.items():
+                r = self._routes.get(k)
+                if r is not None and r.fast and type(face) is np.ndarray and face.nbytes <= self.windows.capacity:
+                    return self._start_shm1(r, face, b, st)
         plan = []
         for k, f in (sends.items() if len(sends) == 1 else sorted(sends.items())):
             plan.append((self._route(k), f if type(f) is np.ndarray else np.asarray(f)))
@@ -545,6 +551,37 @@ class HaloEngine:
             win.win.Sync()                           # the data before the signal (a full memory barrier)
             for header, slot, msg in signals:
                 header[slot] = msg                   # one aligned 64-bit store
+        st.buffer_index = b ^ 1
+        st.busy[b] = ex
+        st.outstanding += 1
+        return ex
+
+    def _start_shm1(self, r, face, b, st) -> "_ShmExchange1":
+        """``start`` for one face over a shm route: the same protocol with the bookkeeping of one link."""
+        dim, d = r.dim, r.dir
+        recv = st.recv[dim]
+        expected = recv[r.side] + 1
+        recv[r.side] = expected
+        send = st.send[dim]
+        msg = send[d] + 1
+        send[d] = msg
+        last = st.last_sent[dim][d]
+        win = self.windows
+        ack = win.own_header
+        if ack[r.ack_slot[b]] < last[b]:
+            need, link = last[b], r.send
+            self._wait(ack, r.ack_slot[b], need, lambda v: (
+                f"rank {self.world_rank}: rank {link.peer_world} has not freed halo buffer {b} on link "
+                f"{link_name(dim, d)} (shm) after {self.timeout:g} s (HMC_COMMS_TIMEOUT): ack slot {v}, "
+                f"need >= {need}; {self._counter_text()}"))
+        v = r.send_views[b]
+        if v is None or v.dtype is not face.dtype or v.shape != face.shape:
+            v = r.send_views[b] = self._shm_view(r.send.peer_node, r.peer_off[b], face.shape, face.dtype)
+        np.copyto(v, face)
+        last[b] = msg
+        win.win.Sync()                               # the data before the signal (a full memory barrier)
+        r.send.peer_header[r.sig_slot] = msg         # one aligned 64-bit store
+        ex = _ShmExchange1(self, b, r, face.shape, face.dtype, expected)
         st.buffer_index = b ^ 1
         st.busy[b] = ex
         st.outstanding += 1
@@ -655,3 +692,51 @@ class Exchange:
         st.outstanding -= 1
         self.done = True
         return results
+
+
+class _ShmExchange1:
+    """An exchange of one face over a shm route (``HaloEngine._start_shm1``); ``finish`` as Exchange.finish."""
+
+    __slots__ = ("engine", "buffer", "route", "shape", "dtype", "expected", "done", "seen")
+
+    def __init__(self, engine, buffer, route, shape, dtype, expected):
+        self.engine, self.buffer, self.route = engine, buffer, route
+        self.shape, self.dtype, self.expected = shape, dtype, expected
+        self.done = False
+        self.seen = None
+
+    @property
+    def observed(self) -> dict:
+        return {} if self.seen is None else {self.route.recv_key: self.seen}
+
+    def finish(self, out: dict | None = None) -> dict:
+        if self.done:
+            raise CommsError("finish() called twice on one halo exchange")
+        eng, r, b, expected = self.engine, self.route, self.buffer, self.expected
+        win = eng.windows
+        own = win.own_header
+        slot = r.own_sig_slot
+        if own[slot] < expected:
+            link = r.recv
+            eng._wait(own, slot, expected, lambda v: (
+                f"rank {eng.world_rank}: no halo from rank {link.peer_world} on link {link_name(link.dim, link.dir)} "
+                f"(shm) after {eng.timeout:g} s (HMC_COMMS_TIMEOUT): signal slot {v}, expected >= {expected}, "
+                f"buffer {b}; {eng._counter_text()}"))
+        self.seen = own[slot]
+        win.win.Sync()                               # the signal before the data
+        src = r.recv_views[b]
+        if src is None or src.dtype is not self.dtype or src.shape != self.shape:
+            src = r.recv_views[b] = eng._shm_view(win.node.rank, r.own_off[b], self.shape, self.dtype)
+        key = r.recv_key
+        dest = None if out is None else out.get(key)
+        if dest is None:
+            dest = src.copy()
+        else:
+            np.copyto(dest, src)
+        win.win.Sync()                               # our reads before the credit that lets the sender overwrite
+        r.recv.peer_header[r.credit_slot[b]] = expected
+        st = eng.state
+        st.busy[b] = None
+        st.outstanding -= 1
+        self.done = True
+        return {key: dest}
