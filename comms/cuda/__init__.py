@@ -3,6 +3,27 @@ node, with the symmetric reachability probe, MPS helpers and the GPU halo benchm
 
 Nothing here is imported by the CPU code paths unless a GPU transport is asked for (``HMC_P2P_TRANSPORT`` or
 ``--transport event|stream_gated``): the CPU build and its tests need neither CuPy nor cuda-bindings.
+
+Modules: ``cu`` (checked driver calls, device facts), ``vmm`` (VMM allocations and mappings, the registry and leak
+check, fabric-then-POSIX-fd handle choice, the Unix-socket descriptor broker), ``transports`` (GpuHaloEngine: the
+probe, the per-link table, event and stream_gated, graph mode), ``mps`` (start/stop MPS), ``checks`` (multi-rank
+checks that tests/comms/test_gpu_transports.py launches), ``bench`` (the GPU halo benchmark). On the device machine
+``bash tools/gpu_transports.sh`` runs the checks, the tests and the benchmarks in one call.
+
+How it plugs in: ``ProcessGrid(transport="stream_gated")`` (or HMC_P2P_TRANSPORT / --transport) makes
+``grid.halo`` a GpuHaloEngine (comms/grid.py hook); ``start({(dim, dir): face})`` takes CuPy faces (device to
+device) or NumPy faces (staged), ``finish()`` returns faces of the same kind. A contiguous CuPy face is read by the
+copy engine directly: do not overwrite it before ``finish()``. Geometry on the cupy backend works through it
+(Geometry still converts faces to NumPy on the GPU backend: passing CuPy faces there would avoid the host staging).
+
+Environment, besides HMC_P2P_TRANSPORT / HMC_P2P_MASK / HMC_P2P_FAKE_CLIQUE / HMC_COMMS_TIMEOUT:
+
+| variable | meaning |
+| --- | --- |
+| HMC_P2P_DATA=copy_engine or remote_write | data policy (remote_write: the pack kernel stores into the peer) |
+| HMC_P2P_FORCE_FLUSH=1 | ask the driver for a FLUSH wait where CAN_FLUSH_REMOTE_WRITES is 0; one line: its answer |
+| HMC_P2P_FABRIC=0 | do not try fabric handles |
+| HMC_CUDA_DEVICE=i | the GPU of this rank (default: node rank modulo the device count) |
 """
 from __future__ import annotations
 

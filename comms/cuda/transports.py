@@ -322,7 +322,8 @@ class GpuHaloEngine(HaloEngine):
                     if why:
                         allow[dim][d] = (False, f"probe: {why}")
                     else:
-                        allow[dim][d] = (True, "self" if peer == self.rank else f"VMM {vmm.HANDLE_NAMES.get(int(self.handle_type))} import")
+                        kind = vmm.HANDLE_NAMES.get(int(self.handle_type))
+                        allow[dim][d] = (True, "self" if peer == self.rank else f"VMM {kind} import")
         return {k: v for k, v in results.items()}
 
     # segments, mappings, events ----------------------------------------------------------------------------
