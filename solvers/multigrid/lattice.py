@@ -1,0 +1,226 @@
+"""Lattices of the multigrid levels and the reshapes between a level's fields and its aggregates.
+
+Field layouts (site axes first, as everywhere in the project, so that ``geom.shift`` reaches neighbours):
+
+* fine and KD level: a colour-vector field (nt, nz, ny, nx, 3), optionally with a trailing column axis (..., 3, k)
+  for a batch of k vectors (near-null vectors, probing);
+* aggregation level l >= 2: (Tc, Zc, Yc, Xc, 2 Nv) [, k]: per coarse site the Nv coefficients of the even-parity
+  (first half) and of the odd-parity (second half) near-null vectors; on coarser levels the halves are the
+  "chiralities" inherited from the level above (QUDA's spin 2 on coarse staggered levels).
+
+A coarse lattice is described by :class:`CoarseGeometry`: its extents, the same process grid as the fine lattice
+(a coarse site belongs to the rank that holds its aggregate), neighbour shifts through the halo exchange of
+``comms`` (:class:`lattice.geometry.ShiftHandle`, so every transport works) and global sums through
+``geom.sum``/``grid.sum``. Coarse extents may be 1 or odd, which :class:`lattice.Geometry` does not allow.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lattice.geometry import DIRS, ShiftHandle, site_axis
+
+
+class MultigridError(ValueError):
+    """Bad multigrid parameters (one-line message that names the constraint that failed)."""
+
+
+class CoarseGeometry:
+    """The lattice of one coarse level: global extents ``dims`` (x, y, z, t), this rank's ``local_dims``, the
+    fine geometry's process grid and backend. Provides what the solvers use of :class:`lattice.Geometry`:
+    ``xp``, ``backend``, ``grid``, ``shape``, ``volume``, ``shift``, ``shift_start`` and ``sum``."""
+
+    def __init__(self, fine, block):
+        self.fine = fine
+        self.backend, self.grid = fine.backend, fine.grid
+        self.block = tuple(int(b) for b in block)
+        self.dims = tuple(n // b for n, b in zip(fine.dims, self.block))
+        self.local_dims = tuple(n // b for n, b in zip(fine.local_dims, self.block))
+        self.offset = tuple(o // b for o, b in zip(fine.offset, self.block))
+
+    @property
+    def xp(self):
+        return self.backend.xp
+
+    @property
+    def shape(self) -> tuple:
+        nx, ny, nz, nt = self.local_dims
+        return (nt, nz, ny, nx)
+
+    @property
+    def volume(self) -> int:
+        return int(np.prod(self.dims))
+
+    @property
+    def local_volume(self) -> int:
+        return int(np.prod(self.local_dims))
+
+    def coordinates(self):
+        """Global coarse coordinates x, y, z, t of the local coarse sites."""
+        xp = self.xp
+        t, z, y, x = xp.meshgrid(*[xp.arange(n) for n in self.shape], indexing="ij")
+        ox, oy, oz, ot = self.offset
+        return x + ox, y + oy, z + oz, t + ot
+
+    def site_ids(self):
+        x, y, z, t = self.coordinates()
+        nx, ny, nz, _ = self.dims
+        return (x + nx * (y + ny * (z + nz * t))).astype(self.xp.int64)
+
+    def shift(self, f, mu: int, step: int = 1):
+        """The coarse field at a + step*mu, at a (halo exchange on a partitioned dimension)."""
+        if not self.grid.partitioned[mu]:
+            return self.xp.roll(f, -step, axis=site_axis(mu))
+        return ShiftHandle(self, f, mu, step).finish()
+
+    def shift_start(self, f, mu: int, step: int = 1):
+        return ShiftHandle(self, f, mu, step)
+
+    def sum(self, a):
+        return self.fine.sum(a)
+
+    def __repr__(self):
+        return f"<coarse lattice {'x'.join(map(str, self.dims))} (blocks {'x'.join(map(str, self.block))})>"
+
+
+def global_sums(geom, local):
+    """Global sums of a (small) array of per-rank partial sums, in one reduction; returns a NumPy array.
+
+    Batched reductions of the multigrid (Gram matrices of the smoothers, per-vector norms of the set-up) go
+    through the grid's allreduce in one message; their rounding depends on the rank count (the "fast" mode of
+    :mod:`solvers.operator`)."""
+    be = geom.backend
+    a = be.to_numpy(local) if be.is_gpu else np.asarray(local)
+    return np.asarray(geom.grid.sum(a))
+
+
+def check_blocks(local, block, naik: bool, first: bool, level: int):
+    """Validate one aggregation block (x, y, z, t extents, in sites of the level below, whose local extents are
+    ``local``); one-line errors."""
+    try:
+        block = tuple(int(b) for b in block)
+    except (TypeError, ValueError):
+        raise MultigridError(f"level {level}: block {block!r} must be four integers (x y z t)") from None
+    if len(block) != 4:
+        raise MultigridError(f"level {level}: block {block} must have four extents (x y z t), not {len(block)}")
+    for mu, (b, n) in enumerate(zip(block, local)):
+        d = DIRS[mu]
+        if b < 1:
+            raise MultigridError(f"level {level}: block extent {b} in direction {d} must be positive")
+        if first and b % 2:
+            raise MultigridError(f"level {level}: block extent {b} in direction {d} is odd: aggregates must be "
+                                 "whole 2^4 Kahler-Dirac hypercubes (even extents)")
+        if n % b:
+            raise MultigridError(f"level {level}: block extent {b} in direction {d} does not tile the local "
+                                 f"extent {n} (local volume {'x'.join(map(str, local))}): choose a divisor")
+        if first and naik and b < 3:
+            raise MultigridError(f"level {level}: block extent {b} in direction {d} is narrower than 3: with the "
+                                 "Naik term a 3-hop must reach only the neighbouring aggregate (use 4 or more)")
+    return block
+
+
+def check_hypercubes(geom):
+    for mu, n in enumerate(geom.local_dims):
+        if n % 2:
+            raise MultigridError(f"local extent {n} in direction {DIRS[mu]} is odd: the Kahler-Dirac blocking needs "
+                                 "whole 2^4 hypercubes on every rank (choose a process grid with even local extents)")
+
+
+# ------------------------------------------------------------------------------------------------ blocking
+def _block_axes(shape4, block):
+    """Reshape (nt, nz, ny, nx) -> (nt/bt, bt, nz/bz, bz, ny/by, by, nx/bx, bx)."""
+    bx, by, bz, bt = block
+    nt, nz, ny, nx = shape4
+    return (nt // bt, bt, nz // bz, bz, ny // by, by, nx // bx, bx)
+
+
+def to_blocks(f, block):
+    """(nt, nz, ny, nx, *rest) -> (nblocks, block_volume, *rest); blocks in (T, Z, Y, X) order, sites in a
+    block x fastest."""
+    shape4, rest = f.shape[:4], f.shape[4:]
+    g = f.reshape(_block_axes(shape4, block) + rest)
+    nr = len(rest)
+    g = g.transpose((0, 2, 4, 6, 1, 3, 5, 7) + tuple(range(8, 8 + nr)))
+    return g.reshape((-1, int(np.prod(block))) + rest)
+
+
+def from_blocks(g, block, shape4):
+    """The inverse of :func:`to_blocks`."""
+    rest = g.shape[2:]
+    nt, nz, ny, nx = shape4
+    bx, by, bz, bt = block
+    h = g.reshape((nt // bt, nz // bz, ny // by, nx // bx, bt, bz, by, bx) + rest)
+    nr = len(rest)
+    h = h.transpose((0, 4, 1, 5, 2, 6, 3, 7) + tuple(range(8, 8 + nr)))
+    return h.reshape(tuple(shape4) + rest)
+
+
+def block_parities(block):
+    """Parity (0 even, 1 odd) of each site of a block whose origin is an even site, in block order."""
+    bx, by, bz, bt = block
+    t, z, y, x = np.meshgrid(np.arange(bt), np.arange(bz), np.arange(by), np.arange(bx), indexing="ij")
+    return ((x + y + z + t) % 2).ravel()
+
+
+class FineBlocker:
+    """Fine colour-vector fields <-> aggregates split by site parity: (nt, nz, ny, nx, 3[, k]) <->
+    (nagg, 2, block_volume/2 * 3[, k]). Block origins are even sites (blocks are even), so a site's parity inside
+    its block is its global parity."""
+
+    def __init__(self, geom, block):
+        self.geom, self.block = geom, tuple(block)
+        self.bvol = int(np.prod(block))
+        par = block_parities(block)
+        order = np.concatenate([np.flatnonzero(par == 0), np.flatnonzero(par == 1)])
+        self.order = geom.xp.asarray(order)
+        self.inverse = geom.xp.asarray(np.argsort(order))
+        self.nagg = geom.local_volume // self.bvol
+        self.m = self.bvol // 2 * 3           # unknowns per aggregate and parity
+
+    def split(self, f):
+        rest = f.shape[5:]
+        g = to_blocks(f, self.block)                           # (nagg, bvol, 3, *rest)
+        g = self.geom.xp.take(g, self.order, axis=1)
+        return g.reshape((self.nagg, 2, self.m) + rest)
+
+    def merge(self, g):
+        rest = g.shape[3:]
+        h = g.reshape((self.nagg, self.bvol, 3) + rest)
+        h = self.geom.xp.take(h, self.inverse, axis=1)
+        return from_blocks(h, self.block, self.geom.shape)
+
+
+class CoarseBlocker:
+    """Coarse fields of 2n unknowns per site (two chiralities of n) <-> aggregates split by chirality:
+    (Tc, Zc, Yc, Xc, 2n[, k]) <-> (nagg, 2, block_volume * n[, k])."""
+
+    def __init__(self, cgeom, block, n: int):
+        self.geom, self.block, self.n = cgeom, tuple(block), int(n)
+        self.bvol = int(np.prod(block))
+        self.nagg = cgeom.local_volume // self.bvol
+        self.m = self.bvol * self.n
+
+    def split(self, f):
+        rest = f.shape[5:]
+        g = to_blocks(f, self.block)                           # (nagg, bvol, 2n, *rest)
+        g = g.reshape((self.nagg, self.bvol, 2, self.n) + rest)
+        g = self.geom.xp.moveaxis(g, 2, 1)                     # (nagg, 2, bvol, n, *rest)
+        return g.reshape((self.nagg, 2, self.m) + rest)
+
+    def merge(self, g):
+        rest = g.shape[3:]
+        h = g.reshape((self.nagg, 2, self.bvol, self.n) + rest)
+        h = self.geom.xp.moveaxis(h, 1, 2).reshape((self.nagg, self.bvol, 2 * self.n) + rest)
+        return from_blocks(h, self.block, self.geom.shape)
+
+
+def outside_mask(geom, block, mu: int, step: int):
+    """1 where the site x + step*mu lies in another aggregate than x (blocks ``block`` of ``geom``'s local sites),
+    shape geom.shape + (1,), float."""
+    xp = geom.xp
+    b = block[mu]
+    n = geom.shape[site_axis(mu)]
+    loc = xp.arange(n) % b + step
+    out = ((loc < 0) | (loc >= b)).astype(np.float64)
+    shape = [1, 1, 1, 1]
+    shape[site_axis(mu)] = n
+    return xp.broadcast_to(out.reshape(shape), geom.shape)[..., None]

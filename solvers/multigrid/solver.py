@@ -1,0 +1,508 @@
+"""The multigrid solver: parameters, the set-up (shared near-null space and per-mass hierarchy), the K-cycle and
+the outer flexible GCR, composed as every solver here (``multigrid(...)(M)`` is M^-1 as an operator).
+
+Levels (MULTIGRID.md):
+
+* level 0: M = 2m + D on the full lattice; outer flexible GCR, checked on the true residual; post-smoothing by
+  ``smoother_steps[0]`` GCR steps on M;
+* level 1: A = X^-1 M (Kahler-Dirac preconditioned; with ``kd=False``, A = M: the negative control); the level-0
+  preconditioner is e = smooth_M(r, K_1(X^-1 r)), since A^-1 X^-1 = M^-1;
+* level l >= 2: A_l = R A_{l-1} P (Galerkin, 9-point stencil, dense (2Nv)x(2Nv) blocks).
+
+K-cycle on level l (1 <= l < L-1), post-smoothing only: x = P y with y the level-(l+1) solve of A_{l+1} y = R f
+(exact on the coarsest level; otherwise flexible GCR preconditioned by the level-(l+1) cycle, to
+``kcycle_tol`` in at most ``kcycle_maxiter`` iterations), then ``smoother_steps[l]`` GCR steps on A_l.
+Coarsest level: sparse LU (scipy, on the host, one rank) or unpreconditioned GCR to ``coarsest_tol``.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from lattice import CounterRNG
+
+from ..cg import InverseOperator, SolverConvergenceError, SolverStats
+from ..staggered import StaggeredMatrix
+from .krylov import fgcr, gcr_smooth, norm2
+from .lattice import MultigridError, check_blocks, check_hypercubes
+from .operators import CoarseOperator, Counter, FineStencil, KDBlocks, LevelOperator
+from .transfer import Transfer, galerkin, relax_null_vectors
+
+COARSEST = ("auto", "lu", "gcr")
+
+
+@dataclass
+class MultigridParams:
+    """Parameters of :func:`multigrid` (see there)."""
+
+    tol: float = 1e-10
+    maxiter: int = 200
+    levels: int = 3
+    blocks: tuple = ()
+    nv: tuple = (24,)
+    setup_iters: tuple = (100,)
+    refresh_iters: int = 10
+    smoother_steps: tuple = (4, 2)
+    kcycle_tol: float = 0.25
+    kcycle_maxiter: int = 8
+    coarsest: str = "auto"
+    coarsest_tol: float = 0.25
+    coarsest_maxiter: int = 100
+    lu_max_unknowns: int = 200_000
+    nkrylov: int = 16
+    kd: bool = True
+    seed: int = 2024
+    raise_on_fail: bool = True
+
+    def per_level(self, values, l: int, what: str):
+        """The value of a per-aggregation-level parameter for aggregation level l (2, 3, ...): the last entry
+        is repeated."""
+        values = tuple(values) if isinstance(values, (tuple, list)) else (values,)
+        if not values:
+            raise MultigridError(f"{what}: give at least one value")
+        return values[min(l - 2, len(values) - 1)]
+
+    def steps(self, l: int) -> int:
+        s = tuple(self.smoother_steps) if isinstance(self.smoother_steps, (tuple, list)) else (self.smoother_steps,)
+        return int(s[min(l, len(s) - 1)])
+
+
+def _default_blocks(levels):
+    return ((4, 4, 4, 4),) + ((2, 2, 2, 2),) * max(0, levels - 3)
+
+
+def validate(params: MultigridParams, geom, naik: bool) -> MultigridParams:
+    """Check the parameters against the lattice; one-line :class:`MultigridError` naming the failed constraint.
+    Returns the parameters with ``blocks`` filled in."""
+    p = params
+    if not isinstance(p.levels, int) or p.levels < 3:
+        raise MultigridError(f"levels = {p.levels!r}: at least 3 (fine, Kahler-Dirac, one aggregation)")
+    if not (0 < p.tol < 1):
+        raise MultigridError(f"tol = {p.tol!r}: the tolerance must lie in (0, 1)")
+    if p.maxiter < 1:
+        raise MultigridError(f"maxiter = {p.maxiter!r}: at least 1")
+    if p.coarsest not in COARSEST:
+        raise MultigridError(f"coarsest = {p.coarsest!r}: use one of {', '.join(COARSEST)}")
+    nagg = p.levels - 2
+    blocks = tuple(tuple(b) for b in p.blocks) if p.blocks else _default_blocks(p.levels)[:nagg]
+    if len(blocks) != nagg:
+        raise MultigridError(f"blocks: {len(blocks)} given for {p.levels} levels, which need {nagg} (one per "
+                             "aggregation level)")
+    check_hypercubes(geom)
+    local = tuple(geom.local_dims)
+    checked = []
+    for i, b in enumerate(blocks):
+        b = check_blocks(local, b, naik, first=(i == 0), level=i + 2)
+        checked.append(b)
+        local = tuple(n // k for n, k in zip(local, b))
+    for l in range(2, p.levels):
+        nv = p.per_level(p.nv, l, "nv")
+        if not isinstance(nv, (int, np.integer)) or nv < 1:
+            raise MultigridError(f"nv = {nv!r} on level {l}: a positive number of near-null vectors")
+        it = p.per_level(p.setup_iters, l, "setup_iters")
+        if it < 0:
+            raise MultigridError(f"setup_iters = {it!r} on level {l}: must not be negative")
+    return replace(p, blocks=tuple(checked))
+
+
+def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks=(), nv=24, setup_iters=100,
+              refresh_iters: int = 10, smoother_steps=(4, 2), kcycle_tol: float = 0.25, kcycle_maxiter: int = 8,
+              coarsest: str = "auto", coarsest_tol: float = 0.25, coarsest_maxiter: int = 100, nkrylov: int = 16,
+              kd: bool = True, seed: int = 2024, raise_on_fail: bool = True, subspace=None):
+    """``multigrid(tol, ...)(M)``: M^-1 for a :class:`solvers.StaggeredMatrix` M = 2m + D, as an operator
+    (:class:`MultigridInverse`): ``x = inv(b)``, ``x, stats = inv.solve(b)``.
+
+    * ``levels``: 3 or more (fine, Kahler-Dirac, then levels - 2 aggregations);
+    * ``blocks``: one (bx, by, bz, bt) per aggregation level: the first in fine sites (even, tiling the local
+      volume, at least 3 wide with the Naik term: default 4^4), the next in coarse sites (default 2^4);
+    * ``nv``: near-null vectors per aggregation level (an int or one per level; the last is repeated);
+    * ``setup_iters``: CG iterations on A^dag A x = 0 relaxing them (per level); ``refresh_iters`` after a link
+      update;
+    * ``smoother_steps``: GCR post-smoothing steps on level 0, 1, ... (the last entry repeats): (4, 2);
+    * ``kcycle_tol``, ``kcycle_maxiter``: the K-cycle's GCR on the levels between KD and the coarsest;
+    * ``coarsest``: "lu" (exact, scipy sparse LU on the host, one rank), "gcr" (to ``coarsest_tol``), or "auto"
+      (LU on one rank up to 200 000 unknowns);
+    * ``nkrylov``: restart length of the outer flexible GCR;
+    * ``kd=False``: aggregate M itself, without the Kahler-Dirac step (the negative control);
+    * ``subspace``: a :class:`Subspace` to share (near-null vectors of another mass: ``inv.subspace``).
+    """
+    params = MultigridParams(tol=tol, maxiter=maxiter, levels=levels, blocks=tuple(blocks),
+                             nv=tuple(nv) if isinstance(nv, (tuple, list)) else (nv,),
+                             setup_iters=tuple(setup_iters) if isinstance(setup_iters, (tuple, list))
+                             else (setup_iters,),
+                             refresh_iters=refresh_iters,
+                             smoother_steps=tuple(smoother_steps) if isinstance(smoother_steps, (tuple, list))
+                             else (smoother_steps,),
+                             kcycle_tol=kcycle_tol, kcycle_maxiter=kcycle_maxiter, coarsest=coarsest,
+                             coarsest_tol=coarsest_tol, coarsest_maxiter=coarsest_maxiter, nkrylov=nkrylov, kd=kd,
+                             seed=seed, raise_on_fail=raise_on_fail)
+    return lambda M: MultigridInverse(M, params, subspace)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# statistics
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class MultigridStats(SolverStats):
+    """SolverStats plus: ``levels`` (one dict per level: operator, lattice, unknowns, iterations, applications,
+    seconds), ``setup_time`` (this solve's share: the set-up, refresh or rebuild it triggered), ``solve_time``,
+    ``fine_applies`` (applications of M during the solve, the K-cycle's included) and ``setup_fine_applies``
+    (fine-operator vector applications of the set-up it triggered), ``setup`` ("built", "refreshed", "rebuilt"
+    or "reused")."""
+
+    levels: list = field(default_factory=list)
+    setup_time: float = 0.0
+    solve_time: float = 0.0
+    fine_applies: int = 0
+    setup_fine_applies: int = 0
+    setup: str = "reused"
+
+    def level_lines(self) -> list[str]:
+        out = []
+        for d in self.levels:
+            bits = [f"level {d['level']} ({d['operator']}, {d['lattice']}, {d['unknowns']} unknowns):"]
+            for key, label in (("iters", "iterations"), ("cycles", "cycles"), ("krylov_iters", "GCR iterations"),
+                               ("direct_solves", "direct solves"), ("applies", "applications"),
+                               ("smoother_steps", "smoother steps")):
+                if d.get(key):
+                    bits.append(f"{d[key]} {label}")
+            bits.append(f"{d['time']:.3g} s")
+            out.append(" ".join(bits[:1]) + " " + ", ".join(bits[1:]))
+        return out
+
+    def __str__(self):
+        tr = "" if self.true_residual is None else f", true residual {self.true_residual:.3e}"
+        return (f"{self.solver}: {'converged' if self.converged else 'NOT converged'} in {self.iters} outer "
+                f"iterations ({self.fine_applies} fine-operator applications){tr} (tol {self.tol:.1e}), set-up "
+                f"{self.setup_time:.3g} s ({self.setup}), solve {self.solve_time:.3g} s")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the near-null space (shared between masses) and the hierarchy (one per mass)
+# ---------------------------------------------------------------------------------------------------------------
+
+class Subspace:
+    """The near-null vectors and transfers of every aggregation level, shared by the hierarchies of several masses
+    of one operator D. Refreshed (a few CG iterations from the kept vectors, then re-orthonormalized) when D's links
+    change."""
+
+    def __init__(self, params: MultigridParams):
+        self.params = params
+        self.vectors = []           # per aggregation level: the batch of (unnormalized) near-null vectors
+        self.transfers = []         # per aggregation level: Transfer
+        self.links = None           # the link blocks the vectors belong to
+        self.version = 0
+        self.fine_columns = 0       # fine-operator vector applications spent on the vectors
+
+
+class Hierarchy:
+    """The operators of every level for one mass, on the subspace's transfers."""
+
+    def __init__(self, M: StaggeredMatrix, params: MultigridParams, stencil: FineStencil):
+        self.M, self.params = M, params
+        self.counters = [Counter() for _ in range(params.levels)]
+        self.stencil = stencil
+        self.kd = KDBlocks(stencil) if params.kd else None
+        self.ops = [None, LevelOperator(M, stencil, self.kd, self.counters[1])]
+        self.transfers = []
+        self.lu = None
+        self.version = -1
+
+    def add_level(self, transfer: Transfer):
+        l = len(self.ops)
+        self.transfers.append(transfer)
+        self.ops.append(galerkin(self.ops[-1], transfer, self.counters[l], level=l))
+
+    def coarsest_mode(self):
+        p = self.params
+        op = self.ops[-1]
+        unknowns = op.geom.volume * op.n
+        one_rank = op.geom.grid.size == 1
+        if p.coarsest == "lu":
+            if not one_rank:
+                raise MultigridError("coarsest = lu needs one rank (the coarse operator is not gathered yet): use "
+                                     "coarsest = gcr")
+            return "lu"
+        if p.coarsest == "auto" and one_rank and unknowns <= p.lu_max_unknowns:
+            return "lu"
+        return "gcr"
+
+    def factorize(self):
+        if self.coarsest_mode() == "lu":
+            from scipy.sparse.linalg import splu
+
+            self.lu = splu(self.ops[-1].sparse_matrix().tocsc())
+        else:
+            self.lu = None
+
+
+class MultigridInverse(InverseOperator):
+    """M^-1 by KD-preconditioned aggregation multigrid (made by :func:`multigrid`).
+
+    ``inv.setup()`` builds (or refreshes) the hierarchy now; otherwise the first solve does. Each solve checks that
+    the links and mass are those of the hierarchy: new links refresh the near-null vectors (``refresh_iters``) and
+    rebuild X^-1 and the coarse operators. ``inv.with_mass(m)`` is the inverse for another mass on the same
+    near-null vectors. ``inv.hierarchy``: the levels' operators and transfers; ``inv.subspace``: the vectors."""
+
+    def __init__(self, M, params: MultigridParams, subspace: Subspace | None = None):
+        if not isinstance(M, StaggeredMatrix):
+            raise TypeError(f"multigrid takes the full-lattice StaggeredMatrix M = 2m + D (D.matrix(mass)), not "
+                            f"{type(M).__name__}")
+        if M.dagger:
+            raise MultigridError("multigrid inverts M = 2m + D; for M^dag = eps M eps use eps inv(eps b)")
+        if np.dtype(M.dtype) != np.complex128:
+            raise MultigridError("multigrid runs in double precision (complex128)")
+        self.params = validate(params, M.geom, M.dslash.naik)
+        super().__init__(M, f"multigrid (KD{'' if self.params.kd else ' off'}, {self.params.levels} levels)")
+        self.hermitian = False
+        self.subspace = subspace if subspace is not None else Subspace(self.params)
+        if subspace is not None:
+            self._check_compatible(subspace)
+        self.hierarchy: Hierarchy | None = None
+        self._stencil_links = None
+        self._pending = []            # (what, seconds, fine columns) of set-up work not yet reported
+
+    def _check_compatible(self, sub):
+        a, b = sub.params, self.params
+        for key in ("levels", "blocks", "nv", "kd"):
+            if getattr(a, key) != getattr(b, key):
+                raise MultigridError(f"subspace was made with {key} = {getattr(a, key)!r}, not {getattr(b, key)!r}")
+
+    # ----------------------------------------------------------------------------------------------- set-up
+    @property
+    def M(self):
+        return self.op
+
+    @property
+    def mass(self) -> float:
+        return self.op.mass
+
+    def with_mass(self, mass: float, **changes) -> "MultigridInverse":
+        """The inverse of M(mass) on the same near-null vectors (only X^-1 and the coarse operators are rebuilt);
+        ``changes``: other parameters (tol, maxiter, smoother steps, ...; not levels, blocks, nv, kd)."""
+        params = replace(self.params, **changes)
+        return MultigridInverse(self.op.dslash.matrix(mass), params, self.subspace)
+
+    def _links(self):
+        return self.op.dslash._store.links
+
+    def setup(self):
+        """Bring the near-null vectors and the hierarchy up to date with the links and the mass. Returns
+        "built", "refreshed", "rebuilt" or "reused"."""
+        t0 = time.perf_counter()
+        sub, p = self.subspace, self.params
+        links = self._links()
+        col0 = sub.fine_columns
+        what = "reused"
+        if self.hierarchy is None or self._stencil_links is not links:
+            self._stencil = FineStencil(self.op)
+            self._stencil_links = links
+        if sub.links is not links:
+            what = "built" if not sub.vectors else "refreshed"
+            self._make_subspace(fresh=not sub.vectors)
+        elif self.hierarchy is None or self.hierarchy.version != sub.version:
+            what = "rebuilt"
+            self._make_hierarchy()
+        self.op.geom.backend.synchronize()
+        if what != "reused":
+            self._pending.append((what, time.perf_counter() - t0, sub.fine_columns - col0))
+        return what
+
+    def _make_hierarchy(self):
+        """X^-1 and the coarse operators on the subspace's transfers (links or mass changed)."""
+        sub = self.subspace
+        h = Hierarchy(self.op, self.params, self._stencil)
+        for tr in sub.transfers:
+            h.add_level(tr)
+        h.factorize()
+        h.version = sub.version
+        self.hierarchy = h
+
+    def _make_subspace(self, fresh: bool):
+        """Generate (fresh) or refresh the near-null vectors level by level, building the hierarchy on the way."""
+        sub, p = self.subspace, self.params
+        rng = CounterRNG(p.seed)
+        h = Hierarchy(self.op, p, self._stencil)
+        new_vectors, new_transfers = [], []
+        c1 = h.counters[1]
+        cols0 = c1.columns
+        for l in range(2, p.levels):
+            op = h.ops[l - 1]
+            nv = int(p.per_level(p.nv, l, "nv"))
+            if fresh:
+                x = op.random(rng, nv, f"multigrid-null-vectors-level-{l}")
+                iters = int(p.per_level(p.setup_iters, l, "setup_iters"))
+            else:
+                x = sub.vectors[l - 2].copy()
+                iters = int(p.refresh_iters)
+            x = relax_null_vectors(op, x, iters)
+            tr = Transfer(op, p.blocks[l - 2], x)
+            new_vectors.append(x)
+            new_transfers.append(tr)
+            h.add_level(tr)
+        h.factorize()
+        sub.vectors, sub.transfers = new_vectors, new_transfers
+        sub.links = self._links()
+        sub.version += 1
+        sub.fine_columns += c1.columns - cols0
+        h.version = sub.version
+        for c in h.counters:
+            c.reset()
+        self.hierarchy = h
+
+    # ----------------------------------------------------------------------------------------------- the cycle
+    def _coarsest_solve(self, f):
+        h = self.hierarchy
+        L = len(h.ops) - 1
+        op = h.ops[L]
+        st = self._lstats[L]
+        t0 = time.perf_counter()
+        if h.lu is not None:
+            be = op.geom.backend
+            rhs = be.to_numpy(f) if be.is_gpu else np.asarray(f)
+            y = h.lu.solve(rhs.ravel()).reshape(rhs.shape)
+            y = op.xp.asarray(y)
+            st["direct_solves"] += 1
+        else:
+            p = self.params
+            y, res = fgcr(op.apply, lambda r: r, op.geom, f, p.coarsest_tol, p.coarsest_maxiter, nkrylov=p.coarsest_maxiter)
+            st["krylov_iters"] += res.iters
+            st["solves"] += 1
+        st["time_incl"] += time.perf_counter() - t0
+        return y
+
+    def _cycle(self, l, f):
+        """K-cycle on level l: approximately A_l^-1 f."""
+        h, p = self.hierarchy, self.params
+        L = len(h.ops) - 1
+        if l == L:
+            return self._coarsest_solve(f)
+        st = self._lstats[l]
+        t0 = time.perf_counter()         # (the time of levels >= 2 is taken around their GCR, by the caller)
+        st["cycles"] += 1
+        tr = h.transfers[l - 1]
+        fc = tr.restrict(f)
+        if l + 1 == L:
+            y = self._coarsest_solve(fc)
+        else:
+            opc = h.ops[l + 1]
+            t1 = time.perf_counter()
+            y, res = fgcr(opc.apply, lambda r: self._cycle(l + 1, r), opc.geom, fc, p.kcycle_tol, p.kcycle_maxiter,
+                          nkrylov=p.kcycle_maxiter)
+            self._lstats[l + 1]["krylov_iters"] += res.iters
+            self._lstats[l + 1]["solves"] += 1
+            self._lstats[l + 1]["time_incl"] += time.perf_counter() - t1
+        x = tr.prolong(y)
+        steps = p.steps(l)
+        x = gcr_smooth(h.ops[l], f, x, steps)
+        st["smoother_steps"] += steps
+        if l == 1:
+            st["time_incl"] += time.perf_counter() - t0
+        return x
+
+    def _precondition(self, r):
+        """Level 0: e = smooth_M(r, K_1(X^-1 r))."""
+        h, p = self.hierarchy, self.params
+        f = r if h.kd is None else h.kd.apply_inv(r)
+        e = self._cycle(1, f)
+        steps = p.steps(0)
+        if steps > 0:
+            e = gcr_smooth(self._fine, r, e, steps)
+            self._lstats[0]["smoother_steps"] += steps
+        return e
+
+    # ----------------------------------------------------------------------------------------------- solve
+    def _solve(self, b, x0):
+        p = self.params
+        geom, xp = self.op.geom, self.op.xp
+        self.setup()
+        pending, self._pending = self._pending, []
+        setup_time = sum(t for _, t, _ in pending)
+        h = self.hierarchy
+        for c in h.counters:
+            c.reset()
+        self._fine = _FineOp(self.op, h.counters[0])
+        self._lstats = [dict(cycles=0, krylov_iters=0, solves=0, direct_solves=0, smoother_steps=0, time_incl=0.0)
+                        for _ in h.ops]
+        t0 = time.perf_counter()
+        b = xp.asarray(b).astype(self.op.dtype, copy=False)
+        x, res = fgcr(self._fine.apply, self._precondition, geom, b, p.tol, p.maxiter, nkrylov=p.nkrylov,
+                      x=None if x0 is None else xp.asarray(x0).astype(self.op.dtype), true_residual=True)
+        geom.backend.synchronize()
+        solve_time = time.perf_counter() - t0
+        self._lstats[0]["time_incl"] = solve_time
+        bb = norm2(geom, b)
+        true_res = math.sqrt(norm2(geom, b - self.op(x)) / bb) if bb > 0 else 0.0
+        st = MultigridStats(self.name, p.tol, converged=true_res <= p.tol, iters=res.iters, milc_iters=res.iters,
+                            restarts=res.restarts, residual=res.residual, true_residual=true_res,
+                            precision="double", maxiter=p.maxiter)
+        st.setup_time = setup_time
+        st.solve_time = solve_time
+        st.time = setup_time + solve_time
+        st.setup = ",".join(w for w, _, _ in pending) or "reused"
+        st.setup_fine_applies = sum(c for _, _, c in pending)
+        st.levels = self._level_stats(res)
+        st.fine_applies = h.counters[0].applies + h.counters[1].applies
+        st.matvecs = st.fine_applies
+        st.flops = float(sum(d.get("flops", 0.0) for d in st.levels))
+        st.extra.update(mass=self.mass, kd=p.kd, coarsest=h.coarsest_mode())
+        if not st.converged and p.raise_on_fail:
+            raise SolverConvergenceError(
+                f"{self.name} did not converge: {res.iters} outer iterations (maxiter {p.maxiter}), true residual "
+                f"{true_res:.3e}, wanted {p.tol:.1e}. Raise maxiter or nv, or check the parameters", st, x)
+        return x, st
+
+    def _level_stats(self, res):
+        h = self.hierarchy
+        out = []
+        incl = [d["time_incl"] for d in self._lstats]
+        for l, op in enumerate(h.ops):
+            d = {"level": l}
+            c = h.counters[l]
+            if l == 0:
+                d.update(operator=self.op.name, lattice="x".join(map(str, self.op.geom.dims)),
+                         unknowns=3 * self.op.geom.volume, iters=res.iters, applies=c.applies,
+                         flops=c.applies * self.op.flops)
+            elif l == 1:
+                d.update(operator="X^-1 M" if h.kd is not None else "M (no KD)",
+                         lattice="x".join(map(str, op.geom.dims)), unknowns=3 * op.geom.volume,
+                         applies=c.applies, flops=c.applies * op.flops_per_apply)
+            else:
+                d.update(operator=f"coarse {op.n}x{op.n} stencil", lattice="x".join(map(str, op.geom.dims)),
+                         unknowns=op.n * op.geom.volume, applies=c.applies, flops=c.applies * op.flops_per_apply)
+            s = self._lstats[l]
+            for key in ("cycles", "krylov_iters", "solves", "direct_solves", "smoother_steps"):
+                d[key] = s[key]
+            nxt = incl[l + 1] if l + 1 < len(incl) else 0.0
+            d["time"] = max(incl[l] - nxt, 0.0)          # exclusive: without the coarser levels
+            d["time_inclusive"] = incl[l]
+            out.append(d)
+        return out
+
+    def adjoint(self):
+        """(M^-1)^dag = (M^dag)^-1 = eps M^-1 eps."""
+        from ..operator import FunctionOperator
+        from ..staggered import epsilon
+
+        eps = epsilon(self.geom, np.float64)
+        return FunctionOperator(self.geom, lambda b: eps * self(eps * b), self, dtype=self.dtype,
+                                name=f"({self.name})^dag")
+
+
+class _FineOp:
+    """M with an application counter (level 0 of the statistics)."""
+
+    def __init__(self, M, counter):
+        self.M, self.counter = M, counter
+        self.geom, self.xp = M.geom, M.xp
+
+    def apply(self, v):
+        t0 = time.perf_counter()
+        out = self.M(v)
+        self.counter.applies += 1
+        self.counter.time += time.perf_counter() - t0
+        return out

@@ -1,0 +1,170 @@
+"""Near-null vectors, the prolongator P and restrictor R = P^dag, and the Galerkin coarse operator R A P.
+
+Near-null vectors (MULTIGRID.md "The hierarchy", 3.): Nv Gaussian random vectors (drawn by global site index, so
+the same for every decomposition), each relaxed by iterations of CG on the normal equations A^dag A x = 0 of the
+level's operator, all Nv at once (one batched application of A and of A^dag per iteration, one reduction of the Nv
+norms). The vectors are kept unnormalized per aggregate, so a later refresh (after a gauge update) continues
+from them.
+
+Transfer: each vector is split by parity on the KD level (by chirality, the two halves of the coarse unknowns,
+below) and orthonormalized per aggregate and parity by two passes of classical Gram-Schmidt (CGS2), all aggregates
+at once. P maps a coarse field of 2 Nv unknowns per site to the level's field (P c = sum_j V_j c_j per aggregate
+and parity); its columns are orthonormal, so R P = 1 and R = P^dag.
+
+Galerkin operator: A_c = R A P is a 9-point stencil when each hop of A reaches at most the neighbouring aggregate.
+It is built by probing with all 2 Nv unit coarse vectors at once (the columns of P as level fields, E): for each
+direction, the hops that leave the aggregate (masked by :func:`outside_mask`) give the neighbour block
+Y_+-mu = R left(sum_h mask_h hop_h E), and the site block is Y_0 = R A E - sum of the eight neighbour blocks. With
+the Naik term the 3-hops are included in the same way, which needs aggregates at least 3 sites wide.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .lattice import CoarseBlocker, CoarseGeometry, FineBlocker, global_sums, outside_mask
+from .operators import CoarseOperator, Counter
+
+
+def _norms2(geom, v):
+    """Global |v_j|^2 of each column of a batch (..., k), one reduction."""
+    xp = geom.xp
+    local = (v.real * v.real + v.imag * v.imag).reshape(-1, v.shape[-1]).sum(axis=0)
+    return xp.asarray(global_sums(geom, local))
+
+
+def relax_null_vectors(op, x, iters: int):
+    """``iters`` iterations of CG on A^dag A x = 0 for every column of the batch x (..., k), independently; returns
+    the relaxed batch, each column scaled to unit norm."""
+    geom, xp = op.geom, op.xp
+    if iters > 0:
+        r = -op.apply_adjoint(op.apply(x))
+        p = r.copy()
+        rr = _norms2(geom, r)
+        for _ in range(iters):
+            q = op.apply(p)
+            qq = _norms2(geom, q)
+            alpha = xp.where(qq > 0, rr / xp.where(qq > 0, qq, 1.0), 0.0)
+            x += alpha * p
+            r -= alpha * op.apply_adjoint(q)
+            rr_new = _norms2(geom, r)
+            beta = xp.where(rr > 0, rr_new / xp.where(rr > 0, rr, 1.0), 0.0)
+            p *= beta
+            p += r
+            rr = rr_new
+    nrm = xp.sqrt(_norms2(geom, x))
+    return x / xp.where(nrm > 0, nrm, 1.0)
+
+
+def orthonormalize(V, xp=np, passes: int = 2):
+    """Orthonormalize the columns of V (..., m, k) in place for every leading index: ``passes`` rounds of
+    classical Gram-Schmidt per column (CGS2). Returns V."""
+    k = V.shape[-1]
+    for j in range(k):
+        v = V[..., j]
+        for _ in range(passes):
+            if j > 0:
+                Q = V[..., :j]
+                c = (Q.conj() * v[..., :, None]).sum(axis=-2)            # Q^dag v
+                v = v - (Q * c[..., None, :]).sum(axis=-1)
+        nrm = xp.sqrt((v.real * v.real + v.imag * v.imag).sum(axis=-1))
+        if bool((nrm == 0).any()):
+            raise FloatingPointError("a near-null vector vanishes on an aggregate: it cannot be orthonormalized "
+                                     "(use more set-up iterations or fewer vectors)")
+        V[..., j] = v / nrm[..., None]
+    return V
+
+
+class Transfer:
+    """P and R = P^dag between a level (operator ``op``, fields op.shape) and the coarse lattice of blocks
+    ``block``; ``vectors`` is the batch (op.shape..., Nv) of near-null vectors."""
+
+    def __init__(self, op, block, vectors):
+        geom = op.geom
+        self.fine_geom = geom
+        self.block = tuple(block)
+        self.nv = int(vectors.shape[-1])
+        if op.level == 1:
+            self.blocker = FineBlocker(geom, self.block)
+            self.cgeom = CoarseGeometry(geom, self.block)
+        else:
+            self.blocker = CoarseBlocker(geom, self.block, op.dof // 2)
+            self.cgeom = CoarseGeometry(geom.fine, tuple(b * c for b, c in zip(self.block, geom.block)))
+        V = self.blocker.split(vectors)                                 # (nagg, 2, m, Nv)
+        self.V = orthonormalize(geom.xp.array(V), geom.xp)
+        self.Vh = self.V.conj().swapaxes(-1, -2).copy()                # (nagg, 2, Nv, m)
+        self.nagg = self.blocker.nagg
+        self.n = 2 * self.nv
+
+    def restrict(self, f):
+        batched = f.ndim == 6
+        g = self.blocker.split(f if batched else f[..., None])        # (nagg, 2, m, k)
+        c = self.Vh @ g                                                 # (nagg, 2, Nv, k)
+        k = c.shape[-1]
+        c = c.reshape(tuple(self.cgeom.shape) + (self.n, k))
+        return c if batched else c[..., 0]
+
+    def prolong(self, c):
+        batched = c.ndim == 6
+        cc = c if batched else c[..., None]
+        k = cc.shape[-1]
+        g = self.V @ cc.reshape(self.nagg, 2, self.nv, k)              # (nagg, 2, m, k)
+        f = self.blocker.merge(g)
+        return f if batched else f[..., 0]
+
+    def columns(self, cols=None):
+        """P applied to the coarse unit vectors of the chosen columns (all 2 Nv by default) on every coarse site
+        at once: the batch (fine shape..., len(cols))."""
+        xp = self.cgeom.xp
+        cols = list(range(self.n)) if cols is None else list(cols)
+        e = xp.zeros((self.n, len(cols)), dtype=self.V.dtype)
+        e[cols, range(len(cols))] = 1.0
+        c = xp.broadcast_to(e, tuple(self.cgeom.shape) + e.shape)
+        return self.prolong(xp.ascontiguousarray(c))
+
+
+def galerkin(op, transfer: Transfer, counter: Counter | None = None, level: int = 2, chunk: int | None = None):
+    """The coarse operator R A P of ``op`` as a :class:`CoarseOperator` (9-point stencil)."""
+    cgeom = transfer.cgeom
+    xp = cgeom.xp
+    n = transfer.n
+    Y = xp.zeros((9,) + tuple(cgeom.shape) + (n, n), dtype=transfer.V.dtype)
+    masks = {}
+    chunk = n if chunk is None else max(1, int(chunk))
+    for c0 in range(0, n, chunk):
+        cols = list(range(c0, min(n, c0 + chunk)))
+        E = transfer.columns(cols)                                       # (fine..., dof, kc)
+        AE = op.diag(E)
+        dirs = {}
+        for mu, step, term in op.terms:
+            t = term(E)
+            AE += t
+            key = (mu, 1 if step > 0 else -1)
+            if (mu, step) not in masks:
+                masks[(mu, step)] = outside_mask(op.geom, transfer.block, mu, step)[..., None]
+            t = t * masks[(mu, step)]
+            dirs[key] = t if key not in dirs else dirs[key] + t
+        total = transfer.restrict(op.left(AE))                           # (coarse..., n, kc)
+        for (mu, s), t in dirs.items():
+            d = CoarseOperator.index(mu, s)
+            Yd = transfer.restrict(op.left(t))
+            Y[d][..., cols] = Yd
+            total = total - Yd
+        Y[0][..., cols] = total
+    return CoarseOperator(cgeom, Y, counter if counter is not None else Counter(), level)
+
+
+def orthonormality_error(transfer: Transfer) -> float:
+    """max |V^dag V - 1| over aggregates and parities."""
+    xp = transfer.cgeom.xp
+    g = transfer.Vh @ transfer.V
+    return float(xp.abs(g - xp.eye(transfer.nv)).max())
+
+
+def relative(geom, a, b) -> float:
+    """|a - b| / |b| over the whole (batched) field, global."""
+    d = a - b
+    num = global_sums(geom, (d.real * d.real + d.imag * d.imag).sum())
+    den = global_sums(geom, (b.real * b.real + b.imag * b.imag).sum())
+    return math.sqrt(float(num) / float(den))
