@@ -78,15 +78,15 @@ class RemezResult:
             if inverse:
                 a, b = b, a
             res0 = a[-1] / b[-1]
-            roots = mp.polyroots(list(reversed(b)), maxsteps=400, extraprec=4 * self.dps, error=False)
+            roots = _polyroots_asc(b, maxsteps=400, extraprec=4 * self.dps, error=False)
             out_res, out_pole = [], []
             db = [j * b[j] for j in range(1, len(b))]
             for z in roots:
                 if abs(mp.im(z)) > mp.mpf(10) ** (-self.dps // 3) * (1 + abs(z)):
                     raise RemezError(f"complex pole {mp.nstr(z, 8)}: the approximation has no real partial fractions")
                 z = mp.re(z)
-                pz = mp.polyval(list(reversed(a)), z)
-                dq = mp.polyval(list(reversed(db)), z)
+                pz = _polyval_asc(a, z)
+                dq = _polyval_asc(db, z)
                 out_res.append(pz / dq)
                 out_pole.append(-z)
             order = sorted(range(len(out_pole)), key=lambda k: out_pole[k])
@@ -322,15 +322,32 @@ def _solve(A, B, N):
     return [x[j] / scale[j] for j in range(N)]
 
 
+def _polyval_asc(c, x):
+    """sum_j c[j] x^j by Horner's rule (coefficients in ascending order, whatever mpmath's convention)."""
+    acc = 0
+    for coef in reversed(c):
+        acc = acc * x + coef
+    return acc
+
+
+def _polyroots_asc(c, **kw):
+    """Roots of sum_j c[j] x^j: mpmath >= 1.4 takes ascending coefficients with asc=True (descending is
+    deprecated there), mpmath 1.3 only descending ones."""
+    import inspect
+
+    import mpmath as mp
+
+    if "asc" in inspect.signature(mp.polyroots).parameters:
+        return mp.polyroots(list(c), asc=True, **kw)
+    return mp.polyroots(list(reversed(c)), **kw)
+
+
 def _error_function(num, den, f, hi):
     import mpmath as mp
 
-    rn = list(reversed(num))
-    rd = list(reversed(den))
-
     def e(x):
         s = x / hi
-        return mp.polyval(rn, s) / (mp.polyval(rd, s) * f(x)) - 1
+        return _polyval_asc(num, s) / (_polyval_asc(den, s) * f(x)) - 1
 
     return e
 
