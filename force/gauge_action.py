@@ -72,6 +72,11 @@ def symanzik_coefficients(u0: float, nf: int = 0, quark_loops: str = "hisq") -> 
     return {"plaquette": 1.0, "rectangle": c_rt, "parallelogram": c_pg}
 
 
+def _whole_lattice_on_gpu(geom) -> bool:
+    """The CUDA kernels index the whole lattice with periodic wrap: only for one rank with no halo dimensions."""
+    return geom.backend.is_gpu and geom.grid.comm.size == 1 and not any(geom.grid.partitioned)
+
+
 def _shift_by(geom, f, disp):
     """The field at x + disp, at x."""
     for mu, d in enumerate(disp):
@@ -179,7 +184,7 @@ class GaugeAction:
     # action ----------------------------------------------------------------------------------------------
     def _weighted_deficit(self, u: GaugeField):
         """sum_i c_i sum_loops (3 - ReTr W) at every local site (one CUDA kernel on a GPU holding the lattice)."""
-        if u.geom.backend.is_gpu and u.geom.grid.comm.size == 1:
+        if _whole_lattice_on_gpu(u.geom):
             return self._cuda_kernel(u.geom.backend, "action")(u.links, u.geom.local_dims)
         return self.weighted_deficit_reference(u)
 
@@ -271,7 +276,7 @@ class GaugeAction:
 
         On a GPU holding the whole lattice this is one CUDA kernel (:mod:`force.gauge_force_cuda`), whose NumPy
         twin is :meth:`force_reference`."""
-        if u.geom.backend.is_gpu and u.geom.grid.comm.size == 1:
+        if _whole_lattice_on_gpu(u.geom):
             return self._cuda_kernel(u.geom.backend, "force")(u.links, self.beta, u.geom.local_dims)
         return self.force_reference(u)
 
