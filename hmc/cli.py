@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     _solve.add_parser(sub)
     _spectrum.add_parser(sub)
 
+    from . import scaling as _scaling  # hmc scaling: strong-scaling studies (hmc/scaling.py)
+
+    _scaling.add_parser(sub)
+
     p = sub.add_parser("check", help="regression suite: plaquette, actions, forces and a short trajectory against "
                                      "the references in runs/checks")
     p.add_argument("references", nargs="*", help="reference names (default: all in runs/checks)")
@@ -191,6 +195,10 @@ def _dispatch(args) -> int:
         from . import solve, spectrum
 
         return (solve if args.command == "solve" else spectrum).cli(args)
+    if args.command == "scaling":
+        from . import scaling
+
+        return scaling.cli(args)
     if args.command == "bench" and args.bench == "halo":
         from comms.bench import bench_halo, format_rows
         from comms.halo import check_transport_name

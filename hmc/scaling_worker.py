@@ -1,0 +1,458 @@
+"""One configuration of a strong-scaling study (``hmc scaling``), run on every rank by the launcher.
+
+    mpiexec -n N python -m hmc.scaling_worker --spec '{"lattice": [8, 8, 8, 8], ...}' --out result.json
+
+The driver (:mod:`hmc.scaling`) starts one of these per (lattice, rank count, transport); rank 0 writes one JSON
+file with everything measured (or the error), which the driver stores in the study's HDF5 file.
+
+Measured per operation (``spec["what"]``):
+
+* ``halo``: one full halo exchange of a colour-vector field (complex128 3-vectors, 48 B a site), depth 3 (the HISQ
+  Naik term; less where the local extent is smaller), over every partitioned dimension, both directions, as
+  ``Geometry.halo`` does it; the received slabs are checked against the global field. Plus, with
+  ``halo_sizes``, the latency sweep of ``comms.bench.bench_halo`` (ring of the ranks along t, faces of L^3 sites):
+  one-way and round-trip time and host time against the message size.
+* ``dslash``: one parity of the HISQ dslash (16 hops, ``StaggeredDslash.hop``), as ``hmc bench dslash``.
+* ``cg``: CG on the even-odd normal operator A = 4m^2 - D_eo D_oe with a fixed iteration count (tol 1e-30): the
+  time per iteration, the solve's set-up amortized over the iterations.
+* ``trajectory``: one pure-gauge HMC trajectory (one-loop Symanzik, Omelyan, ``traj_steps`` steps), the cost of
+  the gauge part of an HMC update.
+
+Times: ``repeats`` loops of ``reps`` operations (``reps`` chosen on rank 0 so that a loop lasts about ``min_time``
+seconds), each loop's time being the slowest rank's; the driver reports the median and the spread over loops.
+
+Where the time goes: one more loop runs with timers around the halo engine and the reductions (the classes are
+wrapped in this process only, nothing else changes):
+
+* ``halo_start``: ``HaloEngine.start``: faces copied into the send buffers (mpi) or straight into the peer's
+  shared receive buffer (shm: this copy *is* the transfer), MPI requests posted, signals stored;
+* ``halo_wait``: waiting for a peer (its signal or the MPI completion; also the shm credit before a send);
+* ``halo_finish``: the exchanges' ``finish`` without their waits: faces copied out, credits returned (and, for
+  mpi, the first completion tests);
+* ``local_shift``: the rest of ``Geometry.shift``/``Geometry.halo`` (the local roll and slab views) on every
+  dimension, partitioned or not;
+* ``reductions``: ``Geometry.sum`` (the local part and the collective);
+* ``compute``: everything else (the matrix-vector arithmetic, gathers, linear algebra).
+
+They are exclusive times per operation on each rank (per rank in the results); their sum is the instrumented
+loop's time. On the CPU there is no overlap of interior and exterior work (shifts are blocking), so the interior /
+exterior split of a GPU dslash has no counterpart here.
+
+Answers (compared by the driver with the 1-rank run): SHA-256 of the gathered dslash output (bitwise), of the CG
+solution after the fixed iteration count with exact reductions (bitwise for any decomposition), the norm of the
+fast-reduction CG residual (to rounding), the halo check, and for the trajectory the final H and plaquette (to
+rounding: the link updates are not bitwise across decompositions) with the gathered links' hash for information.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+
+import numpy as np
+
+PHASES = ("halo_start", "halo_wait", "halo_finish", "local_shift", "reductions", "compute")
+LOCAL_DEPTH = 3           # halo depth of the HISQ Naik term
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+# ------------------------------------------------------------------------------------------------------------
+# phase timers
+
+class PhaseTimer:
+    """Exclusive wall time per phase, by wrapping methods of classes for the duration of ``with``."""
+
+    def __init__(self):
+        self.acc = {p: 0.0 for p in PHASES[:-1]}
+        self.stack = []
+        self.saved = []
+
+    def _wrap(self, owner, attr, phase):
+        orig = owner.__dict__.get(attr)
+        if orig is None:                 # not defined by this class (or renamed): leave it unwrapped
+            return
+        timer = self
+        clock = time.perf_counter
+
+        def wrapper(*a, **k):
+            t0 = clock()
+            timer.stack.append(0.0)
+            try:
+                return orig(*a, **k)
+            finally:
+                el = clock() - t0
+                child = timer.stack.pop()
+                timer.acc[phase] += el - child
+                if timer.stack:
+                    timer.stack[-1] += el
+
+        wrapper.__wrapped__ = orig
+        self.saved.append((owner, attr, orig))
+        setattr(owner, attr, wrapper)
+
+    def __enter__(self):
+        from comms import halo as _halo
+        from lattice import geometry as _geometry
+
+        for p in self.acc:
+            self.acc[p] = 0.0
+        G = _geometry.Geometry
+        self._wrap(G, "shift", "local_shift")
+        self._wrap(G, "halo", "local_shift")
+        self._wrap(G, "sum", "reductions")
+        # every halo engine and exchange class of the comms modules this run loaded (the CPU engine, its fast
+        # paths, the GPU engine: host-side times there): start -> halo_start, finish -> halo_finish, the waits
+        mods = [_halo] + [m for name, m in sorted(sys.modules.items())
+                          if name.startswith("comms.cuda.") and m is not None]
+        for mod in mods:
+            for cls in [v for v in vars(mod).values() if isinstance(v, type) and v.__module__ == mod.__name__]:
+                engine = issubclass(cls, _halo.HaloEngine)
+                for attr in list(cls.__dict__):
+                    if engine and attr == "start":
+                        self._wrap(cls, attr, "halo_start")
+                    elif engine and attr in ("_wait", "_wait_request", "_wait_req"):
+                        self._wrap(cls, attr, "halo_wait")
+                    elif not engine and attr == "finish":
+                        self._wrap(cls, attr, "halo_finish")
+        return self
+
+    def __exit__(self, *exc):
+        while self.saved:
+            owner, attr, orig = self.saved.pop()
+            setattr(owner, attr, orig)
+        return False
+
+
+# ------------------------------------------------------------------------------------------------------------
+
+class Context:
+    def __init__(self, spec, geom):
+        from comms import world
+
+        self.spec = spec
+        self.geom = geom
+        self.grid = geom.grid
+        self.comm = world()
+        self.backend = geom.backend
+        self.rank = self.comm.rank
+
+    def sync(self):
+        self.backend.synchronize()
+
+    def measure(self, fn, ops_per_call=1.0):
+        """(samples in s per operation: the slowest rank's, per loop; reps; phases per rank (rank 0) or None)."""
+        spec, grid = self.spec, self.grid
+        fn()                                   # warm up (buffers, caches, kernels)
+        self.sync()
+        grid.barrier()
+        t0 = time.perf_counter()
+        fn()
+        self.sync()
+        t1 = grid.max(time.perf_counter() - t0)
+        reps = max(1, min(100000, int(math.ceil(spec["min_time"] / max(t1, 1e-9)))))
+        reps = self.comm.bcast(reps, root=0)
+        samples = []
+        for _ in range(spec["repeats"]):
+            grid.barrier()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            self.sync()
+            samples.append(grid.max(time.perf_counter() - t0) / reps / ops_per_call)
+        grid.barrier()
+        with PhaseTimer() as timer:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            self.sync()
+            total = time.perf_counter() - t0
+        per = reps * ops_per_call
+        mine = [timer.acc[p] / per for p in PHASES[:-1]]
+        mine.append(max(0.0, total / per - sum(mine)))
+        phases = self.comm.gather(mine, root=0)
+        return samples, reps, phases
+
+
+def _sha(a) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def _field(geom, rng, stream):
+    g = rng.gaussian(stream, geom.site_ids(), 6).reshape(geom.shape + (3, 2))
+    return geom.xp.ascontiguousarray(g[..., 0] + 1j * g[..., 1])
+
+
+def _global_field(geom, rng, stream):
+    nx, ny, nz, nt = geom.dims
+    ids = np.arange(geom.volume, dtype=np.int64).reshape(nt, nz, ny, nx)
+    g = np.asarray(rng.gaussian(stream, ids, 6)).reshape(ids.shape + (3, 2))
+    return g[..., 0] + 1j * g[..., 1]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# operations
+
+def op_halo(ctx, res):
+    from lattice import CounterRNG
+    from lattice.geometry import site_axis
+
+    geom = ctx.geom
+    parts = [mu for mu in range(4) if geom.grid.partitioned[mu]]
+    if not parts:
+        res["ops"]["halo"] = {"status": "n/a", "note": "no partitioned dimension (one rank): no halo"}
+        return
+    depth = min([LOCAL_DEPTH] + [geom.local_dims[mu] for mu in parts])
+    whole = _global_field(geom, CounterRNG(11), "halo")
+    psi = geom.xp.asarray(np.ascontiguousarray(geom.local_part(whole)))
+    got = geom.halo(psi, depth=depth)
+    ok = True
+    for mu in parts:
+        ax = site_axis(mu)
+        n_glob, n_loc, off = geom.dims[mu], geom.local_dims[mu], geom.offset[mu]
+        for side, idx in ((0, np.arange(off - depth, off)), (1, np.arange(off + n_loc, off + n_loc + depth))):
+            # (mu, 0): the backward neighbour's last slabs, (mu, 1): the forward neighbour's first, periodic
+            moved = np.take(whole, idx % n_glob, axis=ax)
+            o, l = list(geom.offset), list(geom.local_dims)
+            o[mu], l[mu] = 0, depth
+            want = moved[o[3]:o[3] + l[3], o[2]:o[2] + l[2], o[1]:o[1] + l[1], o[0]:o[0] + l[0]]
+            ok = ok and np.array_equal(geom.backend.to_numpy(got[(mu, side)]), want)
+    ok = geom.grid.sum(int(not ok)) == 0
+    res["answers"]["halo_ok"] = bool(ok)
+    face = sum(2 * depth * geom.local_volume // geom.local_dims[mu] for mu in parts) * 48
+    samples, reps, phases = ctx.measure(lambda: geom.halo(psi, depth=depth))
+    res["ops"]["halo"] = {"samples_s": samples, "reps": reps, "phases": phases, "depth": depth,
+                          "bytes_per_rank": face, "dims": "".join("xyzt"[mu] for mu in parts)}
+    sizes = ctx.spec.get("halo_sizes") or []
+    if sizes and ctx.comm.size > 1:
+        from comms.bench import bench_halo
+
+        rows = bench_halo((ctx.spec["transport"],), tuple(sizes), "vector", ctx.spec["min_time"],
+                          max(3, ctx.spec["repeats"]))
+        res["latency"] = rows
+
+
+def _links(ctx):
+    from hmc.bench import _random_links
+    from lattice import CounterRNG
+
+    rng = CounterRNG(3)
+    fat = _random_links(ctx.geom, rng, "fat", 0.3)
+    long = _random_links(ctx.geom, rng, "long", 0.05)
+    return fat, long
+
+
+def op_dslash(ctx, res, d):
+    from lattice import CounterRNG
+    from solvers.staggered_cuda import hop_bytes
+
+    geom = ctx.geom
+    psi = _field(geom, CounterRNG(3), "src")
+    out = geom.xp.zeros_like(psi)
+    d.hop(psi, 0, out)
+    whole = geom.gather(out)
+    if ctx.rank == 0:
+        res["answers"]["dslash_sha256"] = _sha(whole)
+    res["answers"]["dslash_norm2"] = float(geom.sum((out.conj() * out).real))
+    samples, reps, phases = ctx.measure(lambda: d.hop(psi, 0, out))
+    res["ops"]["dslash"] = {"samples_s": samples, "reps": reps, "phases": phases, "flops": d.hop_flops(),
+                            "bytes": hop_bytes(np.complex128) * geom.volume // 2,
+                            "halo_bytes_per_rank": _dslash_halo_bytes(geom)}
+
+
+def _dslash_halo_bytes(geom) -> int:
+    """Bytes a rank sends per dslash hop: shifts by +-1 and +-3 of the full colour-vector field along every
+    partitioned dimension (this CPU implementation moves both parities)."""
+    total = 0
+    for mu in range(4):
+        if geom.grid.partitioned[mu]:
+            face = geom.local_volume // geom.local_dims[mu]
+            total += sum(min(k, geom.local_dims[mu]) for k in (1, 1, 3, 3)) * face * 48
+    return total
+
+
+def op_cg(ctx, res, d):
+    from lattice import CounterRNG
+    from solvers import cg, reductions, set_reductions
+
+    geom, spec = ctx.geom, ctx.spec
+    m = spec["mass"]
+    eo = d.even_odd(m)
+    A = eo.normal
+    b = eo.prepare(_field(geom, CounterRNG(5), "src"))
+    n_it = spec["cg_iters"]
+    inv = cg(tol=1e-30, maxiter=n_it, raise_on_fail=False)(A)
+    x, st = inv.solve(b)
+    iters = st.iters
+    res["answers"]["cg_residual"] = st.residual
+    old = set_reductions("exact")
+    try:
+        xe, _ = inv.solve(b)
+    finally:
+        set_reductions(old)
+    whole = geom.gather(xe)
+    if ctx.rank == 0:
+        res["answers"]["cg_exact_sha256"] = _sha(whole)
+    samples, reps, phases = ctx.measure(lambda: inv.solve(b), ops_per_call=iters)
+    res["ops"]["cg"] = {"samples_s": samples, "reps": reps, "phases": phases, "iterations": iters,
+                        "matvecs": st.matvecs, "flops": st.flops / max(1, iters), "mass": m,
+                        "reductions": reductions()}
+
+
+def op_trajectory(ctx, res):
+    from force.gauge_action import SymanzikAction
+    from lattice import CounterRNG, GaugeField, su3
+    from lattice.gauge import plaquette
+
+    from .integrators import Level, build_schedule
+    from .momenta import random_momenta
+    from .monomials import GaugeMonomial
+    from .trajectory import hmc_trajectory
+
+    geom, spec = ctx.geom, ctx.spec
+    rng = CounterRNG(7)
+    u = GaugeField(geom, su3.expm_su3(0.3 * random_momenta(geom, rng)) @ GaugeField.unit(geom).links)
+    mon = [GaugeMonomial(SymanzikAction(7.4, 0.89, 0, "none"))]
+    steps = spec["traj_steps"]
+    sched = build_schedule([Level("omelyan", steps, ["gauge"])], 1.0)
+    v, tr = hmc_trajectory(u, CounterRNG(1), mon, sched, metropolis=False)
+    whole = geom.gather(geom.xp.moveaxis(v.links, 0, 4))      # site axes first
+    if ctx.rank == 0:
+        res["answers"]["trajectory_sha256"] = _sha(whole)
+    res["answers"]["trajectory_dH"] = tr.delta_h
+    res["answers"]["trajectory_H_end"] = tr.end.total
+    res["answers"]["trajectory_plaquette"] = float(sum(plaquette(v)))
+    samples, reps, phases = ctx.measure(lambda: hmc_trajectory(u, CounterRNG(1), mon, sched, metropolis=False))
+    res["ops"]["trajectory"] = {"samples_s": samples, "reps": reps, "phases": phases, "steps": steps,
+                                "action": "symanzik (pure gauge), omelyan"}
+
+
+# ------------------------------------------------------------------------------------------------------------
+
+def _gpu_info(backend) -> dict:
+    if not backend.is_gpu:
+        return {}
+    cp = backend.xp
+    try:
+        dev = cp.cuda.Device()
+        props = cp.cuda.runtime.getDeviceProperties(dev.id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        return {"gpu": name, "gpu_count": cp.cuda.runtime.getDeviceCount(),
+                "driver": cp.cuda.runtime.driverGetVersion(), "runtime": cp.cuda.runtime.runtimeGetVersion()}
+    except Exception as e:  # noqa: BLE001 - metadata only
+        return {"gpu": f"unknown ({e})"}
+
+
+def _mpi_library() -> str:
+    from comms.grid import launched_size
+
+    if launched_size() <= 1:
+        return ""
+    from comms.grid import mpi
+
+    return mpi().Get_library_version().strip().splitlines()[0]
+
+
+def _fault(spec):
+    """Testing hook: HMC_FAULT_INJECT=scaling_fail:KEY or scaling_hang:KEY fails or hangs the configuration whose
+    key contains KEY."""
+    text = os.environ.get("HMC_FAULT_INJECT", "")
+    kind, _, key = text.partition(":")
+    if kind in ("scaling_fail", "scaling_hang") and key and key in spec["key"]:
+        if kind == "scaling_hang":
+            time.sleep(3600)
+        raise InjectedFault(f"injected fault (HMC_FAULT_INJECT={text})")
+
+
+def run(spec) -> dict:
+    from comms import ProcessGrid, world
+    from comms.halo import format_table
+    from lattice import Geometry, get_backend
+
+    t_start = time.perf_counter()
+    comm = world()
+    _fault(spec)
+    backend = get_backend(spec.get("backend") or "numpy")
+    n = comm.size
+    if n != spec["ranks"]:
+        raise RuntimeError(f"launched on {n} rank(s), the configuration wants {spec['ranks']}: check the launcher "
+                           "(--launcher / HMC_MPIEXEC) passes the rank count")
+    transport = None if spec["transport"] == "serial" else spec["transport"]
+    grid = ProcessGrid(tuple(spec["grid"]), transport=transport)
+    geom = Geometry(tuple(spec["lattice"]), backend, grid=grid)
+    ctx = Context(spec, geom)
+    res = {"status": "ok", "ops": {}, "answers": {}, "backend": backend.name, "grid": list(grid.dims),
+           "local_dims": list(geom.local_dims), "hostname": platform.node(), "mpi_library": _mpi_library()}
+    res.update(_gpu_info(backend))
+    table = grid.transport_table()
+    if ctx.rank == 0:
+        res["transport_table"] = table
+        res["transport_table_text"] = format_table(table, grid.describe()) if table else ""
+        res["links"] = "+".join(sorted({r["transport"] for r in table})) or "none"
+    what = spec["what"]
+    if "halo" in what:
+        op_halo(ctx, res)
+    if "dslash" in what or "cg" in what:
+        from solvers import StaggeredDslash
+
+        fat, long = _links(ctx)
+        d = StaggeredDslash(geom, fat, long)
+        if "dslash" in what:
+            op_dslash(ctx, res, d)
+        if "cg" in what:
+            op_cg(ctx, res, d)
+    if "trajectory" in what:
+        op_trajectory(ctx, res)
+    grid.close()
+    res["wall_s"] = time.perf_counter() - t_start
+    return res
+
+
+def _write(path, obj):
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hmc.scaling_worker")
+    ap.add_argument("--spec", required=True, help="the configuration, JSON")
+    ap.add_argument("--out", required=True, help="result file (JSON), written by rank 0")
+    args = ap.parse_args(argv)
+    spec = json.loads(args.spec)
+    from comms import launched_size
+
+    try:
+        res = run(spec)
+    except BaseException as e:  # noqa: BLE001 - report any failure, then leave without MPI_Finalize
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+        print(f"hmc scaling worker: rank {rank}: {type(e).__name__}: {msg}", file=sys.stderr, flush=True)
+        if os.environ.get("HMC_SCALING_TRACEBACK") == "1":
+            traceback.print_exc()
+        if rank == 0:
+            _write(args.out, {"status": "failed", "error": f"{type(e).__name__}: {msg}"})
+        sys.stdout.flush()
+        os._exit(3)
+    if res is not None and (launched_size() <= 1 or _rank0()):
+        _write(args.out, res)
+    return 0
+
+
+def _rank0() -> bool:
+    from comms import world
+
+    return world().rank == 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

