@@ -27,12 +27,12 @@ File layout (``format = "hmc-scaling/1"``):
   before and after), ``cores``, ``oversubscribed``, ``hostname``, ``mpi_library``, ``gpu``, ``driver``,
   ``command``, ``answers`` (JSON), ``answers_agree`` (bool) and ``answers_note`` (against the 1-rank run of the
   lattice). String datasets ``transport_table`` (JSON rows: rank, coords, link, peer, transport, reason) and
-  ``transport_table_text`` (as printed at start-up). One subgroup per operation (``halo``, ``dslash``, ``cg``, ``trajectory``): dataset ``samples_s`` (seconds per
-  operation, one per repeat), dataset ``phases`` (ranks x phases, seconds per operation; attribute ``names``),
-  attributes ``median_s``, ``min_s``, ``max_s``, ``q1_s``, ``q3_s``, ``reps``, ``repeats``, ``speedup`` and
-  ``efficiency`` (against the 1-rank run) and the operation's own (``flops``, ``bytes``, ``iterations``,
-  ``depth``, ...). Dataset ``latency`` (compound rows: bytes, L, one_way_us,
-  round_trip_us, host_us, bandwidth_MBps) when the latency sweep ran.
+  ``transport_table_text`` (as printed at start-up). One subgroup per operation (``halo``, ``dslash``, ``cg``,
+  ``trajectory``): dataset ``samples_s`` (seconds per operation, one per repeat), dataset ``phases`` (ranks x
+  phases, seconds per operation; attribute ``names``), attributes ``median_s``, ``min_s``, ``max_s``, ``q1_s``,
+  ``q3_s``, ``reps``, ``repeats``, ``speedup`` and ``efficiency`` (against the 1-rank run) and the operation's own
+  (``flops``, ``bytes``, ``iterations``, ``depth``, ...). Dataset ``latency`` (compound rows: L, sites, bytes,
+  one_way_us, round_trip_us, host_us, bandwidth_MBps) when the latency sweep ran.
 * ``/summary``: one compound row per configuration (key, lattice, ranks, transport, status, grid, local, median
   seconds per operation, dslash and CG efficiency, answers_agree), rebuilt at every write.
 """

@@ -188,7 +188,8 @@ def markdown(study, plots: list) -> str:
                  f"cores, {machine.get('memory_GiB', '?')} GiB), GPU: {machine.get('gpu', 'none')}"
                  f"{' (driver ' + machine['gpu_driver'] + ')' if machine.get('gpu_driver') else ''}. "
                  f"Launcher `{meta.get('launcher', '')}` ({meta.get('launcher_version', '')}). Commit "
-                 f"`{str(meta.get('git_commit', ''))[:10]}`{' (modified)' if str(meta.get('git_dirty')) == 'True' else ''}"
+                 f"`{str(meta.get('git_commit', ''))[:10]}`"
+                 f"{' (modified)' if str(meta.get('git_dirty')) == 'True' else ''}"
                  f". Backend {params.get('backend', '?')}, {params.get('threads', 1)} thread(s) per rank.")
     if meta.get("command"):
         lines += ["", f"Command: `{meta['command']}`"]
@@ -206,7 +207,8 @@ def markdown(study, plots: list) -> str:
                  f"the HISQ operator (16 hops); the CG iteration is on the even-odd normal operator at m = "
                  f"{params.get('mass', '?')}, {params.get('cg_iters', '?')} iterations per solve, the set-up "
                  "amortized; the halo exchange is one depth-3 exchange (less where the local extent is smaller) of a "
-                 "colour-vector field over all partitioned dimensions. Speed-up and efficiency are against the 1-rank run (no halo) of the same lattice: "
+                 "colour-vector field over all partitioned dimensions. Speed-up and efficiency are against the "
+                 "1-rank run (no halo) of the same lattice: "
                  "speed-up = T(1)/T(n), efficiency = speed-up/n.")
     lines.append("")
     for n in notes(study):
