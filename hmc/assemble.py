@@ -36,15 +36,18 @@ def rationals_path(deck: dict, base_dir: str | None = None, override: str | None
 
 def load_rationals(deck: dict, text: str | None = None, path: str | None = None) -> list:
     """The pseudofermions' rational functions, from ``text`` (as stored in the run file) or read from ``path``,
-    checked against ``[fermions]``: the masses and flavour numbers (dyn_mass, dyn_flavors) and the number of
-    tolerance triples. A mismatch is a one-line DeckError naming both sides."""
-    from .rational import RationalsError, check_masses, parse_rationals, read_rationals
+    checked against ``[fermions]``: the masses and flavour numbers (dyn_mass, dyn_flavors), the number of
+    tolerance triples, and every approximation's error against its bound (the file's stated error, else
+    max_rational_error; :func:`hmc.rational.check_error_bounds`). A mismatch is a one-line DeckError naming both
+    sides."""
+    from .rational import RationalsError, check_error_bounds, check_masses, parse_rationals, read_rationals
 
     f = deck["fermions"]
     where = path or "the run file's rational functions"
     try:
         pfs = parse_rationals(text, where) if text is not None else read_rationals(path)
         check_masses(pfs, f["dyn_mass"], f["dyn_flavors"], where=where)
+        check_error_bounds(pfs, f["max_rational_error"], where=where)
     except RationalsError as e:
         raise DeckError(f"[fermions] {e}") from None
     if len(f["cgresid_md_fa_gr"]) != len(pfs):

@@ -91,6 +91,9 @@ SCHEMA = {
             "a list of [MD, FA, GR] solver tolerances, one triple per pseudofermion in file order, e.g. "
             "[[5e-4, 1e-4, 1e-4], [5e-6, 1e-6, 1e-6]]"),
         "max_multicg": Key(int, 2500, _positive, "a positive maximum number of multishift iterations"),
+        "max_rational_error": Key((int, float), 1e-5, lambda v: 0 < v < 1,
+                                  "a relative error in (0, 1): the bound on max |r(x)/f(x) - 1| of every approximation "
+                                  "whose file states no error of its own (checked at hmc init)"),
         "time_bc": Key(str, "antiperiodic", None, "", ("antiperiodic", "periodic")),
     },
 }

@@ -375,6 +375,44 @@ class PseudofermionRational:
                 "FA^2/MD": float(np.max(np.abs(fa * fa / md - 1)))}
 
 
+#: the stored doubles of a minimax approximation miss its levelled error by rounding (a few 1e-3 relative for the
+#: 1e-13 ones), and the error is printed with 7 digits: the stated error times this is its bound
+ERROR_SLACK = 1.1
+#: MILC's approximation range, used when a file does not state its own: it covers the spectrum of A = -D_eo D_oe
+#: with room to spare (the largest eigenvalue is ~19 on a cold start and ~28 on Haar-random links)
+DEFAULT_RANGE = (1e-15, 90.0)
+
+
+def check_error_bounds(pfs: Sequence[PseudofermionRational], max_error: float,
+                       where: str = "rational functions") -> list[dict]:
+    """Every approximation's max relative error |r/f - 1| on its range (the file's ``Approximation bounds``, else
+    DEFAULT_RANGE; log grid of 4000 points, double precision) against its bound: the error the file states
+    (poly4's ``Converged ..., error = E``, times ERROR_SLACK) when it states one, else ``max_error``; a stated
+    error above ``max_error`` is itself too large. Returns one row per approximation; raises RationalsError (one
+    line naming the pseudofermion, the approximation and the numbers) at the first that fails."""
+    rows = []
+    for k, pf in enumerate(pfs):
+        for ap in pf.approximations:
+            lo = ap.lo if ap.lo is not None else DEFAULT_RANGE[0]
+            hi = ap.hi if ap.hi is not None else DEFAULT_RANGE[1]
+            err = approximation_error(ap, lo=lo, hi=hi, refine=False)
+            name = f"pseudofermion {k} (naik epsilon {pf.naik_epsilon:g}) {ap.tag} approximation of {ap.describe()}"
+            if ap.error is not None and ap.error > max_error:
+                raise RationalsError(f"{where}: {name} states a relative error {ap.error:.3e}, above "
+                                     f"max_rational_error {max_error:.1e}: use a higher order (python -m hmc.remez) "
+                                     "or raise [fermions] max_rational_error")
+            if ap.error is not None:
+                bound, why = ERROR_SLACK * ap.error, f"{ERROR_SLACK:g} x the file's stated error {ap.error:.3e}"
+            else:
+                bound, why = max_error, "max_rational_error (the file states no error)"
+            if not err <= bound:
+                raise RationalsError(f"{where}: {name} has relative error {err:.3e} on [{lo:g}, {hi:g}], above its "
+                                     f"bound {bound:.3e} ({why}): the residues or poles are wrong; regenerate the "
+                                     "file (python -m hmc.remez)")
+            rows.append({"pseudofermion": k, "tag": ap.tag, "error": err, "bound": bound, "lo": lo, "hi": hi})
+    return rows
+
+
 def _fmt_masses(d) -> str:
     return "{" + ", ".join(f"{m:g}: {e}" for m, e in sorted(d.items())) + "}"
 

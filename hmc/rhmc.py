@@ -40,13 +40,25 @@ from force.hisq_links import asqtad_links, hisq_links_multi
 from force.phases import check_time_bc
 from force.unitarize_derivative import FORCE_FILTER
 from solvers import StaggeredDslash, epsilon, multishift_cg, norm2
-from solvers.cg import SolverStats
+from solvers.cg import SolverConvergenceError, SolverStats
 
+from .integrators import IntegratorError
 from .rational import PseudofermionRational, RationalsError, naik_groups
 from .rngs import pseudofermion_sources
 
 PHASES = ("GR", "FA", "MD")
 ACTIONS = ("hisq", "asqtad")
+_PHASE_WORDS = {"GR": "heat-bath (GR)", "FA": "action (FA)", "MD": "force (MD)", "MD_action": "MD-action"}
+
+
+class FermionSolverError(IntegratorError, SolverConvergenceError):
+    """A multishift solve of the RHMC monomial that did not reach its tolerance within max_multicg iterations: the
+    trajectory cannot go on (one line, with the pseudofermion, the phase, the iteration count and the residual;
+    ``.stats`` has the solver's numbers). ``hmc run`` stops with it and keeps the last good trajectory."""
+
+    def __init__(self, message, stats=None):
+        SolverConvergenceError.__init__(self, message, stats)
+        self.args = (message,)
 
 
 @dataclass
@@ -206,6 +218,13 @@ class FermionMonomial:
         label = label or phase
         self.stats.add_time(f"solver_{label}", time.perf_counter() - t0)
         self.stats.solves.append(SolveRecord(label, k, call, st))
+        if not st.converged:
+            raise FermionSolverError(
+                f"{self.name}: the {_PHASE_WORDS.get(label, label)} multishift solve of pseudofermion {k} (naik "
+                f"epsilon {term.naik_epsilon:g}, {approx.order} shifts, smallest {min(approx.poles):.3g}) did not "
+                f"converge: {st.iters} iterations (max_multicg {term.maxiter}), residual |r|/|b| = "
+                f"{st.residual:.3e} > {term.tolerance(phase):.1e} (cgresid_md_fa_gr); raise [fermions] max_multicg "
+                "or loosen the tolerance", st)
         return xs, st
 
     def _rational_apply(self, ls, k, phase, call, b, label=None):

@@ -11,6 +11,7 @@ from lattice import CounterRNG, GaugeField, link_trace, plaquette, polyakov_loop
 from . import deck as deckmod
 from . import runfile
 from .assemble import load_rationals, make_geometry, make_monomials, make_schedule, rationals_path
+from .integrators import IntegratorError
 from .progress import Progress
 from .rngs import copy_rng, draw_momenta, make_rng, rng_from_state
 from .trajectory import hmc_trajectory, link_exponential, reversibility_check
@@ -152,6 +153,34 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
             f"{len(schedule)} operations")
     bar = Progress(remaining, "trajectories", enabled=root and show_progress)
     every = d["run"]["checkpoint_every"]
+    unsaved = {}                             # links and generator state of a trajectory not yet checkpointed
+    try:
+        _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm, remaining, every, bar, log,
+                      unsaved)
+    except IntegratorError as e:
+        # a trajectory that cannot be integrated (e.g. a solver that did not converge): the run file keeps the last
+        # good trajectory; those completed since the last checkpoint are written first
+        if unsaved:
+            state.links, state.rng = unsaved["links"], unsaved["rng"]
+            if root:
+                runfile.save(path, state)
+        if root:
+            log(f"STOPPED in trajectory {state.trajectory + 1}: {e}; {path} keeps trajectory {state.trajectory}")
+        raise
+    if root:
+        tested = [r["accepted"] for r in state.history[-remaining:] if not r["warmup"]]
+        acc = f"acceptance {np.mean(tested):.3f}" if tested else "all warmups"
+        log(f"RUNNING COMPLETED: {remaining} trajectories, {acc}, file {path}")
+    geom.grid.close()                        # free the halo buffers; fails if a mapping or window leaked
+    return state
+
+
+def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm, remaining, every, bar, log,
+                  unsaved):
+    """The trajectory loop of :func:`run`; ``unsaved`` gets the links and generator state of the last trajectory
+    done since the last checkpoint (empty right after one)."""
+    d = state.deck
+    root = geom.grid.is_root
     for i in range(remaining):
         if d["integrator"]["reversibility_check"]:
             probe_rng = copy_rng(rng)
@@ -176,11 +205,8 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
         if (i + 1) % every == 0 or i + 1 == remaining:
             state.links = geom.gather(u.site_major())      # collective: the whole lattice on rank 0
             state.rng = rng.state()
+            unsaved.clear()
             if root:
                 runfile.save(path, state)
-    if root:
-        tested = [r["accepted"] for r in state.history[-remaining:] if not r["warmup"]]
-        acc = f"acceptance {np.mean(tested):.3f}" if tested else "all warmups"
-        log(f"RUNNING COMPLETED: {remaining} trajectories, {acc}, file {path}")
-    geom.grid.close()                        # free the halo buffers; fails if a mapping or window leaked
-    return state
+        else:                                              # kept in case a later trajectory fails
+            unsaved.update(links=geom.gather(u.site_major()), rng=rng.state())

@@ -152,7 +152,7 @@ def load(path) -> RunState:
         d = deckmod.loads(deck_text)
     except deckmod.DeckError as e:
         raise RunFileError(f"{path}: its stored deck no longer validates ({e})") from None
-    if d != stored:
+    if not _same_deck(d, stored):
         raise RunFileError(f"{path}: the stored deck and its validated parameters disagree: the file was edited; "
                            "start a new run")
     nx, ny, nz, nt = d["lattice"]["dims"]
@@ -167,6 +167,24 @@ def load(path) -> RunState:
         raise RunFileError(f"{path}: {traj} trajectories recorded but {len(history)} history rows: the file is "
                            "inconsistent")
     return RunState(d, deck_text, links, traj, rng, history, comms, source, files)
+
+
+def _same_deck(d: dict, stored: dict) -> bool:
+    """The validated deck equals the stored one, except for keys added to the schema since the file was written,
+    which must hold their defaults (so that run files of an older hmc still resume)."""
+    if set(d) != set(stored):
+        return False
+    for section, keys in d.items():
+        old = stored[section]
+        if not isinstance(old, dict) or set(old) - set(keys):
+            return False
+        for name, value in keys.items():
+            if name in old:
+                if old[name] != value:
+                    return False
+            elif value != deckmod.SCHEMA[section][name].default:
+                return False
+    return True
 
 
 def _write_state(group, st: dict) -> None:
