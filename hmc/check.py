@@ -5,9 +5,10 @@ field for RHMC decks, whose rational functions are read relative to runs/checks/
 ``runs/checks/NAME.json``. For every reference the check recomputes, at fixed seeds: the plaquette; for
 each monomial its action after the refresh, the norm of its force and its directional derivative along a fixed
 random direction Omega, which must also equal the central difference of the action (of the MD action for RHMC
-fermions, whose exact derivative the force is: the force test of CONVENTIONS.md 5.2); and one short trajectory (dH and the final plaquette). Every quantity is compared with the
-stored value under a stated relative tolerance; the table is printed and any failure makes the exit code
-non-zero. ``--update`` rewrites the stored values, printing old and new side by side: never silently.
+fermions, whose exact derivative the force is: the force test of CONVENTIONS.md 5.2); and one short trajectory (dH
+and the final plaquette). Every quantity is compared with the stored value under a stated relative tolerance; the
+table is printed and any failure makes the exit code non-zero. ``--update`` rewrites the stored values, printing
+old and new side by side: never silently.
 """
 from __future__ import annotations
 
