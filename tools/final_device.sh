@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One call on the GPU machine for the closing checks: the whole GPU test subset (MILC fixtures carried in
+# .fixtures/milc), a strong-scaling study with the GPU transports (2 and 4 ranks sharing the H200 under MPS), and
+# one 2+1+1 RHMC trajectory on 16^4. At most 8 files come back: log.txt plus the study's file, report and plots.
+set -uo pipefail
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_osc=^ucx HMC_COMMS_TIMEOUT=30
+[ -d .fixtures/milc ] && export HMC_MILC_FIXTURES=$PWD/.fixtures/milc
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+LOG=$OUT/log.txt
+say() { echo "== $* ($(date +%T))" | tee -a "$LOG"; }
+MPSDIR=$(mktemp -d /tmp/hmc-mps-XXXXXX)
+export CUDA_MPS_PIPE_DIRECTORY=$MPSDIR/pipe CUDA_MPS_LOG_DIRECTORY=$MPSDIR/log
+mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+nvidia-cuda-mps-control -d >>"$LOG" 2>&1 && say "MPS started" || say "MPS failed to start"
+
+say "GPU tests"
+timeout ${T_TESTS:-240} python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tail -40 >>"$LOG"
+
+say "scaling study with GPU transports (ranks share one H200 under MPS)"
+timeout ${T_SCALING:-170} python3 -m hmc scaling --lattice 8 8 8 8 --lattice 16 16 16 16 --ranks 1 2 4 \
+  --transports mpi event stream_gated --what halo,dslash,cg --repeats 3 --backend cupy \
+  -o "$OUT/gpu_scaling.h5" --report-dir "$OUT/gpu_scaling" >>"$LOG" 2>&1
+say "scaling rc=$?"
+
+say "RHMC 2+1+1 trajectory on 16^4 (GPU)"
+TRAJ=1 GPU_SIZES="16" SKIP_CPU=1 OUT=/tmp/bench_rhmc timeout ${T_RHMC:-150} bash tools/bench_rhmc.sh >>"$LOG" 2>&1
+say "rhmc rc=$?"
+echo quit | nvidia-cuda-mps-control >>"$LOG" 2>&1
+say "done"
