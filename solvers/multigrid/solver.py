@@ -196,7 +196,6 @@ class Subspace:
         self.transfers = []         # per aggregation level: Transfer
         self.links = None           # the link blocks the vectors belong to
         self.version = 0
-        self.fine_columns = 0       # fine-operator vector applications spent on the vectors
 
 
 class Hierarchy:
@@ -294,42 +293,45 @@ class MultigridInverse(InverseOperator):
         """Bring the near-null vectors and the hierarchy up to date with the links and the mass. Returns
         "built", "refreshed", "rebuilt" or "reused"."""
         t0 = time.perf_counter()
-        sub, p = self.subspace, self.params
+        sub = self.subspace
         links = self._links()
-        col0 = sub.fine_columns
-        what = "reused"
+        what, columns = "reused", 0
         if self.hierarchy is None or self._stencil_links is not links:
             self._stencil = FineStencil(self.op)
             self._stencil_links = links
         if sub.links is not links:
             what = "built" if not sub.vectors else "refreshed"
-            self._make_subspace(fresh=not sub.vectors)
+            columns = self._make_subspace(fresh=not sub.vectors)
         elif self.hierarchy is None or self.hierarchy.version != sub.version:
             what = "rebuilt"
-            self._make_hierarchy()
+            columns = self._make_hierarchy()
         self.op.geom.backend.synchronize()
         if what != "reused":
-            self._pending.append((what, time.perf_counter() - t0, sub.fine_columns - col0))
+            self._pending.append((what, time.perf_counter() - t0, columns))
         return what
 
-    def _make_hierarchy(self):
-        """X^-1 and the coarse operators on the subspace's transfers (links or mass changed)."""
+    def _make_hierarchy(self) -> int:
+        """X^-1 and the coarse operators on the subspace's transfers (links or mass changed). Returns the number
+        of fine-operator vector applications spent (the Galerkin probes)."""
         sub = self.subspace
         h = Hierarchy(self.op, self.params, self._stencil)
         for tr in sub.transfers:
             h.add_level(tr)
         h.factorize()
         h.version = sub.version
+        columns = h.counters[1].columns
+        for c in h.counters:
+            c.reset()
         self.hierarchy = h
+        return columns
 
-    def _make_subspace(self, fresh: bool):
-        """Generate (fresh) or refresh the near-null vectors level by level, building the hierarchy on the way."""
+    def _make_subspace(self, fresh: bool) -> int:
+        """Generate (fresh) or refresh the near-null vectors level by level, building the hierarchy on the way.
+        Returns the number of fine-operator vector applications spent."""
         sub, p = self.subspace, self.params
         rng = CounterRNG(p.seed)
         h = Hierarchy(self.op, p, self._stencil)
         new_vectors, new_transfers = [], []
-        c1 = h.counters[1]
-        cols0 = c1.columns
         for l in range(2, p.levels):
             op = h.ops[l - 1]
             nv = int(p.per_level(p.nv, l, "nv"))
@@ -348,11 +350,12 @@ class MultigridInverse(InverseOperator):
         sub.vectors, sub.transfers = new_vectors, new_transfers
         sub.links = self._links()
         sub.version += 1
-        sub.fine_columns += c1.columns - cols0
         h.version = sub.version
+        columns = h.counters[1].columns
         for c in h.counters:
             c.reset()
         self.hierarchy = h
+        return columns
 
     # ----------------------------------------------------------------------------------------------- the cycle
     def _coarsest_solve(self, f):

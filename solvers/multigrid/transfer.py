@@ -135,6 +135,8 @@ def galerkin(op, transfer: Transfer, counter: Counter | None = None, level: int 
     for c0 in range(0, n, chunk):
         cols = list(range(c0, min(n, c0 + chunk)))
         E = transfer.columns(cols)                                       # (fine..., dof, kc)
+        if op.counter is not None:
+            op.counter.columns += len(cols)                              # every hop once: one application
         AE = op.diag(E)
         dirs = {}
         for mu, step, term in op.terms:
