@@ -534,15 +534,18 @@ def _attr(v):
     return v
 
 
-def compare_answers(ref: dict, ans: dict) -> tuple:
+def compare_answers(ref: dict, ans: dict, bitwise: bool = True) -> tuple:
     """(agree, note) for a configuration's answers against the 1-rank run's: the dslash output and the CG solution
-    (exact reductions) bitwise, the other numbers to rounding, the halo slabs exactly."""
+    (exact reductions) bitwise, the other numbers to rounding, the halo slabs exactly. On a GPU (``bitwise`` False)
+    the 1-rank run uses the fused CUDA kernels and the distributed run the array-operation twins, which agree to
+    rounding only: there the dslash norm must agree to 1e-12 and the digests are reported, not required."""
     checks, bad, info = [], [], []
     for k, what in (("dslash_sha256", "dslash bitwise"), ("cg_exact_sha256", "CG (exact sums) bitwise")):
         if k in ref and k in ans:
-            (checks if ref[k] == ans[k] else bad).append(what if ref[k] == ans[k] else what.replace(
-                "bitwise", "not bitwise"))
-    for k, what, tol in (("dslash_norm2", "|D psi|^2", 0.0), ("cg_residual", "CG residual", 1e-8),
+            same = ref[k] == ans[k]
+            target = checks if same else (bad if bitwise else info)
+            target.append(what if same else what.replace("bitwise", "not bitwise"))
+    for k, what, tol in (("dslash_norm2", "|D psi|^2", 0.0 if bitwise else 1e-12), ("cg_residual", "CG residual", 1e-8),
                          ("trajectory_H_end", "trajectory H", 1e-10),
                          ("trajectory_plaquette", "trajectory plaquette", 1e-12)):
         if k in ref and k in ans:
@@ -689,7 +692,10 @@ def _write_config(g, cfg: Config, res: dict, extra: dict):
     if lat:
         dt = np.dtype([("L", "i4"), ("sites", "i8"), ("bytes", "i8"), ("one_way_us", "f8"),
                        ("round_trip_us", "f8"), ("host_us", "f8"), ("bandwidth_MBps", "f8")])
-        rows = np.array([tuple(r[n] for n in dt.names) for r in lat], dtype=dt)
+        defaults = {"sites": lambda r: int(r.get("L", 0)) ** 3}
+        missing = {n: (0 if dt[n].kind == "i" else np.nan) for n in dt.names}
+        rows = np.array([tuple(r[n] if n in r else defaults.get(n, lambda r, n=n: missing[n])(r) for n in dt.names)
+                         for r in lat], dtype=dt)
         ds = g.create_dataset("latency", data=rows)
         ds.attrs["element"] = lat[0].get("element", "vector")
         ds.attrs["links"] = lat[0].get("links", "")
@@ -729,7 +735,8 @@ def _refresh_derived(f):
         if ref is None:
             g.attrs["answers_agree"], g.attrs["answers_note"] = False, "unchecked: no 1-rank run of this lattice"
             continue
-        agree, note = compare_answers(ref, json.loads(g.attrs["answers"]))
+        agree, note = compare_answers(ref, json.loads(g.attrs["answers"]),
+                                      bitwise=str(g.attrs.get("backend", "numpy")) != "cupy")
         g.attrs["answers_agree"], g.attrs["answers_note"] = agree, note
 
 
