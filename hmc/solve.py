@@ -2,7 +2,9 @@
 
     hmc solve CONFIG --action hisq|asqtad [--u0 U] [--eps E] --mass M
               [--source FILE | --point X Y Z T [--color C] | --random SEED]
-              [--operator M|MdagM] [--solver cg|mixed] [--tol T] [--maxiter N]
+              [--operator M|MdagM] [--solver cg|mixed|mg] [--tol T] [--maxiter N]
+              [--mg-levels L] [--mg-block BX BY BZ BT ...] [--mg-nv N ...] [--mg-setup-iters N ...]
+              [--mg-smoother-steps N ...] [--mg-coarsest auto|lu|gcr] [--no-mg-compare]
               [--time-bc antiperiodic|periodic] [--reunitarize | --no-reunitarize]
               [--out FILE [--out-precision 32|64]] [--check REFERENCE] [--json]
 
@@ -19,6 +21,12 @@ The source is a SciDAC colour-vector file (``--source``; a ``.npy`` array of sha
 a point source of colour C at (x, y, z, t) (``--point``, the default: colour 0 at the origin) or complex Gaussian
 noise (``--random SEED``, unit variance per real component, drawn by global site index with the counter-based RNG,
 so it does not depend on the decomposition).
+
+``--solver mg`` solves M x = b on the full lattice with the Kahler-Dirac multigrid of :mod:`solvers.multigrid`
+(``--operator M`` only; the tolerance is |b - M x| <= tol |b| on the full system). It prints the per-level
+iteration counts, set-up and solve time and fine-operator applications, and next to them the even-odd CG solve of
+the same source with the same tolerance (its M-equivalent applications: one per A_m product, plus one for the
+source preparation and reconstruction); ``--no-mg-compare`` leaves CG out.
 
 ``--check REFERENCE`` compares the solution with a stored one (SciDAC colour vector or ``.npy``), as MILC's
 ``check_ks_invert`` does with its answer files, and reports |x - ref|/|ref| and max|x - ref|/max|ref|.
@@ -64,7 +72,7 @@ import numpy as np
 
 ACTIONS = ("hisq", "asqtad")
 OPERATORS = ("M", "MdagM")
-SOLVERS = ("cg", "mixed")
+SOLVERS = ("cg", "mixed", "mg")
 
 
 class SolveError(ValueError):
@@ -87,7 +95,8 @@ def add_link_args(p) -> None:
                         "MILC does in double precision (default); --no-reunitarize uses them as stored")
     p.add_argument("--ignore-checksum", action="store_true", help="read a configuration whose checksum disagrees")
     p.add_argument("--solver", choices=SOLVERS, default="cg",
-                   help="cg (double precision) or mixed (single-precision iteration, reliable updates)")
+                   help="cg (double precision), mixed (single-precision iteration, reliable updates) or mg "
+                        "(Kahler-Dirac multigrid on the full lattice, M only)")
     p.add_argument("--tol", type=float, default=1e-10,
                    help="relative residual of the (even-site) normal system, MILC's error_for_propagator")
     p.add_argument("--maxiter", type=int, default=10000, help="most CG iterations per solve")
@@ -112,6 +121,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="precision of a SciDAC --out file (default 64)")
     p.add_argument("--check", metavar="REFERENCE",
                    help="report |x - ref|/|ref| against a stored solution (SciDAC colour vector or .npy)")
+    g = p.add_argument_group("multigrid (--solver mg)")
+    g.add_argument("--mg-levels", type=int, default=3, help="levels: fine, KD, then aggregations (default 3)")
+    g.add_argument("--mg-block", type=int, nargs=4, action="append", metavar=("BX", "BY", "BZ", "BT"),
+                   help="aggregation block, once per aggregation level (default 4 4 4 4, then 2 2 2 2)")
+    g.add_argument("--mg-nv", type=int, nargs="+", default=[24], help="near-null vectors per level (default 24)")
+    g.add_argument("--mg-setup-iters", type=int, nargs="+", default=[100],
+                   help="CG iterations relaxing the near-null vectors, per level (default 100)")
+    g.add_argument("--mg-smoother-steps", type=int, nargs="+", default=[4, 2],
+                   help="GCR post-smoothing steps on level 0, 1, ... (default 4 2)")
+    g.add_argument("--mg-coarsest", choices=("auto", "lu", "gcr"), default="auto",
+                   help="coarsest solve: sparse LU, GCR, or auto (LU on one rank)")
+    g.add_argument("--no-mg-compare", dest="mg_compare", action="store_false",
+                   help="do not run the even-odd CG solve next to the multigrid one")
     return p
 
 
@@ -300,12 +322,14 @@ def _stats_dict(st) -> dict:
 
 
 def solve_field(D, mass: float, b, operator: str = "M", solver: str = "cg", tol: float = 1e-10,
-                maxiter: int = 10000):
+                maxiter: int = 10000, mg: dict | None = None):
     """x = M^-1 b or (M^dag M)^-1 b with the dslash D; returns (x, result dict) with iterations (Krylov and MILC's
     count), the true residual(s), time, flops, GFLOP/s and the full residual |b - Op x|/|b|."""
     from solvers import even_odd_inverse, norm2, project
 
     geom, xp = D.geom, D.xp
+    if solver == "mg":
+        return solve_field_mg(D, mass, b, operator, tol, maxiter, mg)
     inner = inner_solver(solver, tol, maxiter)
     bb = norm2(geom, b)
     t0 = time.perf_counter()
@@ -342,6 +366,54 @@ def solve_field(D, mass: float, b, operator: str = "M", solver: str = "cg", tol:
     return x, res
 
 
+def mg_options(args) -> dict:
+    """The multigrid parameters of ``--mg-*`` (defaults where ``args`` has none, e.g. ``hmc spectrum``)."""
+    blocks = getattr(args, "mg_block", None)
+    return {"levels": getattr(args, "mg_levels", 3), "blocks": [tuple(b) for b in blocks] if blocks else (),
+            "nv": list(getattr(args, "mg_nv", [24])), "setup_iters": list(getattr(args, "mg_setup_iters", [100])),
+            "smoother_steps": list(getattr(args, "mg_smoother_steps", [4, 2])),
+            "coarsest": getattr(args, "mg_coarsest", "auto"), "compare": getattr(args, "mg_compare", True)}
+
+
+def solve_field_mg(D, mass, b, operator, tol, maxiter, mg):
+    """x = M^-1 b by multigrid (and, with mg["compare"], the even-odd CG solve next to it)."""
+    from solvers import cg, even_odd_inverse, norm2
+    from solvers.multigrid import MultigridError, multigrid
+
+    if operator != "M":
+        raise SolveError(f"--solver mg solves M x = b: use --operator M, not {operator}")
+    opts = dict(mg_options(None), compare=False)
+    opts.update(mg or {})
+    compare = opts.pop("compare")
+    geom = D.geom
+    try:
+        inv = multigrid(tol, maxiter, **opts)(D.matrix(mass))
+    except MultigridError as e:
+        raise SolveError(str(e)) from None
+    x, st = inv.solve(b)
+    bb = norm2(geom, b)
+    full = math.sqrt(norm2(geom, b - D.matrix(mass)(x)) / bb) if bb > 0 else 0.0
+    res = {"iters": st.iters, "milc_iters": st.iters, "true_residual": st.true_residual, "converged": st.converged,
+           "flops": st.flops, "time_s": st.time, "full_residual": full, "precision": "double",
+           "gflops": st.flops / st.time / 1e9 if st.time > 0 else 0.0,
+           "solves": [{"solver": st.solver, "converged": bool(st.converged), "iters": st.iters,
+                       "true_residual": st.true_residual, "time_s": st.time}],
+           "mg": {"setup_time_s": st.setup_time, "solve_time_s": st.solve_time, "outer_iters": st.iters,
+                  "fine_applies": st.fine_applies, "setup_fine_applies": st.setup_fine_applies,
+                  "levels": [{k: v for k, v in d.items() if k != "time_inclusive"} for d in st.levels],
+                  "level_lines": st.level_lines(),
+                  "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in
+                             (("levels", inv.params.levels), ("blocks", [list(b) for b in inv.params.blocks]),
+                              ("nv", inv.params.nv), ("setup_iters", inv.params.setup_iters),
+                              ("smoother_steps", inv.params.smoother_steps))}}}
+    if compare:
+        xc, sc = even_odd_inverse(D.even_odd(mass), cg(tol, 100000), check_residual=True).solve(b)
+        res["cg_compare"] = {"iters": sc.iters, "fine_applies": sc.matvecs + 1, "time_s": sc.time,
+                             "full_residual": sc.full_residual, "converged": bool(sc.converged),
+                             "rel_diff_to_mg": math.sqrt(norm2(geom, x - xc) / norm2(geom, xc))}
+    return x, res
+
+
 def run(args) -> dict:
     """``hmc solve`` without printing: the result dictionary (the --json output)."""
     if args.out is not None and not args.out:
@@ -355,7 +427,7 @@ def run(args) -> dict:
     if norm2(geom, b) == 0.0:
         raise SolveError("the source is zero everywhere: nothing to solve")
     ref = read_vector(args.check, geom, "reference") if args.check else None
-    x, res = solve_field(D, args.mass, b, args.operator, args.solver, args.tol, args.maxiter)
+    x, res = solve_field(D, args.mass, b, args.operator, args.solver, args.tol, args.maxiter, mg_options(args))
     out = describe_links(args, info)
     out.update({"operator": args.operator, "source": src_desc, "solver": args.solver, "tol": args.tol})
     out.update(res)
@@ -393,6 +465,17 @@ def format_result(r: dict) -> str:
              f"{'converged' if r['converged'] else 'NOT converged'}: {r['iters']} iterations (MILC count "
              f"{r['milc_iters']}), true residual {r['true_residual']:.3e}, |b - Op x|/|b| = {r['full_residual']:.3e}",
              f"time {r['time_s']:.3f} s, {r['flops'] / 1e9:.3f} GFLOP, {r['gflops']:.3f} GFLOP/s"]
+    if "mg" in r:
+        g = r["mg"]
+        lines.append(f"multigrid: set-up {g['setup_time_s']:.3f} s ({g['setup_fine_applies']} fine vector "
+                     f"applications), solve {g['solve_time_s']:.3f} s, {g['outer_iters']} outer iterations, "
+                     f"{g['fine_applies']} fine-operator applications")
+        lines += ["  " + line for line in g["level_lines"]]
+    if "cg_compare" in r:
+        c = r["cg_compare"]
+        lines.append(f"even-odd CG, same source and tol: {c['iters']} iterations, {c['fine_applies']} "
+                     f"M-equivalent applications, {c['time_s']:.3f} s, |b - M x|/|b| = {c['full_residual']:.3e}, "
+                     f"|x_mg - x_cg|/|x_cg| = {c['rel_diff_to_mg']:.3e}")
     if "check" in r:
         c = r["check"]
         lines.append(f"check against {c['reference']}: |x - ref|/|ref| = {c['rel_diff']:.3e}, "
