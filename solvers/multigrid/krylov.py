@@ -20,7 +20,10 @@ from .lattice import global_sums
 
 
 def _vdot_local(xp, a, b):
-    return xp.vdot(a.ravel(), b.ravel())
+    """sum conj(a) b on this rank. An element-wise product and a sum rather than BLAS zdotc: on a CPU shared with
+    other jobs a threaded BLAS reduction of a lattice field waits for its threads (measured 3 ms against 0.03 ms on
+    8^4 fields on a loaded 2-core machine)."""
+    return (a.conj() * b).sum()
 
 
 def dots(geom, Q, v):

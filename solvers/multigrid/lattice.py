@@ -93,6 +93,16 @@ def global_sums(geom, local):
     return np.asarray(geom.grid.sum(a))
 
 
+def bmm(xp, A, B):
+    """A @ B for stacks of small matrices, A (..., n, m), B (..., m, k). On the CPU with one column (the solve
+    phase) the product runs as an einsum, outside BLAS: NumPy's matmul calls BLAS once per matrix of the stack,
+    and a threaded BLAS on a CPU shared with other jobs then waits for its threads at every call (measured 0.2 s
+    against 0.3 ms for one restriction on 8^4 on a loaded 2-core machine). Batches keep matmul (BLAS GEMMs)."""
+    if xp is np and B.shape[-1] == 1:
+        return np.einsum("...ij,...j->...i", A, B[..., 0])[..., None]
+    return A @ B
+
+
 def check_blocks(local, block, naik: bool, first: bool, level: int):
     """Validate one aggregation block (x, y, z, t extents, in sites of the level below, whose local extents are
     ``local``); one-line errors."""

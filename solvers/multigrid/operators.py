@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from .lattice import from_blocks, to_blocks
+from .lattice import bmm, from_blocks, to_blocks
 
 HYPERCUBE = (2, 2, 2, 2)
 
@@ -130,7 +130,7 @@ class KDBlocks:
         batched = v.ndim == 6
         g = to_blocks(_col(v, batched), HYPERCUBE)                    # (nhc, 16, 3, k)
         k = g.shape[-1]
-        g = mats @ g.reshape(self.nhc, 48, k)
+        g = bmm(self.xp, mats, g.reshape(self.nhc, 48, k))
         out = from_blocks(g.reshape(self.nhc, 16, 3, k), HYPERCUBE, self.geom.shape)
         return out if batched else out[..., 0]
 
@@ -233,10 +233,11 @@ class CoarseOperator:
         geom = self.geom
         batched = v.ndim == 6
         w = _col(v, batched)
-        out = Y[0] @ w
+        xp = self.xp
+        out = bmm(xp, Y[0], w)
         for mu in range(4):
-            out += Y[1 + 2 * mu] @ geom.shift(w, mu, 1)
-            out += Y[2 + 2 * mu] @ geom.shift(w, mu, -1)
+            out += bmm(xp, Y[1 + 2 * mu], geom.shift(w, mu, 1))
+            out += bmm(xp, Y[2 + 2 * mu], geom.shift(w, mu, -1))
         return out if batched else out[..., 0]
 
     def apply(self, v):

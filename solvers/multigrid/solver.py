@@ -195,6 +195,7 @@ class Subspace:
         self.vectors = []           # per aggregation level: the batch of (unnormalized) near-null vectors
         self.transfers = []         # per aggregation level: Transfer
         self.links = None           # the link blocks the vectors belong to
+        self.stencil = None         # the full-lattice links of those blocks (FineStencil), shared by the masses
         self.version = 0
 
 
@@ -297,7 +298,10 @@ class MultigridInverse(InverseOperator):
         links = self._links()
         what, columns = "reused", 0
         if self.hierarchy is None or self._stencil_links is not links:
-            self._stencil = FineStencil(self.op)
+            if sub.links is links and sub.stencil is not None:      # another mass's copy of these links
+                self._stencil = sub.stencil.with_mass(self.mass)
+            else:
+                self._stencil = FineStencil(self.op)
             self._stencil_links = links
         if sub.links is not links:
             what = "built" if not sub.vectors else "refreshed"
@@ -349,6 +353,7 @@ class MultigridInverse(InverseOperator):
         h.factorize()
         sub.vectors, sub.transfers = new_vectors, new_transfers
         sub.links = self._links()
+        sub.stencil = self._stencil
         sub.version += 1
         h.version = sub.version
         columns = h.counters[1].columns

@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from .lattice import CoarseBlocker, CoarseGeometry, FineBlocker, global_sums, outside_mask
+from .lattice import CoarseBlocker, CoarseGeometry, FineBlocker, bmm, global_sums, outside_mask
 from .operators import CoarseOperator, Counter
 
 
@@ -100,7 +100,7 @@ class Transfer:
     def restrict(self, f):
         batched = f.ndim == 6
         g = self.blocker.split(f if batched else f[..., None])        # (nagg, 2, m, k)
-        c = self.Vh @ g                                                 # (nagg, 2, Nv, k)
+        c = bmm(self.cgeom.xp, self.Vh, g)                              # (nagg, 2, Nv, k)
         k = c.shape[-1]
         c = c.reshape(tuple(self.cgeom.shape) + (self.n, k))
         return c if batched else c[..., 0]
@@ -109,7 +109,7 @@ class Transfer:
         batched = c.ndim == 6
         cc = c if batched else c[..., None]
         k = cc.shape[-1]
-        g = self.V @ cc.reshape(self.nagg, 2, self.nv, k)              # (nagg, 2, m, k)
+        g = bmm(self.cgeom.xp, self.V, cc.reshape(self.nagg, 2, self.nv, k))   # (nagg, 2, m, k)
         f = self.blocker.merge(g)
         return f if batched else f[..., 0]
 
@@ -119,7 +119,7 @@ class Transfer:
         xp = self.cgeom.xp
         cols = list(range(self.n)) if cols is None else list(cols)
         e = xp.zeros((self.n, len(cols)), dtype=self.V.dtype)
-        e[cols, range(len(cols))] = 1.0
+        e[xp.asarray(cols), xp.arange(len(cols))] = 1.0
         c = xp.broadcast_to(e, tuple(self.cgeom.shape) + e.shape)
         return self.prolong(xp.ascontiguousarray(c))
 
