@@ -18,8 +18,8 @@ say "GPU tests"
 timeout ${T_TESTS:-240} python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tail -40 >>"$LOG"
 
 say "scaling study with GPU transports (ranks share one H200 under MPS)"
-timeout ${T_SCALING:-170} python3 -m hmc scaling --lattice 8 8 8 8 --lattice 16 16 16 16 --ranks 1 2 4 \
-  --transports mpi event stream_gated --what halo,dslash,cg --repeats 3 --backend cupy \
+timeout ${T_SCALING:-170} python3 -m hmc --backend cupy scaling --lattice 8 8 8 8 --lattice 16 16 16 16 --ranks 1 2 4 \
+  --transports mpi event stream_gated --what halo,dslash,cg --repeats 3 \
   -o "$OUT/gpu_scaling.h5" --report-dir "$OUT/gpu_scaling" >>"$LOG" 2>&1
 say "scaling rc=$?"
 
