@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="array backend (default: $HMC_BACKEND or the deck's)")
     ap.add_argument("--grid", type=int, nargs=4, metavar=("PX", "PY", "PZ", "PT"),
                     help="process grid under mpiexec (default: the deck's, or chosen from the rank count)")
-    ap.add_argument("--transport", metavar="mpi|shm",
+    ap.add_argument("--transport", metavar="mpi|shm|event|stream_gated",
                     help="halo transport (default: $HMC_P2P_TRANSPORT, else shm between ranks of a node)")
     sub = ap.add_subparsers(dest="command", required=True)
 
