@@ -30,25 +30,10 @@ def site_axis(mu: int) -> int:
     return 3 - mu
 
 
-@dataclass
-class Geometry:
-    dims: tuple            # global extents (nx, ny, nz, nt)
-    backend: Backend = field(default_factory=get_backend)
-    grid: ProcessGrid | None = None
-
-    def __post_init__(self):
-        self.dims = tuple(int(n) for n in self.dims)
-        if len(self.dims) != 4:
-            raise GeometryError(f"lattice {self.dims} must have four extents nx ny nz nt")
-        for mu, n in enumerate(self.dims):
-            if n < 2 or n % 2:
-                raise GeometryError(f"lattice extent {n} in direction {DIRS[mu]} must be even and at least 2 "
-                                    "(staggered fermions need an even-odd split)")
-        if self.grid is None:
-            self.grid = ProcessGrid(lattice=self.dims)
-        self.grid.bind(self.dims)
-        self.local_dims = tuple(n // p for n, p in zip(self.dims, self.grid.dims))
-        self.offset = tuple(c * n for c, n in zip(self.grid.coords, self.local_dims))
+class SiteLattice:
+    """What any lattice of sites offers, from ``dims``, ``local_dims``, ``offset``, ``backend`` and ``grid``:
+    array shape, volumes, global coordinates and site indices, and neighbour shifts (a halo exchange on a
+    partitioned dimension). Shared by :class:`Geometry` and the coarse lattices of the multigrid."""
 
     @property
     def xp(self):
@@ -81,11 +66,6 @@ class Geometry:
         nx, ny, nz, _ = self.dims
         return (x + nx * (y + ny * (z + nz * t))).astype(self.xp.int64)
 
-    def parity(self):
-        """0 on even sites (x+y+z+t even), 1 on odd ones."""
-        x, y, z, t = self.coordinates()
-        return (x + y + z + t) % 2
-
     def shift(self, f, mu: int, step: int = 1):
         """The field at x + step*mu_hat, at x: ``shift(f, mu, +1)[x] = f[x + mu]``."""
         if not self.grid.partitioned[mu]:
@@ -96,6 +76,35 @@ class Geometry:
         """Post the halo exchange of ``shift(f, mu, step)``; ``.finish()`` returns the shifted field. Work done
         between the two overlaps the exchange. At most two may be outstanding (double buffering)."""
         return ShiftHandle(self, f, mu, step)
+
+
+@dataclass
+class Geometry(SiteLattice):
+    dims: tuple            # global extents (nx, ny, nz, nt)
+    backend: Backend = field(default_factory=get_backend)
+    grid: ProcessGrid | None = None
+
+    def __post_init__(self):
+        self.dims = tuple(int(n) for n in self.dims)
+        if len(self.dims) != 4:
+            raise GeometryError(f"lattice {self.dims} must have four extents nx ny nz nt")
+        for mu, n in enumerate(self.dims):
+            if n < 2 or n % 2:
+                raise GeometryError(f"lattice extent {n} in direction {DIRS[mu]} must be even and at least 2 "
+                                    "(staggered fermions need an even-odd split)")
+        if self.grid is None:
+            self.grid = ProcessGrid(lattice=self.dims)
+        self.grid.bind(self.dims)
+        self.local_dims = tuple(n // p for n, p in zip(self.dims, self.grid.dims))
+        self.offset = tuple(c * n for c, n in zip(self.grid.coords, self.local_dims))
+
+
+
+    def parity(self):
+        """0 on even sites (x+y+z+t even), 1 on odd ones."""
+        x, y, z, t = self.coordinates()
+        return (x + y + z + t) % 2
+
 
     def halo(self, f, depth: int = 1, dims=None) -> dict:
         """The neighbours' boundary slabs of ``f``, ``depth`` deep, over the partitioned dimensions (or ``dims``):

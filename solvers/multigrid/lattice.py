@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from lattice.geometry import DIRS, ShiftHandle, site_axis
+from lattice.geometry import DIRS, SiteLattice
 
 
 class MultigridError(ValueError):
     """Bad multigrid parameters (one-line message that names the constraint that failed)."""
 
 
-class CoarseGeometry:
+class CoarseGeometry(SiteLattice):
     """The lattice of one coarse level: global extents ``dims`` (x, y, z, t), this rank's ``local_dims``, the
-    fine geometry's process grid and backend. Provides what the solvers use of :class:`lattice.Geometry`:
-    ``xp``, ``backend``, ``grid``, ``shape``, ``volume``, ``shift``, ``shift_start`` and ``sum``."""
+    fine geometry's process grid and backend. Shape, coordinates and shifts come from
+    :class:`lattice.geometry.SiteLattice`, as for the fine :class:`lattice.Geometry`; sums go to the fine one."""
 
     def __init__(self, fine, block):
         self.fine = fine
@@ -36,44 +36,6 @@ class CoarseGeometry:
         self.dims = tuple(n // b for n, b in zip(fine.dims, self.block))
         self.local_dims = tuple(n // b for n, b in zip(fine.local_dims, self.block))
         self.offset = tuple(o // b for o, b in zip(fine.offset, self.block))
-
-    @property
-    def xp(self):
-        return self.backend.xp
-
-    @property
-    def shape(self) -> tuple:
-        nx, ny, nz, nt = self.local_dims
-        return (nt, nz, ny, nx)
-
-    @property
-    def volume(self) -> int:
-        return int(np.prod(self.dims))
-
-    @property
-    def local_volume(self) -> int:
-        return int(np.prod(self.local_dims))
-
-    def coordinates(self):
-        """Global coarse coordinates x, y, z, t of the local coarse sites."""
-        xp = self.xp
-        t, z, y, x = xp.meshgrid(*[xp.arange(n) for n in self.shape], indexing="ij")
-        ox, oy, oz, ot = self.offset
-        return x + ox, y + oy, z + oz, t + ot
-
-    def site_ids(self):
-        x, y, z, t = self.coordinates()
-        nx, ny, nz, _ = self.dims
-        return (x + nx * (y + ny * (z + nz * t))).astype(self.xp.int64)
-
-    def shift(self, f, mu: int, step: int = 1):
-        """The coarse field at a + step*mu, at a (halo exchange on a partitioned dimension)."""
-        if not self.grid.partitioned[mu]:
-            return self.xp.roll(f, -step, axis=site_axis(mu))
-        return ShiftHandle(self, f, mu, step).finish()
-
-    def shift_start(self, f, mu: int, step: int = 1):
-        return ShiftHandle(self, f, mu, step)
 
     def sum(self, a):
         return self.fine.sum(a)
