@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lattice.geometry import DIRS, SiteLattice
+from lattice.geometry import DIRS, SiteLattice, site_axis
 
 
 class MultigridError(ValueError):
