@@ -1,0 +1,258 @@
+"""The distributed GPU hop (solvers.staggered_dist_cuda): pack kernel, exchange through each transport, interior and
+exterior kernels; CG through it; the stream-gated Dslash and CG iteration captured in CUDA graphs.
+
+CPU (always): the NumPy twin of the kernels' index arithmetic (faces, ghost layout, interior/exterior split) equals
+StaggeredDslash.hop on partitioned grids of one process. GPU + MPI (the device machine; HMC_GPU_MPS=1 runs the
+launches under MPS): this file is launched under mpiexec in script mode on 2 and 4 ranks; every rank compares with
+the single-rank GPU results it computes itself from the same global fields.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+
+try:
+    from tests.comms.test_gpu_transports import launch, mps, needs_mpi  # noqa: F401  (fixture)
+except Exception:  # pragma: no cover - the GPU test module always imports
+    launch = mps = None
+    needs_mpi = pytest.mark.skip(reason="tests.comms.test_gpu_transports is unavailable")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# CPU: the twin
+
+@pytest.mark.parametrize("partition,naik", [("xt", True), ("yzt", False), ("xyzt", True)])
+def test_twin_layout_equals_the_hop(partition, naik):
+    from comms import ProcessGrid
+    from lattice import Geometry, get_backend
+    from solvers import StaggeredDslash
+    from solvers.staggered_dist_cuda import DistHop
+
+    geom = Geometry((4, 6, 4, 8), get_backend("numpy"), ProcessGrid((1, 1, 1, 1), partitioned=partition))
+    try:
+        fat, long, psi = _fields(geom, naik)
+        d = StaggeredDslash(geom, fat, long)
+        h = DistHop(d, twin=True)
+        assert sum(len(s) for s in h.sites[0]) == geom.local_volume // 2
+        for p in (0, 1):
+            ref = d.hop(psi, p, a=0.3, x=psi, b=-1.0)
+            out = np.zeros_like(psi)
+            h(psi, p, out, 0.3, psi, -1.0)
+            assert np.abs(out - ref).max() < 1e-13
+    finally:
+        geom.grid.close()
+
+
+def _random_links(geom, rng, stream, scale):
+    g = rng.gaussian(stream, geom.site_ids(), 4 * 18).reshape(tuple(geom.shape) + (4, 3, 3, 2))
+    m = (g[..., 0] + 1j * g[..., 1]) * scale
+    return geom.xp.ascontiguousarray(geom.xp.moveaxis(m, -3, 0))
+
+
+def _fields(geom, naik=True, seed=3):
+    from lattice import CounterRNG
+
+    rng = CounterRNG(seed)
+    fat = _random_links(geom, rng, "fat", 0.3)
+    long = _random_links(geom, rng, "long", 0.05) if naik else None
+    g = rng.gaussian("src", geom.site_ids(), 6).reshape(tuple(geom.shape) + (3, 2))
+    return fat, long, g[..., 0] + 1j * g[..., 1]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# GPU: launched under mpiexec
+
+CASES = [(2, "1x1x1x2", "4x4x4x16"), (4, "1x1x2x2", "4x4x8x8")]
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@needs_mpi
+@pytest.mark.parametrize("n,grid,lattice", CASES)
+def test_distributed_dslash_and_cg(tmp_path, mps, n, grid, lattice):  # noqa: F811
+    """Halos (depth 1 and 3) of event and stream_gated bitwise mpi's and the global field's; D and CG (the project's
+    and the device CG) equal the single-rank GPU results for every transport; the captured stream-gated D replayed
+    1000 times equals the uncaptured D each time; the captured CG iteration equals the uncaptured one."""
+    launch(n, [str(Path(__file__)), "dist", str(tmp_path), grid, lattice], mps)
+    rep = json.loads(Path(tmp_path, "dist.json").read_text())
+    rdir = os.environ.get("HMC_GPU_REPORT_DIR")
+    if rdir:
+        Path(rdir).mkdir(parents=True, exist_ok=True)
+        Path(rdir, f"dist_{n}.json").write_text(json.dumps(rep, indent=1))
+    for tr in ("mpi", "event", "stream_gated"):
+        r = rep["transports"][tr]
+        assert r["halo_bitwise"] == {"1": True, "3": True}, (tr, r)
+        assert r["dslash_rel"] < 1e-14, (tr, r)
+        assert r["cg_rel"] < 1e-8 and r["cg_iters"] == rep["reference"]["cg_iters"], (tr, r)
+        assert r["device_cg_rel"] < 1e-10, (tr, r)
+    g = rep["graph"]
+    assert g["replays"] == 1000 and g["replays_bad"] == 0
+    assert g["cg_graph_rel"] < 1e-12
+    assert rep["registry_after_close"] == []
+
+
+# --------------------------------------------------------------------------------------------------------------
+# script mode
+
+def _rel(a, b):
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
+
+
+def _expected_ghost(hop, glob, geom):
+    """The ghost buffer the exchange must deliver, from the global field (pure data movement: exact)."""
+    out = np.zeros(hop.total, dtype=hop.dtype)
+    base = hop.ghost.data.ptr
+    for (mu, side), v in hop.recvs.items():
+        axis = 3 - mu
+        n, o, N = geom.local_dims[mu], geom.offset[mu], geom.dims[mu]
+        dep = hop.depth
+        idx = [(o - dep + i) % N for i in range(dep)] if side == 0 else [(o + n + i) % N for i in range(dep)]
+        sl = [slice(off, off + m) for off, m in zip(reversed(geom.offset), reversed(geom.local_dims))]
+        sl[axis] = slice(None)
+        blk = np.take(glob[tuple(sl)], idx, axis=axis)
+        k = (v.data.ptr - base) // hop.dtype.itemsize
+        out[k:k + v.size] = blk.ravel()
+    return out
+
+
+def _dist(out, grid_text, lattice_text):
+    sys.path.insert(0, str(ROOT))
+    import cupy as cp
+
+    from comms import ProcessGrid, world
+    from comms.cuda import vmm
+    from comms.grid import _SingleComm
+    from lattice import Geometry, get_backend
+    from solvers import StaggeredDslash, cg
+    from solvers.staggered_dist_cuda import DeviceCG, DistHop, close_graph_mode
+
+    comm = world()
+    dims = tuple(int(v) for v in lattice_text.split("x"))
+    gdims = tuple(int(v) for v in grid_text.split("x"))
+    be = get_backend("cupy")
+    npbe = get_backend("numpy")
+    one = lambda: ProcessGrid((1, 1, 1, 1), comm=_SingleComm(), partitioned=(False,) * 4)  # noqa: E731
+    gnp = Geometry(dims, npbe, one())
+    fat, long, psi = _fields(gnp, True)
+    gref = Geometry(dims, be, one())
+    dref = StaggeredDslash(gref, cp.asarray(fat), cp.asarray(long))
+    mass = 0.05
+    A = dref.even_odd(mass).normal
+    bglob = cp.asnumpy(dref.even_odd(mass).prepare(cp.asarray(psi)))
+    ref_hop = [cp.asnumpy(dref.hop(cp.asarray(psi), p, a=0.3, x=cp.asarray(psi), b=-1.0)) for p in (0, 1)]
+    ref_x, ref_st = cg(1e-10, 2000)(A).solve(cp.asarray(bglob))
+    ref_x = cp.asnumpy(ref_x)
+    n_dcg = 40
+    dcg = DeviceCG(dref, mass, cp.asarray(bglob))
+    dcg.iterate(n_dcg)
+    ref_dcg = cp.asnumpy(dcg.x)
+    rep = {"grid": gdims, "lattice": dims, "ranks": comm.size,
+           "reference": {"cg_iters": ref_st.iters}, "transports": {}}
+    fails = []
+
+    def local(g, a):
+        return np.ascontiguousarray(g.local_part(a))
+
+    def local_links(g, a):
+        return cp.asarray(np.ascontiguousarray(g.local_part(a.transpose(1, 2, 3, 4, 0, 5, 6)).transpose(4, 0, 1, 2, 3,
+                                                                                                       5, 6)))
+
+    halos = {}
+    for tr in ("mpi", "event", "stream_gated"):
+        grid = ProcessGrid(gdims, transport=tr)
+        geom = Geometry(dims, be, grid)
+        r = {}
+        lfat, llong = local_links(geom, fat), local_links(geom, long)
+        lpsi = cp.asarray(local(geom, psi))
+        r["halo_bitwise"] = {}
+        for depth, lg in ((3, llong), (1, None)):
+            d = StaggeredDslash(geom, lfat, lg)
+            h = d._hop_impl
+            if not isinstance(h, DistHop) or h.depth != depth:
+                fails.append(f"{tr}: the registered hop is {type(h).__name__} (depth {getattr(h, 'depth', '?')})")
+                continue
+            h.pack(lpsi)
+            h.finish(h.start())
+            got = cp.asnumpy(h.ghost)
+            want = _expected_ghost(h, psi, geom)
+            halos.setdefault(depth, {})[tr] = got
+            r["halo_bitwise"][str(depth)] = bool(np.array_equal(got[:h.total], want[:h.total]) and
+                                                 np.array_equal(got, halos[depth]["mpi"]))
+        d = StaggeredDslash(geom, lfat, llong)
+        r["dslash_rel"] = max(_rel(cp.asnumpy(d.hop(lpsi, p, a=0.3, x=lpsi, b=-1.0)), local(geom, ref_hop[p]))
+                              for p in (0, 1))
+        r["dslash_bitwise"] = all(np.array_equal(cp.asnumpy(d.hop(lpsi, p, a=0.3, x=lpsi, b=-1.0)),
+                                                 local(geom, ref_hop[p])) for p in (0, 1))
+        lb = cp.asarray(local(geom, bglob))
+        x, st = cg(1e-10, 2000)(d.even_odd(mass).normal).solve(lb)
+        r["cg_rel"] = _rel(cp.asnumpy(x), local(geom, ref_x))
+        r["cg_iters"] = st.iters
+        c = DeviceCG(d, mass, lb)
+        c.iterate(n_dcg)
+        xd = cp.asnumpy(c.x)
+        r["device_cg_rel"] = _rel(xd, local(geom, ref_dcg))
+        r["device_cg_x"] = xd
+        if tr == "stream_gated":
+            rep["graph"] = _graph_checks(d, lpsi, lb, mass, n_dcg, xd, fails)
+        close_graph_mode(geom)
+        rep["transports"][tr] = r
+        grid.close()
+    xs = [rep["transports"][t].pop("device_cg_x") for t in ("mpi", "event", "stream_gated")]
+    rep["device_cg_bitwise_across_transports"] = all(np.array_equal(xs[0], v) for v in xs[1:])
+    rep["registry_after_close"] = vmm.leaked()
+    allf = comm.allgather(fails)
+    if comm.rank == 0:
+        rep["fails"] = [f"rank {k}: {f}" for k, fs in enumerate(allf) for f in fs]
+        Path(out, "dist.json").write_text(json.dumps(rep, indent=1, default=str))
+    print(f"rank {comm.rank}: {json.dumps(rep, default=str)}", flush=True)
+    if any(allf):
+        raise SystemExit(f"rank {comm.rank}: {fails}")
+
+
+def _graph_checks(d, lpsi, lb, mass, n_dcg, x_uncaptured, fails):
+    """stream_gated: D captured and replayed 1000 times with four inputs in turn, each replay against the
+    uncaptured D of that input; the captured CG iteration against the uncaptured one."""
+    import cupy as cp
+
+    from solvers.staggered_dist_cuda import DeviceCG, DslashRunner
+
+    inputs = [lpsi * (1.0 + 0.25 * k) for k in range(4)]
+    plain = DslashRunner(d, lpsi, graph=False)
+    refs = []
+    for v in inputs:
+        plain.psi[...] = v
+        refs.append(plain.run().copy())
+    plain.stream.synchronize()
+    run = DslashRunner(d, lpsi, graph=True)
+    n = 1000
+    hist = cp.empty((n,) + run.out.shape, dtype=run.out.dtype)
+    with run.stream:
+        for i in range(n):
+            run.psi[...] = inputs[i % 4]
+            run.out[...] = 0
+            run.run()
+            hist[i] = run.out
+    run.stream.synchronize()
+    bad = [i for i in range(n) if not bool(cp.array_equal(hist[i], refs[i % 4]))]
+    if bad:
+        fails.append(f"graph D: replays {bad[:5]} (of {len(bad)}) differ from the uncaptured D")
+    c = DeviceCG(d, mass, lb, graph=True)
+    c.iterate(n_dcg)
+    xg = cp.asnumpy(c.x)
+    res = {"replays": n, "replays_bad": len(bad), "cg_graph_rel": _rel(xg, x_uncaptured),
+           "cg_graph_bitwise": bool(np.array_equal(xg, x_uncaptured)),
+           "dslash_graph_s": run.time(100), "dslash_s": plain.time(100), "cg_graph_iter_s": c.time_iteration(100)}
+    return res
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 5 and sys.argv[1] == "dist":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        _dist(sys.argv[2], sys.argv[3], sys.argv[4])
