@@ -112,6 +112,8 @@ def bench_dslash(args) -> dict:
     from solvers import StaggeredDslash, cg, mixed_cg
     from solvers.staggered_cuda import hop_bytes
 
+    if _dist_wanted(args):
+        return bench_dslash_dist(args)
     backend = get_backend(args.backend or "auto")
     geom = Geometry(tuple(args.lattice), backend)
     rng = CounterRNG(3)
@@ -162,3 +164,117 @@ def bench_dslash(args) -> dict:
         print(f"  to 1e-10 (m=0.05): double CG {t_double:.3f} s ({st_d.iters} it), mixed CG {t_mixed:.3f} s "
               f"({st_m.iters} it), true residuals {st_d.true_residual:.1e} / {st_m.true_residual:.1e}")
     return res
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# distributed GPU Dslash and CG iteration per transport (hmc bench dslash --grid ... under mpiexec)
+
+def _dist_wanted(args) -> bool:
+    from comms import launched_size
+
+    return bool(getattr(args, "grid", None) or getattr(args, "local", None) or getattr(args, "transports", None)
+                or getattr(args, "graph", False) or launched_size() > 1)
+
+
+def bench_dslash_dist(args) -> dict:
+    """Per local volume L^4 and transport: the full D (two hops, two exchanges) and one device-CG iteration
+    (A = 4m^2 - D_eo D_oe, device-resident scalars, reductions through the halo engine), device time per call
+    (max over ranks, median of three blocks); with ``--graph`` also the stream-gated graph replays, the cost of
+    per-replay memop updates (COMMS.md option 2) and the phase split of an uncaptured hop."""
+    import os
+
+    from comms import ProcessGrid
+    from comms.grid import choose_grid, world
+    from comms.halo import check_transport_name
+    from solvers import StaggeredDslash
+    from solvers.staggered_dist_cuda import DeviceCG, DslashRunner, PhaseProfile, close_graph_mode, \
+        memop_update_cost
+
+    backend = get_backend(args.backend or "cupy")
+    if not backend.is_gpu:
+        raise ValueError("hmc bench dslash --grid/--transports/--graph measures the distributed GPU hop: use "
+                         "--backend cupy on a machine with a GPU")
+    comm = world()
+    env_t = os.environ.get("HMC_P2P_TRANSPORT")
+    text = getattr(args, "transports", None) or env_t or "mpi,event,stream_gated"
+    transports = [t.strip() for t in text.split(",") if t.strip()]
+    for t in transports:
+        check_transport_name(t)
+    locs = getattr(args, "local", None) or [8]
+    grid_dims = tuple(args.grid) if getattr(args, "grid", None) else None
+    reps = int(getattr(args, "reps", 0) or 100)
+    rows = []
+    for L in locs:
+        gd = grid_dims or choose_grid(comm.size, (L * 2,) * 4)
+        lattice = tuple(L * p for p in gd)
+        for tr in transports:
+            grid = ProcessGrid(gd, transport=tr)
+            geom = Geometry(lattice, backend, grid)
+            rng = CounterRNG(3)
+            fat = _random_links(geom, rng, "fat", 0.3)
+            long = _random_links(geom, rng, "long", 0.05)
+            d = StaggeredDslash(geom, fat, long)
+            g = rng.gaussian("src", geom.site_ids(), 6).reshape(geom.shape + (3, 2))
+            psi = g[..., 0] + 1j * g[..., 1]
+            hop = d._hop_impl
+            modes = [False] + ([True] if getattr(args, "graph", False) and tr == "stream_gated" else [])
+            for graph in modes:
+                row = {"ranks": comm.size, "grid": "x".join(map(str, gd)), "local": L, "lattice": list(lattice),
+                       "transport": tr, "graph": graph, "hop": type(hop).__name__}
+                run = DslashRunner(d, psi, graph=graph)
+                row["dslash_full_us"] = 1e6 * run.time(reps)
+                row["dslash_hop_us"] = row["dslash_full_us"] / 2
+                cgi = DeviceCG(d, 0.01, psi * (geom.parity() == 0)[..., None], graph=graph)
+                row["cg_iter_us"] = 1e6 * cgi.time_iteration(reps)
+                if graph:
+                    try:
+                        row["option2"] = memop_update_cost(run.graph, run.stream, reps, grid.active_comm)
+                        row["option2_cg"] = memop_update_cost(cgi.graph, cgi.stream, reps, grid.active_comm)
+                    except Exception as e:  # noqa: BLE001 - recorded: the measurement is optional
+                        row["option2_error"] = f"{type(e).__name__}: {e}"
+                elif hasattr(hop, "profile"):
+                    hop.profile = PhaseProfile()
+                    with run.stream:
+                        for _ in range(20):
+                            run.run()
+                    run.stream.synchronize()
+                    row["phases"] = hop.profile.summary()
+                    hop.profile = None
+                rows.append(row)
+                del run, cgi
+            close_graph_mode(geom)
+            grid.close()
+    out = {"rows": rows}
+    if comm.rank == 0:
+        if getattr(args, "out", None):
+            import json
+
+            with open(args.out, "w") as f:
+                json.dump(out, f, indent=1)
+        if not getattr(args, "json", False):
+            print(format_dist_rows(rows))
+    return out
+
+
+def format_dist_rows(rows) -> str:
+    """A Markdown table of :func:`bench_dslash_dist` rows."""
+    lines = ["| ranks | grid | local | transport | graph | hop us | full D us | CG iteration us | phases (device us: "
+             "pack/post/interior/wait/exterior; host us of post and wait) | option 2 (set memop params) wall us/replay "
+             "D, CG |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        ph = r.get("phases")
+        pt = ""
+        if ph:
+            pt = "/".join(f"{1e3 * ph[k]['device_ms']:.1f}" for k in ("pack", "post", "interior", "wait", "exterior"))
+            pt += f"; {1e3 * ph['post']['host_ms']:.0f}, {1e3 * ph['wait']['host_ms']:.0f}"
+        o2 = ""
+        if r.get("option2_error"):
+            o2 = r["option2_error"][:80]
+        if r.get("option2") and r.get("option2_cg"):
+            a, b = r["option2"], r["option2_cg"]
+            o2 = (f"{a['set_params']['wall_us']:.1f} vs {a['flags']['wall_us']:.1f} ({a['memop_nodes']} nodes); "
+                  f"{b['set_params']['wall_us']:.1f} vs {b['flags']['wall_us']:.1f} ({b['memop_nodes']} nodes)")
+        lines.append(f"| {r['ranks']} | {r['grid']} | {r['local']}^4 | {r['transport']} | {'yes' if r['graph'] else 'no'} "
+                     f"| {r['dslash_hop_us']:.1f} | {r['dslash_full_us']:.1f} | {r['cg_iter_us']:.1f} | {pt} | {o2} |")
+    return "\n".join(lines)

@@ -103,11 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-site data: 3x3 complex128 matrices (144 B) or 3-vectors (48 B)")
     b.add_argument("--min-time", type=float, default=0.3, help="seconds per measurement loop")
     b.add_argument("--json", action="store_true")
-    b = bsub.add_parser("dslash", help="HISQ dslash rate and bandwidth, CG iteration time, mixed vs double CG")
+    b = bsub.add_parser("dslash", help="HISQ dslash rate and bandwidth, CG iteration time, mixed vs double CG; "
+                                       "under mpiexec (or with --grid): the distributed GPU Dslash and CG iteration "
+                                       "per transport")
     b.add_argument("--lattice", type=int, nargs=4, default=[8, 8, 8, 8], metavar=("NX", "NY", "NZ", "NT"))
     b.add_argument("--precision", choices=("single", "double"), default="double")
     b.add_argument("--repeat", type=int, default=20)
     b.add_argument("--json", action="store_true")
+    b.add_argument("--local", type=int, nargs="+", metavar="L", help="distributed: local volumes L^4 per rank")
+    b.add_argument("--transports", help="distributed: transports, comma-separated (default: --transport, else "
+                                        "mpi,event,stream_gated)")
+    b.add_argument("--graph", action="store_true", help="distributed: also the graph-captured stream-gated D and CG "
+                                                        "iteration")
+    b.add_argument("--reps", type=int, default=100, help="distributed: calls per timing block")
+    b.add_argument("--out", help="distributed: write the rows as JSON here")
     return ap
 
 

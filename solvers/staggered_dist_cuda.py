@@ -441,17 +441,84 @@ def close_graph_mode(geom):
     set_graph_mode(geom, False)
 
 
+class Graph:
+    """``fn()`` captured on ``stream`` through the driver (relaxed mode) and instantiated; ``launch(stream)``
+    replays it. Keeps the CUgraph, so the memory-operation nodes can be listed (:meth:`memop_nodes`) and their
+    parameters set per replay (COMMS.md option 2, measured by :func:`memop_update_cost`)."""
+
+    def __init__(self, stream, fn):
+        from cuda.bindings import driver as drv
+
+        from comms.cuda.cu import call
+
+        self._drv, self._call = drv, call
+        call(drv.cuStreamBeginCapture, stream.ptr, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+        try:
+            with stream:
+                fn()
+        finally:
+            graph = call(drv.cuStreamEndCapture, stream.ptr)
+        self.graph = graph
+        self.exec = call(drv.cuGraphInstantiate, graph, 0)
+
+    def launch(self, stream):
+        self._call(self._drv.cuGraphLaunch, self.exec, stream.ptr)
+
+    def memop_nodes(self) -> list:
+        """(node, params) of every batch-memory-operation node (the captured cuStreamWaitValue64 and
+        cuStreamWriteValue64)."""
+        drv, call = self._drv, self._call
+        res = drv.cuGraphGetNodes(self.graph, 0)
+        n = int(res[-1])
+        nodes = call(drv.cuGraphGetNodes, self.graph, n)
+        nodes = nodes[0] if isinstance(nodes, tuple) else nodes
+        out = []
+        for node in nodes or []:
+            if call(drv.cuGraphNodeGetType, node) == drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_BATCH_MEM_OP:
+                out.append((node, call(drv.cuGraphBatchMemOpNodeGetParams, node)))
+        return out
+
+    def __del__(self):
+        try:
+            self._drv.cuGraphExecDestroy(self.exec)
+            self._drv.cuGraphDestroy(self.graph)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
 def _capture(stream, fn):
+    return Graph(stream, fn)
+
+
+def memop_update_cost(graph: Graph, stream, reps: int = 200, comm=None) -> dict:
+    """COMMS.md option 2 against option 1: replays of ``graph`` as they are (binary flags: nothing to update) and
+    with every memory-operation node's parameters set before each replay (cuGraphExecBatchMemOpNodeSetParams,
+    what monotonic counters need; the same values are set again, so the answer stays right: the cost is what is
+    measured). Host and wall microseconds per replay, device microseconds per replay, the node count."""
     import cupy as cp
 
-    mode = getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", None)
-    with stream:
-        stream.begin_capture(mode) if mode is not None else stream.begin_capture()
-        try:
-            fn()
-        finally:
-            g = stream.end_capture()
-    return g
+    drv, call = graph._drv, graph._call
+    nodes = graph.memop_nodes()
+    out = {"memop_nodes": len(nodes)}
+    for name, update in (("flags", False), ("set_params", True)):
+        stream.synchronize()
+        if comm is not None:
+            comm.Barrier()
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        t0 = time.perf_counter()
+        e0.record(stream)
+        for _ in range(reps):
+            if update:
+                for node, params in nodes:
+                    call(drv.cuGraphExecBatchMemOpNodeSetParams, graph.exec, node, params)
+            graph.launch(stream)
+        t_host = time.perf_counter() - t0
+        e1.record(stream)
+        e1.synchronize()
+        t_wall = time.perf_counter() - t0
+        out[name] = {"host_us": 1e6 * t_host / reps, "wall_us": 1e6 * t_wall / reps,
+                     "device_us": 1e3 * cp.cuda.get_elapsed_time(e0, e1) / reps}
+    return out
 
 
 class DslashRunner:
@@ -466,6 +533,7 @@ class DslashRunner:
         self.psi = cp.ascontiguousarray(psi.astype(dslash.dtype))
         self.out = cp.zeros_like(self.psi)
         self.stream = cp.cuda.Stream(non_blocking=True)
+        cp.cuda.Device().synchronize()        # buffers written on the legacy stream are ready for self.stream
         self.graph = None
         set_graph_mode(self.geom, graph)
         if graph:
@@ -526,6 +594,7 @@ class DeviceCG:
         self.coords = self.grid.coords
         if self.gpu_engine:
             self.engine.reserve(256)
+        cp.cuda.Device().synchronize()        # buffers written on the legacy stream are ready for self.stream
         self.graph = None
         self.iters_per_graph = int(iters_per_graph)
         self.start()
@@ -624,6 +693,11 @@ class DeviceCG:
             for _ in range(n):
                 self._iteration()
         self.iters += n
+
+    def solution(self):
+        """x after the iterations so far (synchronises the CG's stream)."""
+        self.stream.synchronize()
+        return self.x
 
     def residual2(self) -> float:
         """|r|^2 of the iterated residual (host synchronisation)."""

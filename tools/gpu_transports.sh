@@ -3,7 +3,8 @@
 # benchmark, the multi-rank parts under MPS (started here, stopped at the end; whether it ran is logged), then the
 # benchmark again without MPS. Logs and JSON under $OUT (at most 8 files come back: everything small is packed into
 # reports.tgz).
-# Usage there: bash tools/gpu_transports.sh [all|smoke|tests|bench] [pytest args...]
+# Usage there: bash tools/gpu_transports.sh [all|smoke|tests|bench|dist|distbench|distall] [pytest args...]
+# (dist: the distributed GPU Dslash/CG tests; distbench: hmc bench dslash per transport on 2 and 4 ranks)
 set -uo pipefail
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_osc=^ucx
@@ -59,11 +60,33 @@ bench() {
     2>&1 | tail -12 | tee -a "$LOG"
 }
 
+dist() {
+  say "pytest tests/solvers/test_gpu_distributed.py (distributed GPU Dslash and CG, 2 and 4 ranks)"
+  timeout ${DIST_BUDGET:-240} python3 -m pytest tests/solvers/test_gpu_distributed.py -q -p no:cacheprovider -rA \
+    "$@" 2>&1 | tee "$OUT/pytest_dist.txt" | tail -40 | tee -a "$LOG"
+  say "dist tests done (mps servers: $(mps_servers))"
+}
+
+distbench() {
+  # hmc bench dslash on the distributed GPU hop: every transport, graph-captured stream_gated, local L^4 per rank
+  for spec in "2 1 1 1 2" "4 1 1 2 2"; do
+    set -- $spec; n=$1; shift
+    say "hmc bench dslash: $n ranks, grid $*, local ${DIST_LOCALS:-4 8 16}"
+    timeout ${DISTBENCH_BUDGET:-150} $MPIRUN -n $n python3 -m hmc --backend cupy --grid "$@" bench dslash \
+      --local ${DIST_LOCALS:-4 8 16} --transports mpi,event,stream_gated --graph --reps ${DIST_REPS:-100} \
+      --out "$OUT/dist_bench_$n.json" 2>&1 | tee -a "$LOG"
+  done
+  say "mps servers during distbench: $(mps_servers)"
+}
+
 case $MODE in
   smoke) smoke ;;
   tests) tests "$@" ;;
   bench) bench ;;
   all) smoke; tests "$@"; bench ;;
+  dist) dist "$@" ;;
+  distbench) distbench ;;
+  distall) dist "$@"; distbench ;;
 esac
 
 echo quit | nvidia-cuda-mps-control >>"$LOG" 2>&1

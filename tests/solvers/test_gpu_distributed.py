@@ -152,7 +152,7 @@ def _dist(out, grid_text, lattice_text):
     n_dcg = 40
     dcg = DeviceCG(dref, mass, cp.asarray(bglob))
     dcg.iterate(n_dcg)
-    ref_dcg = cp.asnumpy(dcg.x)
+    ref_dcg = cp.asnumpy(dcg.solution())
     rep = {"grid": gdims, "lattice": dims, "ranks": comm.size,
            "reference": {"cg_iters": ref_st.iters}, "transports": {}}
     fails = []
@@ -196,7 +196,7 @@ def _dist(out, grid_text, lattice_text):
         r["cg_iters"] = st.iters
         c = DeviceCG(d, mass, lb)
         c.iterate(n_dcg)
-        xd = cp.asnumpy(c.x)
+        xd = cp.asnumpy(c.solution())
         r["device_cg_rel"] = _rel(xd, local(geom, ref_dcg))
         r["device_cg_x"] = xd
         if tr == "stream_gated":
@@ -226,9 +226,11 @@ def _graph_checks(d, lpsi, lb, mass, n_dcg, x_uncaptured, fails):
     inputs = [lpsi * (1.0 + 0.25 * k) for k in range(4)]
     plain = DslashRunner(d, lpsi, graph=False)
     refs = []
-    for v in inputs:
-        plain.psi[...] = v
-        refs.append(plain.run().copy())
+    with plain.stream:
+        for v in inputs:
+            plain.psi[...] = v
+            refs.append(plain.run().copy())
+        plain.psi[...] = lpsi
     plain.stream.synchronize()
     run = DslashRunner(d, lpsi, graph=True)
     n = 1000
@@ -245,7 +247,7 @@ def _graph_checks(d, lpsi, lb, mass, n_dcg, x_uncaptured, fails):
         fails.append(f"graph D: replays {bad[:5]} (of {len(bad)}) differ from the uncaptured D")
     c = DeviceCG(d, mass, lb, graph=True)
     c.iterate(n_dcg)
-    xg = cp.asnumpy(c.x)
+    xg = cp.asnumpy(c.solution())
     res = {"replays": n, "replays_bad": len(bad), "cg_graph_rel": _rel(xg, x_uncaptured),
            "cg_graph_bitwise": bool(np.array_equal(xg, x_uncaptured)),
            "dslash_graph_s": run.time(100), "dslash_s": plain.time(100), "cg_graph_iter_s": c.time_iteration(100)}
