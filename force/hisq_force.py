@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from lattice import su3
 from lattice.gauge import GaugeField
 
+from . import hisq_cuda as _cuda
 from . import phases as _phases
 from .hisq_links import FermionLinks, _global_min, hisq_level1
 from .smearing import FAT7, HISQ_EPS_CORRECTION, HISQ_LEVEL2, asqtad_coefficients
@@ -106,6 +107,10 @@ def _summed(xp, like, terms):
 
 def momentum_derivative(links, d_u):
     """Pdot_mu(x) = TA[U_mu(x) D_U mu(x)] (= TA[U G^dag]) for a link derivative D_U."""
+    if type(links).__module__.startswith("cupy") and _cuda.ENABLED:
+        from lattice.backend import get_backend
+
+        return _cuda.ta_product(get_backend("cupy"), links, d_u)
     return su3.traceless_antihermitian(links @ d_u)
 
 

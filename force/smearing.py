@@ -37,6 +37,8 @@ from dataclasses import dataclass, fields
 
 from lattice import su3
 
+from . import hisq_cuda as _cuda
+
 
 @dataclass(frozen=True)
 class PathCoefficients:
@@ -142,7 +144,10 @@ class StapleOperator:
 def fat_link(geom, links, c: PathCoefficients):
     """F[U; c1, c3, c5, c7, cL] for all four directions: an array like ``links`` (4, nt, nz, ny, nx, 3, 3).
 
-    ``links`` are unphased (phases removed); the Naik coefficient of ``c`` is ignored (see :func:`naik_link`)."""
+    ``links`` are unphased (phases removed); the Naik coefficient of ``c`` is ignored (see :func:`naik_link`).
+    On one GPU this is :func:`force.hisq_cuda.fat_link` (same sums, one kernel per staple)."""
+    if _cuda.active(geom) and (c.five_staple != 0.0 or c.seven_staple != 0.0):
+        return _cuda.fat_link(geom, links, c)
     xp = geom.xp
     s = StapleOperator(geom, links)
     out = xp.empty_like(links)
@@ -174,6 +179,8 @@ def fat_link(geom, links, c: PathCoefficients):
 
 def naik_link(geom, links, coeff: float):
     """coeff * U_mu(x) U_mu(x+mu) U_mu(x+2mu) for all four directions (unphased)."""
+    if _cuda.active(geom):
+        return _cuda.naik_link(geom, links, coeff)
     xp = geom.xp
     out = xp.empty_like(links)
     for mu in range(4):

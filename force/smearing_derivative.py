@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from lattice import su3
 
+from . import hisq_cuda as _cuda
 from .smearing import PathCoefficients
 
 
@@ -133,7 +134,10 @@ class StapleAdjoint:
 def fat_link_vjp(geom, links, c: PathCoefficients, d_fat):
     """The link derivative of S through F[U; c] = :func:`force.smearing.fat_link`: given D_F (like ``links``),
     return D_U with delta S = sum Re Tr[delta F D_F] = sum Re Tr[delta U D_U] (the Naik coefficient of ``c`` is
-    ignored, as in the forward function). Exact for any complex link field."""
+    ignored, as in the forward function). Exact for any complex link field. On one GPU this is
+    :func:`force.hisq_cuda.fat_link_vjp` (the same reverse pass, one kernel per adjoint staple)."""
+    if _cuda.active(geom) and (c.five_staple != 0.0 or c.seven_staple != 0.0):
+        return _cuda.fat_link_vjp(geom, links, c, d_fat)
     xp = geom.xp
     s = StapleAdjoint(geom, links)
     out = xp.zeros_like(links)
@@ -194,6 +198,8 @@ def naik_link_vjp(geom, links, coeff: float, d_long):
         D_U_mu(x) += coeff [ U1 U2 D(x) ](x) + coeff [ U2 D U0 ](x-mu) + coeff [ D U0 U1 ](x-2mu),
 
     with Uk = U_mu(x+k mu), D = D_L mu(x)."""
+    if _cuda.active(geom):
+        return _cuda.naik_link_vjp(geom, links, coeff, d_long)
     xp = geom.xp
     out = xp.zeros_like(links)
     for mu in range(4):

@@ -24,8 +24,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from lattice import su3
-from lattice.backend import array_module
+from lattice.backend import array_module, get_backend
+
+from . import hisq_cuda as _cuda
 
 #: ``U3_UNIT_ANALYTIC_EPS`` in double precision (``include/su3_mat_op.h``).
 ANALYTIC_EPS = 1e-14
@@ -86,8 +90,11 @@ def u3_unitarize(v, *, allow_svd: bool = True, svd_rel_error: float = SVD_REL_ER
     """W = V (V^dag V)^(-1/2) for every 3x3 matrix of ``v`` (any leading shape): (W, UnitarizeInfo).
 
     MILC's ``u3_unitarize_analytic`` with its SVD fallback (module docstring). ``allow_svd=False`` gives the
-    analytic formula everywhere (MILC without ``HISQ_REUNIT_ALLOW_SVD``)."""
+    analytic formula everywhere (MILC without ``HISQ_REUNIT_ALLOW_SVD``). On a GPU the analytic part is one
+    kernel per link (:func:`force.hisq_cuda.u3_unitarize`), the fallback links the same masked SVD."""
     xp = array_module(v)
+    if xp is not np and _cuda.ENABLED:
+        return _u3_unitarize_gpu(v, allow_svd, svd_rel_error, svd_abs_error, analytic_eps)
     q = su3.dagger(v) @ v
     g, q2 = eigenvalues_analytic(q, analytic_eps)
 
@@ -132,6 +139,22 @@ def u3_unitarize(v, *, allow_svd: bool = True, svd_rel_error: float = SVD_REL_ER
     info = UnitarizeInfo(n_svd=n_svd, n=n, min_eigenvalue=float(gmin.min()) if n else math.inf,
                          svd_mask=use_svd)
     return w, info
+
+
+def _u3_unitarize_gpu(v, allow_svd, svd_rel_error, svd_abs_error, analytic_eps):
+    """:func:`u3_unitarize` with the analytic formula and the fallback test in one CUDA kernel."""
+    xp = array_module(v)
+    w, use_svd, gmin = _cuda.u3_unitarize(get_backend("cupy"), v, allow_svd, svd_rel_error, svd_abs_error,
+                                          analytic_eps)
+    w = w.reshape(v.shape)
+    n_svd = int(use_svd.sum()) if allow_svd else 0
+    if n_svd:
+        a, sigma, bh = xp.linalg.svd(v[use_svd])
+        w[use_svd] = a @ bh
+        gmin[use_svd] = (sigma * sigma).min(axis=-1)
+    n = int(math.prod(v.shape[:-2]))
+    return w, UnitarizeInfo(n_svd=n_svd, n=n, min_eigenvalue=float(gmin.min()) if n else math.inf,
+                            svd_mask=use_svd if allow_svd else None)
 
 
 def u3_project_svd(v):

@@ -31,7 +31,9 @@ import math
 from dataclasses import dataclass, field
 
 from lattice import su3
-from lattice.backend import array_module
+from lattice.backend import array_module, get_backend
+
+from . import hisq_cuda as _cuda
 
 #: MILC's ``HISQ_FORCE_FILTER`` of the HISQ RHMC builds (``ks_imp_rhmc/Make_template``).
 FORCE_FILTER = 5.0e-5
@@ -55,6 +57,12 @@ def u3_unitarize_vjp(v, d_w, force_filter: float | None = FORCE_FILTER):
     ``v``, ``d_w``: arrays of 3x3 matrices with the same leading shape. ``force_filter``: MILC's filter threshold
     (5e-5); None or 0 gives the exact derivative everywhere (module docstring)."""
     xp = array_module(v)
+    if xp.__name__ == "cupy" and _cuda.ENABLED:     # all of it per link in one kernel (force.hisq_cuda.u3_vjp)
+        d_v, mask, gmin = _cuda.u3_vjp(get_backend("cupy"), v, d_w, force_filter)
+        n = int(math.prod(v.shape[:-2]))
+        return d_v, FilterInfo(n_filtered=int(mask.sum()) if force_filter else 0, n=n,
+                               min_eigenvalue=float(gmin.min()) if n else math.inf,
+                               mask=mask if force_filter else None)
     vd = su3.dagger(v)
     g, e = xp.linalg.eigh(vd @ v)
     gmin = g.min(axis=-1)
