@@ -1,0 +1,99 @@
+"""Run a CuPy RawModule's CUDA source on the host: the kernels compiled as C++ (g++) with a small CUDA shim and
+launched through ctypes, one "thread" after another. Lets the CPU test suite check the kernels' arithmetic and
+indexing against the NumPy twins where no GPU is present (tests/force/test_hisq_cuda_host.py).
+
+``FakeCuPy`` stands in for the cupy module (NumPy underneath, plus ``RawModule``), so the Python drivers of the
+kernels run unchanged with a ``Backend("cupy", FakeCuPy())``."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import re
+import shutil
+import subprocess
+import tempfile
+import types
+from pathlib import Path
+
+import numpy as np
+
+HEADER = r"""
+#include <math.h>
+struct double2 { double x, y; };
+static inline double2 make_double2(double a, double b) { double2 r; r.x = a; r.y = b; return r; }
+template <class T> static inline T __ldg(const T *p) { return *p; }
+struct Idx { long x; };
+static Idx blockIdx = {0}, threadIdx = {0}, blockDim = {1};
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+"""
+_CTYPES = {"double": ctypes.c_double, "int": ctypes.c_int, "long": ctypes.c_long}
+_BUILD = Path(tempfile.gettempdir()) / "hmc_cuda_host"
+
+
+def compiler_available() -> bool:
+    return shutil.which("g++") is not None
+
+
+def _build(source: str):
+    kernels = re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', source)
+    wrappers, sigs = [], {}
+    for name, params in kernels:
+        ps = [p.strip() for p in params.split(",")]
+        names = [re.findall(r"(\w+)$", p)[0] for p in ps]
+        sigs[name] = [ctypes.c_void_p if "*" in p else _CTYPES[p.split()[-2]] for p in ps]
+        wrappers.append(f'extern "C" void launch_{name}(long nthr, {params}) {{ for (long i = 0; i < nthr; ++i) '
+                        f'{{ blockIdx.x = i; {name}({", ".join(names)}); }} }}')
+    code = HEADER + source + "\n" + "\n".join(wrappers)
+    key = hashlib.sha1(code.encode()).hexdigest()[:16]
+    _BUILD.mkdir(exist_ok=True)
+    lib = _BUILD / f"k_{key}.so"
+    if not lib.exists():
+        src = _BUILD / f"k_{key}.cpp"
+        src.write_text(code)
+        tmp = _BUILD / f"k_{key}.{np.random.randint(1 << 30)}.so"
+        subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-w", "-o", str(tmp), str(src)], check=True)
+        tmp.replace(lib)
+    return ctypes.CDLL(str(lib)), sigs
+
+
+class _Function:
+    def __init__(self, so, name, argtypes):
+        self.f = getattr(so, "launch_" + name)
+        self.f.argtypes = [ctypes.c_long] + argtypes
+        self.argtypes = argtypes
+
+    def __call__(self, grid, block, args):
+        if len(args) != len(self.argtypes):
+            raise TypeError(f"{len(args)} arguments for {len(self.argtypes)} parameters")
+        conv = []
+        for a, t in zip(args, self.argtypes):
+            if t is ctypes.c_void_p:
+                if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
+                    raise TypeError("a pointer argument must be a C-contiguous NumPy array")
+                conv.append(ctypes.c_void_p(a.ctypes.data))
+            else:
+                conv.append(t(a.item() if hasattr(a, "item") else a))
+        self.f(int(grid[0]) * int(block[0]), *conv)
+
+
+class RawModule:
+    def __init__(self, code, options=()):
+        self.so, self.sigs = _build(code)
+
+    def get_function(self, name):
+        return _Function(self.so, name, self.sigs[name])
+
+
+class FakeCuPy(types.ModuleType):
+    """NumPy under cupy's name, with RawModule compiled for the host."""
+
+    RawModule = RawModule
+
+    def __init__(self):
+        super().__init__("cupy_host_shim")
+
+    def __getattr__(self, name):
+        return getattr(np, name)
