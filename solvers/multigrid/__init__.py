@@ -45,8 +45,9 @@ from .lattice import CoarseGeometry, MultigridError
 from .operators import CoarseOperator, FineStencil, KDBlocks, LevelOperator
 from .solver import (Hierarchy, MultigridInverse, MultigridParams, MultigridStats, Subspace, multigrid,
                      validate)
+from .split import split_grid_solve
 from .transfer import Transfer, galerkin, orthonormalize, relax_null_vectors
 
 __all__ = ["multigrid", "MultigridInverse", "MultigridParams", "MultigridStats", "MultigridError", "Subspace",
            "Hierarchy", "validate", "CoarseGeometry", "CoarseOperator", "FineStencil", "KDBlocks", "LevelOperator",
-           "Transfer", "galerkin", "orthonormalize", "relax_null_vectors"]
+           "Transfer", "galerkin", "orthonormalize", "relax_null_vectors", "split_grid_solve"]

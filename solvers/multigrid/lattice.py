@@ -19,6 +19,8 @@ import numpy as np
 
 from lattice.geometry import DIRS, SiteLattice, site_axis
 
+from . import timing
+
 
 class MultigridError(ValueError):
     """Bad multigrid parameters (one-line message that names the constraint that failed)."""
@@ -40,6 +42,36 @@ class CoarseGeometry(SiteLattice):
     def sum(self, a):
         return self.fine.sum(a)
 
+    def shift(self, f, mu: int, step: int = 1):
+        """:meth:`SiteLattice.shift`; on a partitioned dimension (a halo exchange through ``comms``) its time is
+        charged to the active level clock (:mod:`.timing`)."""
+        if not self.grid.partitioned[mu]:
+            return super().shift(f, mu, step)
+        t0 = timing.now()
+        out = super().shift(f, mu, step)
+        timing.charge_halo(timing.now() - t0)
+        return out
+
+    def gather_all(self, a):
+        """The global site array (site axes first) of the local blocks ``a`` on every rank (NumPy). Collective."""
+        be = self.backend
+        a = be.to_numpy(a) if be.is_gpu else np.asarray(a)
+        grid = self.grid
+        if grid.active_comm.size == 1:
+            return a
+        blocks = grid.active_comm.allgather((grid.coords, a))
+        nx, ny, nz, nt = self.dims
+        out = np.empty((nt, nz, ny, nx) + a.shape[4:], dtype=a.dtype)
+        lx, ly, lz, lt = self.local_dims
+        for (cx, cy, cz, ct), blk in blocks:
+            out[ct * lt:(ct + 1) * lt, cz * lz:(cz + 1) * lz, cy * ly:(cy + 1) * ly, cx * lx:(cx + 1) * lx] = blk
+        return out
+
+    def local_part(self, a):
+        """This rank's block of a global site array."""
+        (ox, oy, oz, ot), (lx, ly, lz, lt) = self.offset, self.local_dims
+        return a[ot:ot + lt, oz:oz + lz, oy:oy + ly, ox:ox + lx]
+
     def __repr__(self):
         return f"<coarse lattice {'x'.join(map(str, self.dims))} (blocks {'x'.join(map(str, self.block))})>"
 
@@ -51,8 +83,11 @@ def global_sums(geom, local):
     through the grid's allreduce in one message; their rounding depends on the rank count (the "fast" mode of
     :mod:`solvers.operator`)."""
     be = geom.backend
+    t0 = timing.now()
     a = be.to_numpy(local) if be.is_gpu else np.asarray(local)
-    return np.asarray(geom.grid.sum(a))
+    out = np.asarray(geom.grid.sum(a))
+    timing.charge_reduce(timing.now() - t0)
+    return out
 
 
 def bmm(xp, A, B):

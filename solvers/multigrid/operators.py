@@ -297,16 +297,19 @@ class CoarseOperator:
 
     # the exact coarsest solve ---------------------------------------------------------------------------------
     def sparse_matrix(self):
-        """The operator as a scipy.sparse CSR matrix on the host (one rank: the local lattice is the global one);
-        unknowns ordered as the field (site in (t, z, y, x) order, then the n components)."""
+        """The operator on the whole coarse lattice as a scipy.sparse CSR matrix on the host, the same on every
+        rank (the stencil blocks are gathered from all ranks: collective); unknowns ordered as the global field
+        (site in (t, z, y, x) order, then the n components)."""
         import scipy.sparse as sp
 
         geom = self.geom
-        be = geom.backend
-        Y = be.to_numpy(self.Y) if be.is_gpu else np.asarray(self.Y)
+        xp = self.xp
+        Y = geom.gather_all(xp.moveaxis(self.Y, 0, 4))               # (T, Z, Y, X, 9, n, n), global
+        Y = np.moveaxis(Y, 4, 0)
         n = self.n
-        nsite = int(np.prod(geom.shape))
-        ids = np.arange(nsite).reshape(geom.shape)
+        shape = Y.shape[1:5]
+        nsite = int(np.prod(shape))
+        ids = np.arange(nsite).reshape(shape)
         rows, cols, vals = [], [], []
         r_idx = (ids.reshape(-1, 1, 1) * n + np.arange(n).reshape(1, n, 1))
         for d in range(9):

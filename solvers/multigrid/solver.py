@@ -12,7 +12,13 @@ Levels (MULTIGRID.md):
 K-cycle on level l (1 <= l < L-1), post-smoothing only: x = P y with y the level-(l+1) solve of A_{l+1} y = R f
 (exact on the coarsest level; otherwise flexible GCR preconditioned by the level-(l+1) cycle, to
 ``kcycle_tol`` in at most ``kcycle_maxiter`` iterations), then ``smoother_steps[l]`` GCR steps on A_l.
-Coarsest level: sparse LU (scipy, on the host, one rank) or unpreconditioned GCR to ``coarsest_tol``.
+Coarsest level: sparse LU (scipy, on the host; on several ranks the coarse stencil is gathered and factorized on
+every rank, each solve gathers the right-hand side, solves redundantly and keeps its block) or unpreconditioned GCR
+to ``coarsest_tol``.
+
+Distributed: every level lives on the fine lattice's process grid (a coarse site belongs to the rank holding its
+aggregate); coarse shifts go through the halo exchange of ``comms`` (every transport) and reductions through the
+grid. Each level's time is split into compute, coarse halo exchange and reductions (:mod:`.timing`).
 """
 from __future__ import annotations
 
@@ -28,7 +34,8 @@ from ..cg import InverseOperator, SolverConvergenceError, SolverStats
 from ..staggered import StaggeredMatrix
 from .krylov import fgcr, gcr_smooth, norm2
 from .lattice import MultigridError, check_blocks, check_hypercubes
-from .operators import CoarseOperator, Counter, FineStencil, KDBlocks, LevelOperator
+from . import timing
+from .operators import Counter, FineStencil, KDBlocks, LevelOperator
 from .transfer import Transfer, galerkin, relax_null_vectors
 
 COARSEST = ("auto", "lu", "gcr")
@@ -123,8 +130,8 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
       update;
     * ``smoother_steps``: GCR post-smoothing steps on level 0, 1, ... (the last entry repeats): (4, 2);
     * ``kcycle_tol``, ``kcycle_maxiter``: the K-cycle's GCR on the levels between KD and the coarsest;
-    * ``coarsest``: "lu" (exact, scipy sparse LU on the host, one rank), "gcr" (to ``coarsest_tol``), or "auto"
-      (LU on one rank up to 200 000 unknowns);
+    * ``coarsest``: "lu" (exact, scipy sparse LU on the host, gathered to every rank), "gcr" (to
+      ``coarsest_tol``), or "auto" (LU up to 200 000 coarsest unknowns);
     * ``nkrylov``: restart length of the outer flexible GCR;
     * ``kd=False``: aggregate M itself, without the Kahler-Dirac step (the negative control);
     * ``subspace``: a :class:`Subspace` to share (near-null vectors of another mass: ``inv.subspace``).
@@ -149,7 +156,8 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
 @dataclass
 class MultigridStats(SolverStats):
     """SolverStats plus: ``levels`` (one dict per level: operator, lattice, unknowns, iterations, applications,
-    seconds), ``setup_time`` (this solve's share: the set-up, refresh or rebuild it triggered), ``solve_time``,
+    seconds, split into compute_time, halo_time (coarse halo exchanges; halo_exchanges of them) and reduce_time
+    (global reductions; reductions of them)), ``setup_time`` (this solve's share: the set-up, refresh or rebuild it triggered), ``solve_time``,
     ``fine_applies`` (applications of M during the solve, the K-cycle's included) and ``setup_fine_applies``
     (fine-operator vector applications of the set-up it triggered), ``setup`` ("built", "refreshed", "rebuilt"
     or "reused")."""
@@ -170,7 +178,11 @@ class MultigridStats(SolverStats):
                                ("smoother_steps", "smoother steps")):
                 if d.get(key):
                     bits.append(f"{d[key]} {label}")
-            bits.append(f"{d['time']:.3g} s")
+            split = ""
+            if "compute_time" in d:
+                split = (f" (compute {d['compute_time']:.3g} s, halo {d['halo_time']:.3g} s in "
+                         f"{d['halo_exchanges']} exchanges, reductions {d['reduce_time']:.3g} s in {d['reductions']})")
+            bits.append(f"{d['time']:.3g} s{split}")
             out.append(" ".join(bits[:1]) + " " + ", ".join(bits[1:]))
         return out
 
@@ -205,6 +217,7 @@ class Hierarchy:
     def __init__(self, M: StaggeredMatrix, params: MultigridParams, stencil: FineStencil):
         self.M, self.params = M, params
         self.counters = [Counter() for _ in range(params.levels)]
+        self.clocks = [timing.LevelClock() for _ in range(params.levels)]
         self.stencil = stencil
         self.kd = KDBlocks(stencil) if params.kd else None
         self.ops = [None, LevelOperator(M, stencil, self.kd, self.counters[1])]
@@ -221,13 +234,9 @@ class Hierarchy:
         p = self.params
         op = self.ops[-1]
         unknowns = op.geom.volume * op.n
-        one_rank = op.geom.grid.size == 1
         if p.coarsest == "lu":
-            if not one_rank:
-                raise MultigridError("coarsest = lu needs one rank (the coarse operator is not gathered yet): use "
-                                     "coarsest = gcr")
             return "lu"
-        if p.coarsest == "auto" and one_rank and unknowns <= p.lu_max_unknowns:
+        if p.coarsest == "auto" and unknowns <= p.lu_max_unknowns:
             return "lu"
         return "gcr"
 
@@ -369,17 +378,23 @@ class MultigridInverse(InverseOperator):
         op = h.ops[L]
         st = self._lstats[L]
         t0 = time.perf_counter()
-        if h.lu is not None:
-            be = op.geom.backend
-            rhs = be.to_numpy(f) if be.is_gpu else np.asarray(f)
-            y = h.lu.solve(rhs.ravel()).reshape(rhs.shape)
-            y = op.xp.asarray(y)
-            st["direct_solves"] += 1
-        else:
-            p = self.params
-            y, res = fgcr(op.apply, lambda r: r, op.geom, f, p.coarsest_tol, p.coarsest_maxiter, nkrylov=p.coarsest_maxiter)
-            st["krylov_iters"] += res.iters
-            st["solves"] += 1
+        with timing.active(h.clocks[L]):
+            if h.lu is not None:
+                geom = op.geom
+                t1 = timing.now()
+                rhs = geom.gather_all(f)                     # the whole right-hand side on every rank
+                dt = timing.now() - t1
+                if geom.grid.active_comm.size > 1:
+                    timing.charge_halo(dt)                   # the gather is the coarsest level's communication
+                y = h.lu.solve(rhs.ravel()).reshape(rhs.shape)
+                y = op.xp.asarray(np.ascontiguousarray(geom.local_part(y)))
+                st["direct_solves"] += 1
+            else:
+                p = self.params
+                y, res = fgcr(op.apply, lambda r: r, op.geom, f, p.coarsest_tol, p.coarsest_maxiter,
+                              nkrylov=p.coarsest_maxiter)
+                st["krylov_iters"] += res.iters
+                st["solves"] += 1
         st["time_incl"] += time.perf_counter() - t0
         return y
 
@@ -399,14 +414,16 @@ class MultigridInverse(InverseOperator):
         else:
             opc = h.ops[l + 1]
             t1 = time.perf_counter()
-            y, res = fgcr(opc.apply, lambda r: self._cycle(l + 1, r), opc.geom, fc, p.kcycle_tol, p.kcycle_maxiter,
-                          nkrylov=p.kcycle_maxiter)
+            with timing.active(h.clocks[l + 1]):
+                y, res = fgcr(opc.apply, lambda r: self._cycle(l + 1, r), opc.geom, fc, p.kcycle_tol,
+                              p.kcycle_maxiter, nkrylov=p.kcycle_maxiter)
             self._lstats[l + 1]["krylov_iters"] += res.iters
             self._lstats[l + 1]["solves"] += 1
             self._lstats[l + 1]["time_incl"] += time.perf_counter() - t1
         x = tr.prolong(y)
         steps = p.steps(l)
-        x = gcr_smooth(h.ops[l], f, x, steps)
+        with timing.active(h.clocks[l]):
+            x = gcr_smooth(h.ops[l], f, x, steps)
         st["smoother_steps"] += steps
         if l == 1:
             st["time_incl"] += time.perf_counter() - t0
@@ -419,7 +436,8 @@ class MultigridInverse(InverseOperator):
         e = self._cycle(1, f)
         steps = p.steps(0)
         if steps > 0:
-            e = gcr_smooth(self._fine, r, e, steps)
+            with timing.active(h.clocks[0]):
+                e = gcr_smooth(self._fine, r, e, steps)
             self._lstats[0]["smoother_steps"] += steps
         return e
 
@@ -433,13 +451,16 @@ class MultigridInverse(InverseOperator):
         h = self.hierarchy
         for c in h.counters:
             c.reset()
+        for c in h.clocks:
+            c.reset()
         self._fine = _FineOp(self.op, h.counters[0])
         self._lstats = [dict(cycles=0, krylov_iters=0, solves=0, direct_solves=0, smoother_steps=0, time_incl=0.0)
                         for _ in h.ops]
         t0 = time.perf_counter()
         b = xp.asarray(b).astype(self.op.dtype, copy=False)
-        x, res = fgcr(self._fine.apply, self._precondition, geom, b, p.tol, p.maxiter, nkrylov=p.nkrylov,
-                      x=None if x0 is None else xp.asarray(x0).astype(self.op.dtype), true_residual=True)
+        with timing.active(h.clocks[0]):
+            x, res = fgcr(self._fine.apply, self._precondition, geom, b, p.tol, p.maxiter, nkrylov=p.nkrylov,
+                          x=None if x0 is None else xp.asarray(x0).astype(self.op.dtype), true_residual=True)
         geom.backend.synchronize()
         solve_time = time.perf_counter() - t0
         self._lstats[0]["time_incl"] = solve_time
@@ -488,6 +509,10 @@ class MultigridInverse(InverseOperator):
             nxt = incl[l + 1] if l + 1 < len(incl) else 0.0
             d["time"] = max(incl[l] - nxt, 0.0)          # exclusive: without the coarser levels
             d["time_inclusive"] = incl[l]
+            ck = h.clocks[l]
+            d["halo_time"], d["halo_exchanges"] = ck.halo, ck.halo_count
+            d["reduce_time"], d["reductions"] = ck.reduce, ck.reduce_count
+            d["compute_time"] = max(d["time"] - ck.halo - ck.reduce, 0.0)
             out.append(d)
         return out
 

@@ -1,0 +1,66 @@
+"""Per-level clocks of the multigrid solve: compute, coarse-grid halo exchange and global reductions.
+
+MULTIGRID.md ("What to expect"): the coarse levels are latency-bound (tiny halos, many reductions), so the time of
+each level is reported split three ways. The solver makes the clock of the level it works on *active*
+(:func:`active`, nested as the K-cycle recurses); the two places that communicate charge it:
+
+* :func:`lattice.global_sums` (every reduction of the Krylov solvers and of the set-up): ``reduce``;
+* :meth:`lattice.CoarseGeometry.shift` on a partitioned dimension (the coarse stencil's halo exchange through
+  ``comms``, whatever the transport): ``halo``.
+
+A level's compute time is its exclusive wall time less the two. The fine levels' halo exchange happens inside the
+staggered operator (its own overlapped exchange), so it is part of their compute time here.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+
+class LevelClock:
+    """Seconds and counts of one level's halo exchanges and reductions."""
+
+    __slots__ = ("halo", "halo_count", "reduce", "reduce_count")
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.halo = 0.0
+        self.halo_count = 0
+        self.reduce = 0.0
+        self.reduce_count = 0
+
+
+_STACK: list = []
+
+
+@contextmanager
+def active(clock: LevelClock | None):
+    """Charge communication to ``clock`` inside the block (None: to nobody)."""
+    _STACK.append(clock)
+    try:
+        yield clock
+    finally:
+        _STACK.pop()
+
+
+def current() -> LevelClock | None:
+    return _STACK[-1] if _STACK else None
+
+
+def charge_halo(seconds: float):
+    c = current()
+    if c is not None:
+        c.halo += seconds
+        c.halo_count += 1
+
+
+def charge_reduce(seconds: float):
+    c = current()
+    if c is not None:
+        c.reduce += seconds
+        c.reduce_count += 1
+
+
+now = time.perf_counter
