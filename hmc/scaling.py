@@ -100,10 +100,18 @@ def add_parser(sub) -> None:
                         "'8x8x8x16' and '16^4' are accepted too)")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], metavar="N",
                    help="rank counts (default 1 2 4); the 1-rank baseline always runs")
+    p.add_argument("--grid", nargs="+", default=[], metavar="PXxPYxPZxPT",
+                   help="explicit process grids (e.g. 1x1x2x2), run as given beside the automatic grids of --ranks "
+                        "(replacing the automatic one of the same rank count); a grid that does not split a lattice "
+                        "fails in the worker and is recorded as failed")
     p.add_argument("--transports", nargs="+", default=list(CPU_TRANSPORTS), metavar="T",
                    help="halo transports: mpi shm (CPU) event stream_gated (GPU); default mpi shm")
     p.add_argument("--graph", action="store_true",
-                   help="also measure stream_gated with the exchange captured in CUDA graphs (GPU)")
+                   help="GPU transports: also time the dslash and CG iterations captured in CUDA graphs (one more "
+                        "row per graph-capable transport; needs solvers/staggered_dist_cuda.py)")
+    p.add_argument("--mps", action="store_true",
+                   help="GPU ranks sharing a GPU: start the CUDA MPS control daemon for the study (private pipe "
+                        "folder), stop it at the end, record whether it ran")
     p.add_argument("--what", nargs="+", default=[",".join(DEFAULT_WHAT)], metavar="OPS",
                    help="operations, comma-separated: halo, dslash, cg, trajectory (mg: not yet); "
                         "default halo,dslash,cg")
@@ -214,6 +222,26 @@ def lat_name(lat) -> str:
     return "x".join(map(str, lat))
 
 
+def parse_grids(values) -> list:
+    """Explicit process grids from --grid: 'PXxPYxPZxPT' tokens or groups of four integers."""
+    out, ints = [], []
+    for tok in values or []:
+        t = tok.strip().lower()
+        if "x" in t:
+            parts = t.split("x")
+            if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+                raise ScalingError(f"--grid {tok}: write PXxPYxPZxPT (four positive rank counts, e.g. 1x1x2x2)")
+            out.append(tuple(int(p) for p in parts))
+        elif t.isdigit() and int(t) > 0:
+            ints.append(int(t))
+        else:
+            raise ScalingError(f"--grid {tok!r}: write PXxPYxPZxPT (e.g. 1x1x2x2)")
+    if len(ints) % 4:
+        raise ScalingError(f"--grid {' '.join(values)}: give four rank counts per grid (PX PY PZ PT)")
+    out += [tuple(ints[i:i + 4]) for i in range(0, len(ints), 4)]
+    return list(dict.fromkeys(out))
+
+
 @dataclass
 class Config:
     lattice: tuple
@@ -222,10 +250,12 @@ class Config:
     graph: bool = False
     grid: tuple | None = None
     skip: str | None = None
+    explicit: bool = False          # a --grid grid: launched as given (the worker checks that it splits the lattice)
 
     @property
     def key(self) -> str:
-        return f"l{lat_name(self.lattice)}_n{self.ranks}_{self.transport}{'_graph' if self.graph else ''}"
+        g = f"_g{lat_name(self.grid)}" if self.explicit else ""
+        return f"l{lat_name(self.lattice)}_n{self.ranks}_{self.transport}{g}{'_graph' if self.graph else ''}"
 
     @property
     def label(self) -> str:
@@ -233,30 +263,44 @@ class Config:
 
     @property
     def local_dims(self):
-        return None if self.grid is None else tuple(n // p for n, p in zip(self.lattice, self.grid))
+        if self.grid is None or any(n % p for n, p in zip(self.lattice, self.grid)):
+            return None
+        return tuple(n // p for n, p in zip(self.lattice, self.grid))
 
 
-def plan(lattices, ranks, transports, graph=False) -> list:
+def plan(lattices, ranks, transports, graph=False, grids=()) -> list:
     """Every configuration, in run order: per lattice the 1-rank baseline, then rank counts ascending, transports
-    in the given order. Rank counts without a grid of even local extents are planned as skipped, with the reason."""
+    in the given order (with ``graph``, a CUDA-graph row after each graph-capable transport). Rank counts without a
+    grid of even local extents are planned as skipped, with the reason. An explicit grid (``grids``) replaces the
+    automatic one of its rank count and is launched as given, even if it cannot split the lattice (the worker's
+    error is then recorded)."""
     from comms import CommsError, choose_grid
 
     configs = []
+    capture = graph_transports() if graph else ()
     for lat in lattices:
         configs.append(Config(lat, 1, "serial", grid=(1, 1, 1, 1)))
-        for n in sorted(set(ranks)):
+        counts = sorted(set(ranks) | {int(np.prod(g)) for g in grids})
+        for n in counts:
             if n == 1:
                 continue
-            grid, why = None, None
-            try:
-                grid = choose_grid(n, lat)
-            except CommsError:
-                why = (f"{n} ranks cannot split the {lat_name(lat)} lattice into even local extents (each split "
-                       "dimension needs an even number of sites per rank)")
-            for t in transports:
-                configs.append(Config(lat, n, t, grid=grid, skip=why))
-                if graph and t == "stream_gated":
-                    configs.append(Config(lat, n, t, graph=True, grid=grid, skip=why))
+            chosen = []                                   # (grid, skip reason, explicit)
+            for g in grids:
+                if int(np.prod(g)) == n:
+                    chosen.append((tuple(g), None, True))
+            if not chosen and n in ranks:
+                grid, why = None, None
+                try:
+                    grid = choose_grid(n, lat)
+                except CommsError:
+                    why = (f"{n} ranks cannot split the {lat_name(lat)} lattice into even local extents (each split "
+                           "dimension needs an even number of sites per rank)")
+                chosen.append((grid, why, False))
+            for grid, why, explicit in chosen:
+                for t in transports:
+                    configs.append(Config(lat, n, t, grid=grid, skip=why, explicit=explicit))
+                    if t in capture:
+                        configs.append(Config(lat, n, t, graph=True, grid=grid, skip=why, explicit=explicit))
     return configs
 
 
@@ -273,17 +317,17 @@ def check_transports(transports, graph) -> list:
                 out.append(name)
     if not out:
         raise ScalingError("--transports is empty: give mpi, shm, event or stream_gated")
+    if graph:
+        if not set(out) & set(graph_transports()):
+            raise ScalingError("--graph captures the stream_gated exchange in CUDA graphs: add stream_gated to "
+                               "--transports")
+        why = graph_module_missing()
+        if why:
+            raise ScalingError(f"--graph {why}")
     for name in out:
         why = transport_unavailable(name)
         if why:
             raise ScalingError(f"transport {name!r} cannot run here: {why}")
-    if graph:
-        if "stream_gated" not in out:
-            raise ScalingError("--graph captures the stream_gated exchange in CUDA graphs: add stream_gated to "
-                               "--transports")
-        why = graph_unavailable()
-        if why:
-            raise ScalingError(f"--graph cannot run here: {why}")
     return out
 
 
@@ -305,14 +349,37 @@ def transport_unavailable(name) -> str | None:
     return None
 
 
+GRAPH_MODULE = "solvers.staggered_dist_cuda"     # the distributed GPU dslash / CG that can be graph-captured
+
+
+def graph_transports() -> tuple:
+    """The transports whose dslash and CG iterations can be captured in CUDA graphs (no host in the loop)."""
+    return ("stream_gated",)
+
+
+def graph_module_missing() -> str | None:
+    """Why the graph-capturing module cannot be used, or None (checked without importing it: no CUDA here)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(GRAPH_MODULE)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return (f"needs {GRAPH_MODULE.replace('.', '/')}.py (the distributed GPU dslash and CG with CUDA-graph "
+                "capture), which this checkout does not have: run without --graph")
+    return None
+
+
 def graph_unavailable() -> str | None:
-    """Why the CUDA-graph variant of the stream-gated runs cannot be measured, or None."""
+    """Why the CUDA-graph rows cannot be measured here (a phrase after '--graph'), or None."""
+    why = graph_module_missing()
+    if why:
+        return why
     why = transport_unavailable("stream_gated")
     if why:
-        return f"it needs the stream_gated transport, which {why[0].lower() + why[1:]}"
-    # the GPU engine can switch to graph mode (binary flags, COMMS.md "CUDA graphs"), but the worker does not
-    # capture the dslash and CG in graphs yet
-    return "CUDA-graph capture of the dslash and CG is not implemented in hmc scaling yet (stream_gated runs without)"
+        return f"cannot run here: it needs the stream_gated transport, which {why[0].lower() + why[1:]}"
+    return None
 
 
 def _gpu_visible() -> bool:
@@ -653,10 +720,11 @@ def _write_config(g, cfg: Config, res: dict, extra: dict):
     a["note"] = res.get("note", "")
     grid = res.get("grid") or (list(cfg.grid) if cfg.grid else [])
     a["grid"] = list(grid) if grid else [0, 0, 0, 0]
-    local = res.get("local_dims") or (list(cfg.local_dims) if cfg.grid else [])
+    local = res.get("local_dims") or (list(cfg.local_dims) if cfg.local_dims else [])
     a["local_dims"] = list(local) if local else [0, 0, 0, 0]
     a["local_volume"] = int(np.prod(local)) if local else 0
-    for k in ("backend", "links", "hostname", "mpi_library", "gpu", "command", "stderr_tail"):
+    for k in ("backend", "links", "hostname", "mpi_library", "gpu", "command", "stderr_tail", "mps_client",
+              "dslash_impl", "phase_clock"):
         a[k] = str(res.get(k, "")).replace("\x00", "")
     a["driver"] = str(res.get("driver", ""))
     # datasets, not attributes: a table of many ranks outgrows HDF5's 64 KiB attribute limit
@@ -797,6 +865,7 @@ def run_study(args) -> int:
     what = parse_what(args.what)
     transports = check_transports(args.transports, args.graph)
     ranks = sorted(set(args.ranks))
+    grids = parse_grids(getattr(args, "grid", []))
     if any(n < 1 for n in ranks):
         raise ScalingError(f"--ranks {' '.join(map(str, args.ranks))}: rank counts must be positive")
     for name, v in (("--repeats", args.repeats), ("--cg-iters", args.cg_iters), ("--threads", args.threads),
@@ -835,11 +904,73 @@ def run_study(args) -> int:
                 raise ScalingError(f"{study.path} was measured with {was}: resume with the same options (or write a "
                                    "new file)")
             done = head["status"]
-    configs = plan(lattices, ranks, transports, args.graph)
+    configs = plan(lattices, ranks, transports, args.graph, grids)
     launcher = Launcher(args.launcher)
     todo = [c for c in configs if c.skip is None and done.get(c.key) not in ("ok",)]
     if todo:
         launcher.check()
+    mps = start_mps(bool(getattr(args, "mps", False)) and bool(todo))
+    try:
+        return _run_configs(args, study, configs, done, params, transports, lattices, ranks, what, backend,
+                            launcher, mps)
+    finally:
+        mps.stop()
+
+
+def start_mps(asked: bool):
+    """The CUDA MPS control daemon for the study (``--mps``), started before any rank runs; a request that cannot be
+    honoured is a one-line error (never a silent run without it)."""
+    from comms.cuda.mps import Mps
+
+    m = Mps(asked)
+    if not asked:
+        return m
+    m.start()
+    if not m.ran:
+        m.stop()
+        raise ScalingError(f"--mps: the CUDA MPS control daemon did not start ({m.why}); run without --mps (the "
+                           "ranks then time-slice the GPU) or fix the MPS installation")
+    return m
+
+
+def mps_record(m) -> dict:
+    """What the study stores about MPS: asked, ran, why, the servers the control daemon listed, the pipe folder."""
+    servers = [x for x in (m.servers or "").split() if x]
+    return {"asked": bool(m.enabled), "ran": bool(m.ran), "why": m.why, "servers": servers,
+            "pipe_directory": m.vars.get("CUDA_MPS_PIPE_DIRECTORY", "")}
+
+
+class _MpsPoller:
+    """While a configuration runs: ask the MPS control daemon for its server list every ``every`` seconds (a server
+    exists only while clients are connected), so that the study can say that MPS served the ranks."""
+
+    def __init__(self, m, every=1.0):
+        import threading
+
+        self.m, self.every, self.stop_ev = m, every, threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True) if m.ran else None
+        self.seen = ""
+
+    def _loop(self):
+        while not self.stop_ev.wait(self.every):
+            s = self.m.poll_servers() if self.m.ran else ""
+            if s and s.split():
+                self.seen = s
+
+    def __enter__(self):
+        if self.thread:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.thread:
+            self.stop_ev.set()
+            self.thread.join(timeout=15)
+        return False
+
+
+def _run_configs(args, study, configs, done, params, transports, lattices, ranks, what, backend, launcher,
+                 mps) -> int:
     git = git_info()
     machine = machine_info()
     header = {"git_commit": git["commit"], "git_dirty": git["dirty"], "machine": machine,
@@ -848,7 +979,8 @@ def run_study(args) -> int:
               "transport_table": {t: TRANSPORT_TABLE[t] for t in ["serial"] + transports},
               "env_hooks": {k: os.environ[k] for k in ("HMC_P2P_MASK", "HMC_P2P_FAKE_CLIQUE", "HMC_COMMS_TIMEOUT")
                             if k in os.environ},
-              "command": "hmc " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "hmc scaling"}
+              "command": "hmc " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "hmc scaling",
+              "graph": bool(args.graph), "mps": mps_record(mps)}
     if study.exists():
         study.update_header({k: v for k, v in header.items() if k not in ("parameters",)} | {"updated": _now()})
     else:
@@ -861,7 +993,9 @@ def run_study(args) -> int:
     print(f"  {machine['hostname']}: {machine['cpu'] or 'cpu'} ({n_cores} cores), GPU {machine['gpu']}; backend "
           f"{backend}, {args.threads} thread(s) per rank; commit {git['commit'][:10]}"
           f"{' (modified)' if git['dirty'] else ''}", flush=True)
-    env = worker_env(args.threads)
+    if mps.enabled:
+        print(f"  {mps.line()}", flush=True)
+    env = mps.env(worker_env(args.threads))
     failed = skipped = ran = 0
     t_study = time.perf_counter()
     total = len(configs)
@@ -879,14 +1013,18 @@ def run_study(args) -> int:
             continue
         if state == "failed":
             print(f"{head} failed before: trying again", flush=True)
-        local = "x".join(map(str, cfg.local_dims))
+        local = "x".join(map(str, cfg.local_dims)) if cfg.local_dims else "?"
         print(f"{head} grid {lat_name(cfg.grid)} local {local}{' (oversubscribed)' if cfg.ranks > n_cores else ''}"
               " ...", end="", flush=True)
         spec = dict(params, key=cfg.key, lattice=list(cfg.lattice), ranks=cfg.ranks, transport=cfg.transport,
                     graph=cfg.graph, grid=list(cfg.grid))
         load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0
-        res = launch(cfg, spec, launcher, args.timeout, env)
+        with _MpsPoller(mps) as poll:
+            res = launch(cfg, spec, launcher, args.timeout, env)
         extra["loadavg"] = [load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else -1.0]
+        extra["mps"] = bool(mps.ran)
+        extra["mps_servers"] = " ".join(poll.seen.split())
+        extra["explicit_grid"] = bool(cfg.explicit)
         study.store(cfg, res, extra)
         ran += 1
         note = _agree_note(study, cfg.key)
@@ -895,6 +1033,11 @@ def run_study(args) -> int:
         print(f" {_result_text(res, note)} ({res.get('launch_wall_s', 0.0):.1f} s)", flush=True)
     print(f"hmc scaling: {ran} configuration(s) run, {failed} failed, {skipped} skipped, in "
           f"{time.perf_counter() - t_study:.1f} s -> {study.path}", flush=True)
+    if mps.enabled:
+        if mps.ran and not mps.servers:
+            mps.poll_servers()
+        study.update_header({"mps": mps_record(mps), "updated": _now()})
+        print(f"  {mps.line()}", flush=True)
     if not args.no_report:
         from .scaling_report import write_report
 

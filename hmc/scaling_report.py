@@ -57,7 +57,7 @@ def load_study(path) -> dict:
         if _s(f.attrs.get("format")) != FORMAT:
             raise ScalingError(f"{path} is not a results file of hmc scaling")
         meta = {k: _s(v) for k, v in f.attrs.items()}
-        for k in ("machine", "parameters", "transport_table", "versions", "env_hooks"):
+        for k in ("machine", "parameters", "transport_table", "versions", "env_hooks", "mps"):
             if isinstance(meta.get(k), str) and meta[k]:
                 meta[k] = json.loads(meta[k])
         configs = []
@@ -164,15 +164,55 @@ def notes(study) -> list:
         out.append(f"the machine was busy during the study (1-minute load average up to {max(loads):.1f} on "
                    f"{ncores} cores): other work competed for the cores, so the times are noisy; the medians and "
                    "spreads over repeats show how much")
-    for r in study["configs"]:
-        if r.get("backend") == "cupy" and r["status"] == "ok" and r["ranks"] > 1:
-            gpus = str(r.get("gpu") or "")
-            out.append(f"the GPU runs put their ranks on the GPU(s) of one machine ({gpus or 'GPU'}): where ranks "
-                       "outnumber GPUs, these ranks share one GPU")
-            break
+    out += gpu_sharing_notes(study)
     if str(meta.get("git_dirty")) in ("True", "1", "true"):
         out.append("the working tree had uncommitted changes when the study ran (commit "
                    f"{str(meta.get('git_commit', ''))[:10]} plus edits)")
+    return out
+
+
+def _gpu_count(machine) -> int | None:
+    text = str(machine.get("gpu") or "")
+    head = text.split(" x ", 1)[0].strip()
+    return int(head) if head.isdigit() else None
+
+
+def _mps_text(meta) -> str:
+    mps = meta.get("mps") or {}
+    servers = mps.get("servers") or []
+    srv = f"; MPS server process {', '.join(map(str, servers))}" if servers else ""
+    return f"the CUDA MPS control daemon was started by hmc scaling --mps for the study and stopped after it{srv}"
+
+
+def gpu_sharing_notes(study) -> list:
+    """Whether the GPU ranks shared one GPU, and whether MPS served them (per configuration, from the file)."""
+    meta, out = study["meta"], []
+    machine = meta.get("machine") or {}
+    mps = meta.get("mps") or {}
+    multi = [r for r in study["configs"] if r.get("backend") == "cupy" and r["status"] == "ok" and r["ranks"] > 1]
+    ran_mps = [r for r in study["configs"] if str(r.get("mps")) == "True" and r["status"] == "ok"]
+    if multi:
+        n_gpu = _gpu_count(machine)
+        gpus = machine.get("gpu") or str(multi[0].get("gpu") or "GPU")
+        shared = sorted({r["ranks"] for r in multi if n_gpu is None or r["ranks"] > n_gpu})
+        if shared:
+            where = ("these ranks share one GPU" if n_gpu == 1 else
+                     "where ranks outnumber GPUs, these ranks share one GPU")
+            text = (f"the GPU runs on {', '.join(map(str, shared))} ranks put all their ranks on {gpus}: {where}, "
+                    "so the times show the transports' latency and the cost of sharing, not more GPUs")
+            under = [r for r in multi if str(r.get("mps")) == "True"]
+            if len(under) == len(multi):
+                text += f"; all of them ran under MPS ({_mps_text(meta)}), so the ranks' kernels run concurrently"
+            elif under:
+                text += (f"; {len(under)} of {len(multi)} ran under MPS ({_mps_text(meta)}), the others time-sliced "
+                         "the GPU")
+            else:
+                text += ("; without MPS: the ranks time-slice the GPU, and every dependency between ranks costs "
+                         "about 140 us on an H200 whatever the transport (COMMS.md, 'Several ranks on one GPU'); "
+                         "rerun with --mps")
+            out.append(text)
+    elif ran_mps or mps.get("ran"):
+        out.append(f"MPS: {_mps_text(meta)}; it matters only for GPU ranks sharing a GPU (this study has none)")
     return out
 
 

@@ -390,7 +390,8 @@ def run(spec) -> dict:
     geom = Geometry(tuple(spec["lattice"]), backend, grid=grid)
     ctx = Context(spec, geom)
     res = {"status": "ok", "ops": {}, "answers": {}, "backend": backend.name, "grid": list(grid.dims),
-           "local_dims": list(geom.local_dims), "hostname": platform.node(), "mpi_library": _mpi_library()}
+           "local_dims": list(geom.local_dims), "hostname": platform.node(), "mpi_library": _mpi_library(),
+           "mps_client": os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")}
     res.update(_gpu_info(backend))
     table = grid.transport_table()
     if ctx.rank == 0:

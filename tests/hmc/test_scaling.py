@@ -1,8 +1,10 @@
-"""``hmc scaling``: a tiny strong-scaling study end to end (HDF5 layout, answers, report and plots), resume, recorded
-failures and timeouts, and one-line errors for what cannot run.
+"""``hmc scaling``: the issue's small study end to end (4^4 and 8^4 on 1, 2 and 4 ranks, mpi and shm, halo, dslash
+and CG: HDF5 layout, answers, report and plots; a forced failure, a grid that cannot split the lattice, recorded and
+not fatal), resume, recorded failures and timeouts, --mps with a stand-in daemon, and one-line errors for what cannot
+run.
 
-The studies launch mpiexec themselves (oversubscribed 4^4 runs on 1 and 2 ranks), each configuration with a
-timeout; the whole file takes well under two minutes on two cores.
+The studies launch mpiexec themselves (oversubscribed on two cores), each configuration with a timeout; few repeats
+and 3 CG iterations keep the whole file near a minute on two cores.
 """
 from __future__ import annotations
 
@@ -44,16 +46,23 @@ def hmc(args, env=None, timeout=300):
                           cwd=ROOT, env=_env(env), timeout=timeout)
 
 
+LATS = ("4x4x4x4", "8x8x8x8")
+RUN = [f"l{lat}_n{n}_{t}" for lat in LATS for n, t in ((1, "serial"), (2, "mpi"), (2, "shm"), (4, "mpi"), (4, "shm"))]
+FORCED = [f"l{lat}_n3_{t}_g1x1x1x3" for lat in LATS for t in ("mpi", "shm")]
+STUDY = ["--lattice", "4^4", "--lattice", "8", "8", "8", "8", "--ranks", "1", "2", "4", "--grid", "1x1x1x3",
+         "--transports", "mpi", "shm", "--what", "halo,dslash,cg"]
+
+
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """4^4 on 1, 2 and 3 ranks (3 does not split 4^4), mpi and shm, halo + dslash + cg."""
+    """The issue's CI study: 4^4 and 8^4 on 1, 2 and 4 ranks, mpi and shm, halo + dslash + cg; plus a forced
+    failure: the explicit grid 1x1x1x3 cannot split either lattice (launched, fails in the worker, recorded)."""
     if MPIEXEC is None:
         pytest.skip("mpiexec is not on PATH")
     d = tmp_path_factory.mktemp("scaling")
     path = d / "study.h5"
-    r = hmc(TINY + ["--ranks", "1", "2", "3", "--transports", "mpi", "shm", "--what", "halo,dslash,cg",
-                    "-o", str(path)])
-    assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    r = hmc(TINY[5:] + STUDY + ["-o", str(path)], timeout=240)
+    assert r.returncode == 1, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"     # 1: some configuration failed
     return path, r
 
 
@@ -66,19 +75,19 @@ def test_study_file_structure(study):
     with h5py.File(path, "r") as f:
         assert f.attrs["format"] == "hmc-scaling/1"
         for k in ("created", "updated", "git_commit", "machine", "launcher", "parameters", "transport_table",
-                  "versions", "command"):
+                  "versions", "command", "mps", "graph"):
             assert k in f.attrs, k
         machine = json.loads(f.attrs["machine"])
         assert machine["cores"] >= 1 and machine["hostname"]
         params = json.loads(f.attrs["parameters"])
         assert params["what"] == ["halo", "dslash", "cg"] and params["repeats"] == 2 and params["cg_iters"] == 3
+        assert json.loads(f.attrs["mps"])["asked"] is False and not f.attrs["graph"]
         table = json.loads(f.attrs["transport_table"])
         assert set(table) == {"serial", "mpi", "shm"}
-        keys = set(f["configs"])
-        assert keys == {"l4x4x4x4_n1_serial", "l4x4x4x4_n2_mpi", "l4x4x4x4_n2_shm", "l4x4x4x4_n3_mpi",
-                        "l4x4x4x4_n3_shm"}
-        for key in ("l4x4x4x4_n1_serial", "l4x4x4x4_n2_mpi", "l4x4x4x4_n2_shm"):
+        assert set(f["configs"]) == set(RUN + FORCED)
+        for key in RUN:
             g = f["configs"][key]
+            n = int(g.attrs["ranks"])
             assert g.attrs["status"] == "ok", (key, g.attrs["error"])
             assert bool(g.attrs["answers_agree"]), (key, g.attrs["answers_note"])
             for op in ("dslash", "cg"):
@@ -86,51 +95,67 @@ def test_study_file_structure(study):
                 assert s.shape == (2,) and np.all(s > 0) and np.all(np.isfinite(s))
                 assert g[op].attrs["min_s"] <= g[op].attrs["median_s"] <= g[op].attrs["max_s"]
                 ph = g[op]["phases"]
-                assert ph.shape == (g.attrs["ranks"], 6) and np.all(ph[()] >= 0)
+                assert ph.shape == (n, 6) and np.all(ph[()] >= 0)
                 assert list(ph.attrs["names"]) == ["halo_start", "halo_wait", "halo_finish", "local_shift",
                                                    "reductions", "compute"]
             assert g["cg"].attrs["iterations"] == 3
+            serial = f["configs"][key.split("_n")[0] + "_n1_serial"]
             eff = g["dslash"].attrs["efficiency"]
-            assert eff > 0 and np.isclose(eff * g.attrs["ranks"] * g["dslash"].attrs["median_s"],
-                                          f["configs"]["l4x4x4x4_n1_serial"]["dslash"].attrs["median_s"])
+            assert eff > 0 and np.isclose(eff * n * g["dslash"].attrs["median_s"],
+                                          serial["dslash"].attrs["median_s"])
             assert g["dslash"].attrs["flops"] > 0
-        serial = f["configs"]["l4x4x4x4_n1_serial"]
-        assert list(serial.attrs["grid"]) == [1, 1, 1, 1] and serial["halo"].attrs["status"] == "n/a"
-        for t in ("mpi", "shm"):
-            g = f["configs"][f"l4x4x4x4_n2_{t}"]
-            assert list(g.attrs["grid"]) == [1, 1, 1, 2] and list(g.attrs["local_dims"]) == [4, 4, 4, 2]
+            if n == 1:
+                assert list(g.attrs["grid"]) == [1, 1, 1, 1] and g["halo"].attrs["status"] == "n/a"
+                continue
+            t = g.attrs["transport"]
+            lat = [int(x) for x in g.attrs["lattice"]]
+            grid = [1, 1, 1, 2] if n == 2 else [1, 1, 2, 2]
+            assert list(g.attrs["grid"]) == grid
+            assert list(g.attrs["local_dims"]) == [L // p for L, p in zip(lat, grid)]
             assert g.attrs["links"] == t
             assert {row["transport"] for row in json.loads(g["transport_table"][()])} == {t}
-            assert f"rank 0 (0, 0, 0, 0): t-:1 {t}" in g["transport_table_text"][()].decode()
-            assert g["halo"].attrs["median_s"] > 0 and g["halo"].attrs["depth"] == 2
+            first = f"t-:1 {t}" if n == 2 else f"z-:1 {t}"
+            assert f"rank 0 (0, 0, 0, 0): {first}" in g["transport_table_text"][()].decode()
+            assert g["halo"].attrs["median_s"] > 0 and g["halo"].attrs["depth"] == min(3, min(
+                L // p for L, p in zip(lat, grid) if p > 1))
             ph = g["dslash"]["phases"][()]
             assert np.all(ph[:, 0] > 0) and np.all(ph[:, 2] > 0)     # halo start and finish were timed
             assert g["cg"]["phases"][()][:, 4].min() > 0              # and the reductions
-            assert "halo slabs correct" in g.attrs["answers_note"] and "dslash bitwise" in g.attrs["answers_note"]
-            assert "CG (exact sums) bitwise" in g.attrs["answers_note"]
-            lat = g["latency"][()]
-            assert lat.shape == (1,) and lat["bytes"][0] == 8 * 48 and lat["one_way_us"][0] > 0
-        for t in ("mpi", "shm"):
-            g = f["configs"][f"l4x4x4x4_n3_{t}"]
-            assert g.attrs["status"] == "skipped"
-            assert "3 ranks cannot split the 4x4x4x4 lattice" in g.attrs["note"]
+            note = g.attrs["answers_note"]
+            assert "halo slabs correct" in note and "dslash bitwise" in note and "CG (exact sums) bitwise" in note
+            lat_rows = g["latency"][()]
+            assert lat_rows.shape == (1,) and lat_rows["bytes"][0] == 8 * 48 and lat_rows["one_way_us"][0] > 0
+        for key in FORCED:                          # the forced failure: recorded with the worker's error
+            g = f["configs"][key]
+            assert g.attrs["status"] == "failed" and bool(g.attrs["explicit_grid"])
+            assert "is not divisible by the 3 ranks of the process grid" in g.attrs["error"], g.attrs["error"]
+            assert list(g.attrs["grid"]) == [1, 1, 1, 3] and not bool(g.attrs["answers_agree"])
         summary = f["summary"][()]
-        assert len(summary) == 5
+        assert len(summary) == len(RUN) + len(FORCED)
         ok = summary[summary["status"] == b"ok"]
-        assert len(ok) == 3 and np.all(ok["answers_agree"]) and np.all(ok["dslash_s"] > 0)
+        assert len(ok) == len(RUN) and np.all(ok["answers_agree"]) and np.all(ok["dslash_s"] > 0)
+        assert np.all(summary[summary["status"] == b"failed"]["ranks"] == 3)
 
 
 @needs_mpi
 def test_study_progress_report_and_plots(study):
     path, r = study
     out = r.stdout
-    assert "[1/5]" in out and "[5/5]" in out
-    assert "skipped: 3 ranks cannot split the 4x4x4x4 lattice" in out
-    assert "3 configuration(s) run, 0 failed, 2 skipped" in out
+    assert "[ 1/14]" in out and "[14/14]" in out
+    assert out.count("FAILED: CommsError: lattice extent") == 4
+    # the study went on after the failures: the 4-rank runs come after them
+    assert out.index("FAILED") < out.index("4 rank(s) mpi")
+    assert "14 configuration(s) run, 4 failed, 0 skipped" in out
     rep = path.with_name("study_report")
     md = (rep / "report.md").read_text()
-    assert "## 4x4x4x4" in md and "| 2 | 1x1x1x2 | 4x4x4x2 | shm |" in md
-    assert "shm/mpi" in md and "answers agree" in md and "skipped" in md
+    assert "## 4x4x4x4" in md and "## 8x8x8x8" in md
+    assert "| 2 | 1x1x1x2 | 4x4x4x2 | shm |" in md and "| 4* | 1x1x2x2 | 8x8x4x4 | mpi |" in md
+    assert "shm/mpi" in md and "answers agree" in md
+    table_rows = [l for l in md.splitlines() if l.startswith("| 1 |") or l.startswith("| 2 |")
+                  or l.startswith("| 4* |") or l.startswith("| 4 |")]
+    data_rows = [l for l in table_rows if " | serial | " in l or " | mpi | " in l or " | shm | " in l]
+    assert len(data_rows) == len(RUN) and all(l.rstrip().endswith("| yes |") for l in data_rows)
+    assert md.count("3 ranks, mpi: **failed**: CommsError: lattice extent") == 2
     for name in ("time_vs_ranks.png", "speedup_efficiency.png", "phases.png", "transport_ratios.png",
                  "latency.png"):
         p = rep / name
@@ -153,10 +178,10 @@ def test_resume_skips_what_the_file_holds(study, tmp_path):
     shutil.copyfile(path, copy)
     with h5py.File(copy, "r") as f:
         before = {k: f["configs"][k].attrs["date"] for k in f["configs"]}
-    r = hmc(TINY + ["--ranks", "1", "2", "3", "--transports", "mpi", "shm", "--what", "halo,dslash,cg",
-                    "-o", str(copy), "--resume", "--no-report"])
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.count("already in the file") == 5
+    # resume without the failing grid: everything is in the file, nothing runs
+    r = hmc(TINY[5:] + STUDY[:-7] + STUDY[-5:] + ["-o", str(copy), "--resume", "--no-report"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("already in the file") == len(RUN)
     assert "0 configuration(s) run" in r.stdout
     with h5py.File(copy, "r") as f:
         assert {k: f["configs"][k].attrs["date"] for k in f["configs"]} == before
@@ -198,6 +223,58 @@ def test_timeout_is_recorded_not_fatal(tmp_path):
     assert "**failed**: timed out after 4 s" in md
 
 
+FAKE_MPS = """#!/bin/sh
+# a stand-in for nvidia-cuda-mps-control: -d starts (creates the control pipe), stdin commands answer
+echo "$@" >> "$FAKE_MPS_LOG"
+if [ "$1" = "-d" ]; then
+  [ -n "$FAKE_MPS_FAIL" ] && { echo "An instance of this daemon is already running" >&2; exit 1; }
+  : > "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0
+fi
+read cmd
+echo "$cmd" >> "$FAKE_MPS_LOG"
+case "$cmd" in
+  get_server_list) [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] && echo 4242 ;;
+  quit) rm -f "$CUDA_MPS_PIPE_DIRECTORY/control" ;;
+esac
+"""
+
+
+@needs_mpi
+def test_mps_is_started_for_the_study_recorded_and_stopped(tmp_path):
+    """--mps with a stand-in control daemon (the real one needs a GPU): started once before the ranks, the ranks
+    see its pipe folder, the server list is recorded, the daemon is told to quit, the report says so."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "nvidia-cuda-mps-control"
+    exe.write_text(FAKE_MPS)
+    exe.chmod(0o755)
+    log = tmp_path / "mps.log"
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_MPS_LOG": str(log)}
+    path = tmp_path / "m.h5"
+    r = hmc(TINY + ["--ranks", "1", "2", "--transports", "mpi", "--what", "dslash", "--mps", "-o", str(path)],
+            env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "mps: ran (control daemon started" in r.stdout
+    calls = log.read_text().split()
+    assert calls[0] == "-d" and calls.count("-d") == 1 and calls[-1] == "quit"
+    with h5py.File(path, "r") as f:
+        mps = json.loads(f.attrs["mps"])
+        assert mps["asked"] and mps["ran"] and mps["servers"] == ["4242"]
+        for key in ("l4x4x4x4_n1_serial", "l4x4x4x4_n2_mpi"):
+            g = f["configs"][key]
+            assert bool(g.attrs["mps"]) and g.attrs["mps_client"].endswith("pipe")
+            assert g.attrs["mps_client"] == mps["pipe_directory"]
+    assert not os.path.exists(mps["pipe_directory"])              # the private folder is gone
+    md = (tmp_path / "m_report" / "report.md").read_text()
+    assert "MPS" in md and "started by hmc scaling --mps" in md
+    # a daemon that does not start is a one-line error, nothing runs
+    r = hmc(TINY + ["--ranks", "1", "--transports", "mpi", "--what", "dslash", "--mps", "-o",
+                    str(tmp_path / "n.h5")], env=dict(env, FAKE_MPS_FAIL="1"))
+    assert r.returncode == 2 and r.stderr.startswith("hmc scaling: error: --mps: the CUDA MPS control daemon did "
+                                                     "not start") and r.stderr.count("\n") == 1
+    assert not (tmp_path / "n.h5").exists()
+
+
 # ------------------------------------------------------------------------------------------------------------
 # errors and planning (no launch)
 
@@ -212,6 +289,7 @@ def _cli(args, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--transports", "mpi", "tcp"], "unknown transport 'tcp': use mpi, shm (CPU) or event, stream_gated (GPU)"),
     (["--transports", "shm", "--graph"], "--graph captures the stream_gated exchange in CUDA graphs"),
+    (["--grid", "1x2x3"], "--grid 1x2x3: write PXxPYxPZxPT"),
     (["--what", "halo,mg"], "--what mg: hmc scaling does not time the multigrid solver yet"),
     (["--what", "dslash,fft"], "--what 'fft': unknown operation"),
     (["--lattice", "4", "4", "4"], "give four extents per lattice"),
@@ -224,6 +302,20 @@ def test_bad_requests_are_one_line_errors(args, message, capsys, tmp_path):
     assert rc == 2
     assert err.startswith("hmc scaling: error: ") and message in err and err.count("\n") == 1
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_graph_needs_the_distributed_gpu_module(capsys, tmp_path):
+    """--graph without solvers/staggered_dist_cuda.py is a one-line error naming the module; with it, on a machine
+    without a GPU, the stream_gated transport's own error."""
+    from hmc import scaling
+
+    rc, err = _cli(["--lattice", "4^4", "--transports", "mpi", "stream_gated", "--graph", "-o",
+                    str(tmp_path / "g.h5")], capsys)
+    assert rc == 2 and err.count("\n") == 1
+    if scaling.graph_module_missing():
+        assert "--graph needs solvers/staggered_dist_cuda.py" in err
+    elif scaling.transport_unavailable("stream_gated"):
+        assert "transport 'stream_gated' cannot run here" in err
 
 
 def test_gpu_transports_say_why_they_cannot_run(capsys, tmp_path):
@@ -248,7 +340,7 @@ def test_report_of_a_file_that_is_not_a_study(tmp_path, capsys):
 
 
 def test_plan_lattices_and_launcher():
-    from hmc.scaling import Config, Launcher, compare_answers, parse_lattices, plan
+    from hmc.scaling import Config, Launcher, compare_answers, parse_grids, parse_lattices, plan
 
     assert parse_lattices([["16^4"], ["8x8x8x16"], ["4", "4", "4", "4", "8", "8", "8", "8"]]) == [
         (16,) * 4, (8, 8, 8, 16), (4,) * 4, (8,) * 4]
@@ -259,6 +351,14 @@ def test_plan_lattices_and_launcher():
     assert by["l8x8x8x8_n4_shm"].grid == (1, 1, 2, 2) and by["l8x8x8x8_n4_shm"].local_dims == (8, 8, 4, 4)
     assert by["l8x8x8x8_n6_mpi"].skip and "6 ranks cannot split" in by["l8x8x8x8_n6_mpi"].skip
     assert Config((8,) * 4, 2, "stream_gated", graph=True).key == "l8x8x8x8_n2_stream_gated_graph"
+    # explicit grids: replace the automatic one of their rank count, launched as given even if they cannot split
+    cfgs = plan([(8, 8, 8, 8)], [1, 2, 4], ["mpi"], grids=parse_grids(["1x1x4x1", "1", "1", "1", "3"]))
+    assert [c.key for c in cfgs] == ["l8x8x8x8_n1_serial", "l8x8x8x8_n2_mpi", "l8x8x8x8_n3_mpi_g1x1x1x3",
+                                     "l8x8x8x8_n4_mpi_g1x1x4x1"]
+    assert cfgs[2].skip is None and cfgs[2].local_dims is None and cfgs[3].local_dims == (8, 8, 2, 8)
+    # --graph: one more row per graph-capable transport
+    cfgs = plan([(8, 8, 8, 8)], [2], ["mpi", "event", "stream_gated"], graph=True)
+    assert [c.label for c in cfgs] == ["serial", "mpi", "event", "stream_gated", "stream_gated+graph"]
     assert Launcher("srun -n {n} --mpi=pmix").command(4) == ["srun", "-n", "4", "--mpi=pmix"]
     assert Launcher("mpirun --bind-to core").command(2) == ["mpirun", "--bind-to", "core", "-n", "2"]
     ref = {"dslash_sha256": "a", "cg_exact_sha256": "b", "cg_residual": 0.5, "dslash_norm2": 2.0}
