@@ -217,10 +217,16 @@ def bench_dslash_dist(args) -> dict:
             g = rng.gaussian("src", geom.site_ids(), 6).reshape(geom.shape + (3, 2))
             psi = g[..., 0] + 1j * g[..., 1]
             hop = d._hop_impl
-            modes = [False] + ([True] if getattr(args, "graph", False) and tr == "stream_gated" else [])
-            for graph in modes:
+            modes = [(False, None)]
+            if getattr(args, "graph", False) and tr == "stream_gated":
+                modes += [(True, True), (True, False)]
+            eng = grid.halo
+            for graph, par in modes:
+                if par is not None:            # stream_gated receive chains in parallel (default) or serial
+                    eng.parallel_recv = par
                 row = {"ranks": comm.size, "grid": "x".join(map(str, gd)), "local": L, "lattice": list(lattice),
-                       "transport": tr, "graph": graph, "hop": type(hop).__name__}
+                       "transport": tr, "graph": graph, "hop": type(hop).__name__,
+                       "recv": {True: "parallel", False: "serial", None: ""}[par]}
                 run = DslashRunner(d, psi, graph=graph)
                 row["dslash_full_us"] = 1e6 * run.time(reps)
                 row["dslash_hop_us"] = row["dslash_full_us"] / 2
@@ -242,6 +248,8 @@ def bench_dslash_dist(args) -> dict:
                     hop.profile = None
                 rows.append(row)
                 del run, cgi
+                if par is not None:
+                    eng.parallel_recv = True
             close_graph_mode(geom)
             grid.close()
     out = {"rows": rows}
@@ -275,6 +283,7 @@ def format_dist_rows(rows) -> str:
             a, b = r["option2"], r["option2_cg"]
             o2 = (f"{a['set_params']['wall_us']:.1f} vs {a['flags']['wall_us']:.1f} ({a['memop_nodes']} nodes); "
                   f"{b['set_params']['wall_us']:.1f} vs {b['flags']['wall_us']:.1f} ({b['memop_nodes']} nodes)")
-        lines.append(f"| {r['ranks']} | {r['grid']} | {r['local']}^4 | {r['transport']} | {'yes' if r['graph'] else 'no'} "
+        graph = ("yes" + (f" ({r['recv']} receives)" if r.get("recv") else "")) if r["graph"] else "no"
+        lines.append(f"| {r['ranks']} | {r['grid']} | {r['local']}^4 | {r['transport']} | {graph} "
                      f"| {r['dslash_hop_us']:.1f} | {r['dslash_full_us']:.1f} | {r['cg_iter_us']:.1f} | {pt} | {o2} |")
     return "\n".join(lines)

@@ -77,7 +77,8 @@ class GpuLink:
     """This rank's link to neighbour[dim][dir] (sends on dir, receives from side dir)."""
 
     __slots__ = ("dim", "dir", "peer", "peer_world", "transport", "reason", "peer_node", "peer_header",
-                 "peer_ptr", "stream", "ev_data", "ev_data_peer", "ev_done", "ev_done_peer", "ev_sent")
+                 "peer_ptr", "stream", "ev_data", "ev_data_peer", "ev_done", "ev_done_peer", "ev_sent", "rstream",
+                 "ev_recv")
 
     def __init__(self, dim, dir_, peer, peer_world, transport, reason):
         self.dim, self.dir, self.peer, self.peer_world = dim, dir_, peer, peer_world
@@ -91,6 +92,8 @@ class GpuLink:
         self.ev_done = [None, None]       # this rank's 'consumed side dir buffer b' events
         self.ev_done_peer = [None, None]  # the peer's consumed events for what this rank sent on dir
         self.ev_sent = [None, None]       # local events: sends of buffer b enqueued on the send stream done
+        self.rstream = None               # stream_gated, parallel receives: the receive chain of side dir
+        self.ev_recv = [None, None]       # local events: the receive chain of buffer b done
 
 
 def _notice(rank0: bool, text: str, sink: list):
@@ -254,6 +257,15 @@ class GpuHaloEngine(HaloEngine):
             if link.transport != "mpi":
                 link.stream = cupy.cuda.Stream(non_blocking=True)
                 link.ev_sent = [cupy.cuda.Event(disable_timing=True) for _ in (0, 1)]
+                if link.transport == "stream_gated":
+                    link.rstream = cupy.cuda.Stream(non_blocking=True)
+                    link.ev_recv = [cupy.cuda.Event(disable_timing=True) for _ in (0, 1)]
+        self.fin_event = cupy.cuda.Event(disable_timing=True)
+        # stream_gated receives: each link's chain (wait, reset, copy out, credit) on its own stream, joined by events,
+        # so that they overlap (in a graph: parallel branches); HMC_P2P_PARALLEL_RECV=0: one after the other on the
+        # compute stream. Decided collectively (it changes no protocol step, only where the steps are enqueued).
+        par = os.environ.get("HMC_P2P_PARALLEL_RECV", "1").strip() != "0"
+        self.parallel_recv = all(self.comm.allgather(par))
         if any_p2p:
             self._new_segment(MIN_CAPACITY)
             self._map_peers()
@@ -419,6 +431,7 @@ class GpuHaloEngine(HaloEngine):
     def _streams(self):
         out = [s for s in self._used_streams.values()]
         out += [l.stream for l in self.links.values() if l.stream is not None]
+        out += [l.rstream for l in self.links.values() if l.rstream is not None]
         out.append(self.aux)
         return out
 
@@ -794,9 +807,21 @@ class GpuExchange:
             results = {}
             fenced = False
             cap = eng.capacity
+            joins = []
+            started = False
             for dim, side, shape, dtype, expected, req, view in self.recvs:
                 link = eng.links[(dim, side)]
                 dest = None if out is None else out.get((dim, side))
+                if (link.transport == "stream_gated" and eng.parallel_recv and link.rstream is not None
+                        and not self.host_in and (dest is None or (isinstance(dest, cp.ndarray)
+                                                                   and dest.flags.c_contiguous and dest.dtype == dtype
+                                                                   and dest.shape == tuple(shape)))):
+                    if not started:                            # the chains start after the compute stream's
+                        call(drv.cuEventRecord, eng.fin_event.ptr, csp)   # earlier readers of the destinations
+                        started = True
+                    results[(dim, side)] = self._receive_chain(link, dim, side, shape, dtype, expected, dest)
+                    joins.append(link.ev_recv[b])
+                    continue
                 if link.transport == "mpi":
                     if not req.Test():
                         eng._wait_request(req, lambda dim=dim, side=side, expected=expected: (
@@ -851,6 +876,8 @@ class GpuExchange:
                     buf = eng._doorbell(key)
                     buf[0] = expected
                     eng._pending[key] = eng.comm.Isend(buf, dest=link.peer, tag=CREDIT_TAG + 2 * dim + (1 - side))
+            for ev in joins:                                   # the parallel receive chains
+                call(drv.cuStreamWaitEvent, csp, ev.ptr, 0)
             if not fenced:
                 for ev in self.sent:                           # p2p sends whose receives came by mpi
                     call(drv.cuStreamWaitEvent, csp, ev.ptr, 0)
@@ -869,6 +896,33 @@ class GpuExchange:
         self.done = True
         self.keep = []
         return results
+
+    def _receive_chain(self, link, dim, side, shape, dtype, expected, dest):
+        """stream_gated, one link: on the link's receive stream, after this exchange's sends (events: my sends
+        before my waits) and the compute stream's earlier work: wait for the signal (graph mode: EQ 1, then reset
+        the flag on the same stream before the join), copy the face out, return the credit; record ev_recv[b]."""
+        eng, b = self.engine, self.buffer
+        rs = link.rstream.ptr
+        call(drv.cuStreamWaitEvent, rs, eng.fin_event.ptr, 0)
+        for ev in self.sent:
+            call(drv.cuStreamWaitEvent, rs, ev.ptr, 0)
+        own = eng.seg.ptr
+        if eng.graph_mode:
+            slot = own + 8 * sigf_slot(b, dim, side)
+            call(drv.cuStreamWaitValue64, rs, slot, 1, WAIT_EQ)
+            call(drv.cuStreamWriteValue64, rs, slot, 0, WRITE_DEFAULT)
+        else:
+            call(drv.cuStreamWaitValue64, rs, own + 8 * sig_slot(dim, side), expected, eng.wait_flags)
+        if dest is None:
+            dest = eng.cp.empty(shape, dtype)
+        call(drv.cuMemcpyAsync, dest.data.ptr, own + data_offset(b, dim, side, eng.capacity), dest.nbytes, rs)
+        if eng.graph_mode:
+            call(drv.cuStreamWriteValue64, rs, link.peer_ptr + 8 * ackf_slot(b, dim, 1 - side), 1, WRITE_DEFAULT)
+        else:
+            call(drv.cuStreamWriteValue64, rs, link.peer_ptr + 8 * ack_slot(dim, 1 - side, b), expected,
+                 WRITE_DEFAULT)
+        call(drv.cuEventRecord, link.ev_recv[b].ptr, rs)
+        return dest
 
     def _deliver(self, src, dest, shape, dtype):
         """Copy a received face (host or device ``src``) into ``dest`` or a new array of the caller's kind."""
