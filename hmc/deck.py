@@ -96,8 +96,29 @@ SCHEMA = {
                                   "whose file states no error of its own (checked at hmc init)"),
         "time_bc": Key(str, "antiperiodic", None, "", ("antiperiodic", "periodic")),
     },
+    # optional: Kahler-Dirac multigrid (solvers.multigrid) for the light pseudofermion's smallest shifts
+    "multigrid": {
+        "levels": Key(int, 3, lambda n: n >= 3, "at least 3 (fine, Kahler-Dirac, one aggregation)"),
+        "blocks": Key(list, [], lambda v: all(isinstance(b, list) and len(b) == 4 and all(
+            isinstance(n, int) and not isinstance(n, bool) for n in b) for b in v),
+            "a list of [bx, by, bz, bt] aggregation blocks, one per aggregation level (levels - 2), e.g. "
+            "[[4, 4, 4, 4]]; [] for the defaults"),
+        "nv": Key((int, list), 24, lambda v: all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                                                 for n in (v if isinstance(v, list) else [v])),
+                  "a positive number of near-null vectors, or one per aggregation level"),
+        "setup_iters": Key((int, list), 100, lambda v: all(isinstance(n, int) and n >= 0
+                                                           for n in (v if isinstance(v, list) else [v])),
+                           "a number >= 0 of set-up iterations, or one per aggregation level"),
+        "refresh_iters": Key(int, 10, _nonneg, "a number >= 0 of iterations refreshing the near-null vectors after "
+                             "a gauge update"),
+        "smoother_steps": Key(list, [4, 2], lambda v: bool(v) and all(isinstance(n, int) and n >= 0 for n in v),
+                              "a list of GCR smoother steps per level, e.g. [4, 2]"),
+        "coarsest": Key(str, "auto", None, "", ("auto", "lu", "gcr")),
+        "light_shifts": Key(int, 0, _nonneg, "a number >= 0 of the smallest shifts of the light pseudofermion's "
+                            "heat-bath and action solves to solve by multigrid (0: all multishift CG)"),
+    },
 }
-OPTIONAL_SECTIONS = ("fermions",)
+OPTIONAL_SECTIONS = ("fermions", "multigrid")
 
 
 def _validate_value(section, name, key: Key, value):
@@ -172,6 +193,37 @@ def _cross_checks(d):
         if f["action"] == "hisq" and f["u0"] != 1.0:
             raise DeckError("[fermions] u0 applies to the asqtad action only (HISQ has no tadpole factor): remove it "
                             "or set action = \"asqtad\"")
+    if "multigrid" in d:
+        _check_multigrid(d)
+
+
+def multigrid_options(mg: dict) -> dict:
+    """The :func:`solvers.multigrid.multigrid` keyword arguments of a validated [multigrid] section."""
+    return {"levels": mg["levels"], "blocks": [tuple(b) for b in mg["blocks"]], "nv": mg["nv"],
+            "setup_iters": mg["setup_iters"], "refresh_iters": mg["refresh_iters"],
+            "smoother_steps": tuple(mg["smoother_steps"]), "coarsest": mg["coarsest"]}
+
+
+def _check_multigrid(d):
+    """[multigrid] blocks against the local volume (dims / grid): whole hypercubes, tiling, at least 3 wide (both
+    staggered actions here have the Naik term)."""
+    from solvers.multigrid.lattice import MultigridError, check_blocks
+
+    mg = d["multigrid"]
+    nagg = mg["levels"] - 2
+    blocks = mg["blocks"] or [[4, 4, 4, 4]] + [[2, 2, 2, 2]] * (nagg - 1)
+    if len(blocks) != nagg:
+        raise DeckError(f"[multigrid] blocks: {len(blocks)} given for levels = {mg['levels']}, which need {nagg} "
+                        "(one per aggregation level)")
+    local = tuple(n // p for n, p in zip(d["lattice"]["dims"], d["lattice"]["grid"]))
+    try:
+        for i, b in enumerate(blocks):
+            check_blocks(local, b, naik=True, first=(i == 0), level=i + 2)
+            local = tuple(n // k for n, k in zip(local, b))
+    except MultigridError as e:
+        raise DeckError(f"[multigrid] blocks: {e}") from None
+    if mg["light_shifts"] and "fermions" not in d:
+        raise DeckError("[multigrid] light_shifts needs dynamical fermions: add a [fermions] section or remove it")
 
 
 def loads(text: str) -> dict:

@@ -173,6 +173,18 @@ class FermionMonomial:
         self.phi: list | None = None
         self.stats = RHMCStats()
         self._cache: _LinkSet | None = None
+        self.multigrid = None                    # set by use_multigrid
+        self.multigrid_terms: tuple = ()
+
+    def use_multigrid(self, shifts, terms=None) -> None:
+        """Solve the smallest poles of the heat-bath (GR) and action (FA) solves of pseudofermions ``terms``
+        (default: the light ones, whose action kernel has the smallest mass) by multigrid: ``shifts`` is a
+        :class:`solvers.multigrid.MultigridShifts` (kept across trajectories: its near-null vectors are refreshed
+        after each gauge update); the MD solves stay multishift CG."""
+        if terms is None:
+            light = min(min(t.rational.exponents) for t in self.terms)
+            terms = [k for k, t in enumerate(self.terms) if light in t.rational.exponents]
+        self.multigrid, self.multigrid_terms = shifts, tuple(terms)
 
     # -- links and operators -----------------------------------------------------------------------------------
     @property
@@ -210,11 +222,15 @@ class FermionMonomial:
         recorded under ``label`` (default: the phase)."""
         term = self.terms[k]
         approx = term.approximation(phase)
-        _, A = ls.ops[term.naik_epsilon]
-        inv = multishift_cg(approx.poles, term.tolerance(phase), term.maxiter, raise_on_fail=False,
-                            check_residual=False)(A)
+        D, A = ls.ops[term.naik_epsilon]
         t0 = time.perf_counter()
-        xs, st = inv.solve(b)
+        mg = self.multigrid                      # solvers.multigrid.MultigridShifts for the light GR/FA solves
+        if mg is not None and phase in ("GR", "FA") and k in self.multigrid_terms:
+            xs, st = mg.solve(D, A, approx.poles, b, term.tolerance(phase), term.maxiter, key=term.naik_epsilon)
+        else:
+            inv = multishift_cg(approx.poles, term.tolerance(phase), term.maxiter, raise_on_fail=False,
+                                check_residual=False)(A)
+            xs, st = inv.solve(b)
         label = label or phase
         self.stats.add_time(f"solver_{label}", time.perf_counter() - t0)
         self.stats.solves.append(SolveRecord(label, k, call, st))
