@@ -1,6 +1,7 @@
 """``hmc scaling``: a strong-scaling study as one command (DESIGN.md "Command line", COMMS.md "What to measure").
 
     hmc scaling --lattice 16 16 16 16 --ranks 1 2 4 8 --transports mpi shm --what halo,dslash,cg -o study.h5
+    hmc --backend cupy scaling --lattice 16^4 --ranks 1 2 4 --transports mpi event stream_gated --graph --mps ...
     hmc scaling report study.h5 [-o DIR]
 
 For every lattice, the study runs one 1-rank configuration (the serial baseline and the reference answers; no halo,
@@ -8,10 +9,19 @@ so no transport) and then every (rank count, transport). Each configuration is o
 :mod:`hmc.scaling_worker` under the launcher (``--launcher``, else ``$HMC_MPIEXEC``, else ``mpiexec``; ``{n}`` in
 it is replaced by the rank count, and without ``{n}``, ``-n N`` is appended), with a wall-clock limit
 (``--timeout``). The process grid is chosen as ``comms.choose_grid`` does it; a rank count that cannot split the
-lattice into even local extents is recorded as *skipped* with the reason. A configuration that fails or times out
+lattice into even local extents is recorded as *skipped* with the reason; ``--grid PXxPYxPZxPT`` gives a process grid
+explicitly (it replaces the automatic one of its rank count and is launched as given: one that cannot split the
+lattice fails in the worker and is recorded as failed). A configuration that fails or times out
 is recorded as *failed* with its error, and the study goes on. Every result is stored at once in the HDF5 file
 (written to a temporary copy and renamed: an interrupted study leaves a valid file), and ``--resume`` skips what the
 file already holds (failed configurations are tried again).
+
+GPU studies (``--backend cupy``, transports ``event`` / ``stream_gated`` / ``mpi``): the dslash, CG and halo go
+through :mod:`solvers.staggered_dist_cuda` (DslashRunner, DeviceCG, the distributed hop's face exchange), timed with
+device events, the phase split from device events (see :mod:`hmc.scaling_worker`). ``--graph`` adds a row per
+graph-capable transport (stream_gated) whose dslash and CG iterations are replayed from CUDA graphs. ``--mps``
+starts the CUDA MPS control daemon (:mod:`comms.cuda.mps`, private pipe folder) before the first rank, polls its
+server list while ranks run, stops it at the end, and records it; a daemon that does not start is an error.
 
 File layout (``format = "hmc-scaling/1"``):
 
@@ -19,17 +29,21 @@ File layout (``format = "hmc-scaling/1"``):
   memory, GPU model and driver), ``launcher``, ``launcher_version``, ``versions`` (JSON), ``parameters`` (JSON:
   what, repeats, cg_iters, mass, min_time, halo_sizes, traj_steps, backend, threads), ``transport_table`` (JSON:
   what each transport of the study is: data path, completion signal, host in the loop), ``env_hooks`` (JSON:
-  HMC_P2P_MASK, HMC_P2P_FAKE_CLIQUE, HMC_COMMS_TIMEOUT as set), ``command``.
+  HMC_P2P_MASK, HMC_P2P_FAKE_CLIQUE, HMC_COMMS_TIMEOUT as set), ``command``, ``graph`` (bool), ``mps`` (JSON:
+  asked, ran, why, servers, pipe_directory).
 * ``/configs/<key>``, key ``l8x8x8x8_n2_shm`` (``_graph`` appended for CUDA-graph runs): one group per
   configuration. Attributes: ``lattice``, ``ranks``, ``transport`` (``serial`` for the 1-rank baseline),
-  ``graph``, ``status`` (ok | failed | skipped), ``error``/``note``, ``grid``, ``local_dims``, ``local_volume``,
+  ``graph``, ``explicit_grid``, ``status`` (ok | failed | skipped), ``error``/``note``, ``grid``, ``local_dims``,
+  ``local_volume``, ``mps`` (ran under the study's MPS daemon), ``mps_servers``, ``mps_client`` (the pipe folder the
+  ranks saw), ``dslash_impl`` (GPU: the hop class, or why the array body ran), ``phase_clock``,
   ``backend``, ``links`` (transports the resolved links use), ``date``, ``wall_s``, ``loadavg`` (1-minute load
   before and after), ``cores``, ``oversubscribed``, ``hostname``, ``mpi_library``, ``gpu``, ``driver``,
   ``command``, ``answers`` (JSON), ``answers_agree`` (bool) and ``answers_note`` (against the 1-rank run of the
   lattice). String datasets ``transport_table`` (JSON rows: rank, coords, link, peer, transport, reason) and
   ``transport_table_text`` (as printed at start-up). One subgroup per operation (``halo``, ``dslash``, ``cg``,
   ``trajectory``): dataset ``samples_s`` (seconds per operation, one per repeat), dataset ``phases`` (ranks x
-  phases, seconds per operation; attribute ``names``), attributes ``median_s``, ``min_s``, ``max_s``, ``q1_s``,
+  phases, seconds per operation; attributes ``names``, ``clock``), on GPUs also ``wall_samples_s`` (host wall
+  time beside the device-event samples) and ``phases_host``; attributes ``median_s``, ``min_s``, ``max_s``, ``q1_s``,
   ``q3_s``, ``reps``, ``repeats``, ``speedup`` and ``efficiency`` (against the 1-rank run) and the operation's own
   (``flops``, ``bytes``, ``iterations``, ``depth``, ...). Dataset ``latency`` (compound rows: L, sites, bytes,
   one_way_us, round_trip_us, host_us, bandwidth_MBps) when the latency sweep ran.
@@ -607,7 +621,8 @@ def compare_answers(ref: dict, ans: dict, bitwise: bool = True) -> tuple:
     the 1-rank run uses the fused CUDA kernels and the distributed run the array-operation twins, which agree to
     rounding only: there the dslash norm must agree to 1e-12 and the digests are reported, not required."""
     checks, bad, info = [], [], []
-    for k, what in (("dslash_sha256", "dslash bitwise"), ("cg_exact_sha256", "CG (exact sums) bitwise")):
+    for k, what in (("dslash_sha256", "dslash bitwise"), ("cg_exact_sha256", "CG (exact sums) bitwise"),
+                    ("cg_sha256", "CG solution bitwise")):
         if k in ref and k in ans:
             same = ref[k] == ans[k]
             target = checks if same else (bad if bitwise else info)
@@ -747,13 +762,23 @@ def _write_config(g, cfg: Config, res: dict, extra: dict):
         for k, v in _stats(d["samples_s"]).items():
             og.attrs[k] = v
         og.attrs["repeats"] = len(d["samples_s"])
+        if d.get("wall_samples_s"):
+            og.create_dataset("wall_samples_s", data=np.asarray(d["wall_samples_s"], dtype=float))
+        names = list(d.get("phase_names") or PHASE_NAMES)
+        gpu = d.get("clock") == "device events"
         if d.get("phases"):
             ph = np.asarray(d["phases"], dtype=float)
             ds = og.create_dataset("phases", data=ph)
-            ds.attrs["names"] = list(PHASE_NAMES)
+            ds.attrs["names"] = names
             ds.attrs["unit"] = "seconds per operation, per rank (exclusive; instrumented loop)"
+            ds.attrs["clock"] = ("device events on the operation's stream (host_overhead: the rest of the host wall "
+                                 "time)" if gpu else "host perf_counter")
+        if d.get("phases_host"):
+            ds = og.create_dataset("phases_host", data=np.asarray(d["phases_host"], dtype=float))
+            ds.attrs["names"] = names
+            ds.attrs["unit"] = "host seconds per operation spent enqueueing each phase, per rank"
         for k, v in d.items():
-            if k in ("samples_s", "phases", "status"):
+            if k in ("samples_s", "phases", "status", "wall_samples_s", "phases_host", "phase_names"):
                 continue
             og.attrs[k] = _attr(v)
     lat = res.get("latency")

@@ -9,9 +9,12 @@ Files written into the report folder (default: ``STUDY_report`` beside the resul
 * ``time_vs_ranks.png``: time per operation against the rank count, one line per lattice and transport, with the
   spread over repeats and the ideal 1/n line from the 1-rank run;
 * ``speedup_efficiency.png``: speed-up and parallel efficiency against the rank count;
-* ``phases.png``: where the time goes (stacked bars per configuration: halo start/wait/finish, local shifts,
-  reductions, compute);
+* ``phases.png``: where the time goes (stacked bars per configuration; CPU, host clock: halo start/wait/finish,
+  local shifts, reductions, compute; GPU, device events: pack, post, interior, wait, exterior, reductions, graph
+  replay, host overhead);
 * ``transport_ratios.png``: time of each transport over the time of ``mpi`` against the rank count;
+* ``stream_gated_gain.png``: T(event)/T(stream_gated) and T(mpi)/T(stream_gated) against the rank count (and for
+  the CUDA-graph rows, of the graph replays and stream_gated over its replays);
 * ``latency.png``: one-way and round-trip halo latency against the message size (the latency sweep).
 """
 from __future__ import annotations
@@ -28,9 +31,17 @@ OP_TITLES = {"halo": "halo exchange", "dslash": "dslash (one parity)", "cg": "CG
              "trajectory": "gauge trajectory"}
 PHASE_LABELS = {"halo_start": "halo start (pack, send)", "halo_wait": "halo wait (signal / MPI)",
                 "halo_finish": "halo finish (unpack, MPI tests)", "local_shift": "local shifts (roll)",
-                "reductions": "global reductions", "compute": "compute"}
+                "reductions": "global reductions (GPU: with the CG vector updates)", "compute": "compute",
+                # GPU (device events)
+                "pack": "pack (kernel)", "post": "post (transfer + signal enqueued)",
+                "interior": "interior kernel", "wait": "wait (transfer, signal/wait, unpack)",
+                "exterior": "exterior kernel", "graph": "graph replay (device)", "host_overhead": "host overhead"}
 PHASE_COLOURS = {"halo_start": "#4C72B0", "halo_wait": "#DD8452", "halo_finish": "#8172B3",
-                 "local_shift": "#937860", "reductions": "#C44E52", "compute": "#55A868"}
+                 "local_shift": "#937860", "reductions": "#C44E52", "compute": "#55A868",
+                 "pack": "#4C72B0", "post": "#64B5CD", "interior": "#55A868", "wait": "#DD8452",
+                 "exterior": "#8C8C3C", "graph": "#8172B3", "host_overhead": "#B0B0B0"}
+GPU_PHASE_ORDER = ("pack", "post", "interior", "wait", "exterior", "reductions", "graph", "host_overhead")
+HALO_PHASES = ("halo_start", "halo_wait", "halo_finish", "pack", "post", "wait")
 COLOURS = {"serial": "black", "mpi": "tab:blue", "shm": "tab:orange", "event": "tab:green",
            "stream_gated": "tab:red", "stream_gated+graph": "tab:purple"}
 LINESTYLES = ("-", "--", ":", "-.")
@@ -76,6 +87,9 @@ def load_study(path) -> dict:
                     d = {k: _s(v) for k, v in og.attrs.items()}
                     d["samples"] = og["samples_s"][()]
                     d["phases"] = og["phases"][()] if "phases" in og else None
+                    d["phase_names"] = ([_s(x) for x in og["phases"].attrs["names"]] if "phases" in og
+                                        and "names" in og["phases"].attrs else list(PHASE_NAMES))
+                    d["phases_host"] = og["phases_host"][()] if "phases_host" in og else None
                     rec["ops"][op] = d
             rec["latency"] = g["latency"][()] if "latency" in g else None
             configs.append(rec)
@@ -108,14 +122,27 @@ def phase_fractions(d) -> dict | None:
     tot = ph.sum(axis=1, keepdims=True)
     tot[tot == 0] = 1.0
     frac = (ph / tot).mean(axis=0)
-    return dict(zip(PHASE_NAMES, frac))
+    return dict(zip(d.get("phase_names") or PHASE_NAMES, frac))
 
 
 def halo_share(d) -> float | None:
+    """The share of the halo phases (CPU: start, wait, finish; GPU: pack, post, wait)."""
     fr = phase_fractions(d)
     if fr is None:
         return None
-    return fr["halo_start"] + fr["halo_wait"] + fr["halo_finish"]
+    return sum(fr.get(p, 0.0) for p in HALO_PHASES)
+
+
+def phase_order(study, op) -> list:
+    """The phase names of ``op`` over the study, CPU names first, then the GPU ones, each in its fixed order."""
+    seen = set()
+    for r in study["configs"]:
+        d = r["ops"].get(op)
+        if d and d.get("phases") is not None:
+            seen.update(d.get("phase_names") or PHASE_NAMES)
+    gpu = bool(seen & {"pack", "interior", "graph"})
+    order = GPU_PHASE_ORDER + tuple(PHASE_NAMES) if gpu else tuple(PHASE_NAMES) + GPU_PHASE_ORDER
+    return [p for p in dict.fromkeys(order) if p in seen]
 
 
 def labels_of(study) -> list:
@@ -206,6 +233,8 @@ def gpu_sharing_notes(study) -> list:
             elif under:
                 text += (f"; {len(under)} of {len(multi)} ran under MPS ({_mps_text(meta)}), the others time-sliced "
                          "the GPU")
+            elif "mps" not in meta:
+                text += "; whether MPS served them is not recorded in this file (a study made before --mps)"
             else:
                 text += ("; without MPS: the ranks time-slice the GPU, and every dependency between ranks costs "
                          "about 140 us on an H200 whatever the transport (COMMS.md, 'Several ranks on one GPU'); "
@@ -348,41 +377,75 @@ def markdown(study, plots: list) -> str:
               "the CG solution (exact reductions) gathered and hashed, bitwise against the 1-rank run; the halo "
               "slabs checked against the global field.",
               ""]
+    if any(d.get("clock") == "device events" for r in study["configs"] for d in r["ops"].values()):
+        lines += ["On the GPU (rows with a CUDA hop: `dslash_impl` in the file) the operations go through "
+                  "`solvers.staggered_dist_cuda`: the dslash is `DslashRunner` (the full D, two hops and two "
+                  "exchanges, on its own stream; one hop is reported), the CG iteration is `DeviceCG` (scalars on "
+                  "the device, global sums through the halo engine), the halo exchange is the distributed hop's own "
+                  "face exchange (pack kernel, transport, ghost buffer; checked against the global field). Times are "
+                  "device events around the timed loop (the slowest rank's; the host wall times are stored beside "
+                  "them as `wall_samples_s`). `+graph` rows replay the dslash and the CG iteration from CUDA graphs "
+                  "(stream_gated with binary flags, COMMS.md 'CUDA graphs'). Where the time goes: device events on "
+                  "the operation's stream around each phase of every hop (`PhaseProfile`: pack kernel; post, the "
+                  "sends enqueued: copy and signal; interior kernel; wait, the stream waiting for the halo: "
+                  "transfer, signal/wait and unpack; exterior kernel), for the CG the device time outside the hops "
+                  "(reductions and vector updates), for graph replays the replay's device time; host overhead is "
+                  "the rest of the host wall time per operation (the GPU waiting for Python). The host time spent "
+                  "in each phase is stored as `phases_host`. Answers: the gathered dslash output and CG solution "
+                  "against the 1-rank run (fused kernel) to rounding: |D psi|^2 to 1e-12, the CG residual after the "
+                  "fixed iteration count to 1e-8; their digests are reported.", ""]
     return "\n".join(lines)
+
+
+GATED = ("stream_gated", "stream_gated+graph")
+
+
+def gain_pairs(labels) -> list:
+    """(slower, faster) label pairs of the stream-gated gain: event and mpi over stream_gated (and over its graph
+    replays), and stream_gated over its graph replays; only pairs whose labels are in the study."""
+    out = []
+    for g in GATED:
+        if g in labels:
+            out += [(o, g) for o in ("event", "mpi") if o in labels]
+    if all(g in labels for g in GATED):
+        out.append(GATED)
+    return out
 
 
 def ratio_rows(study, lat) -> list:
     labels = labels_of(study)
     rows = [r for r in study["configs"] if r["lattice"] == lat and r["status"] == "ok" and r["ranks"] > 1]
-    if "mpi" not in labels or len(labels) < 2 or not rows:
+    if len(labels) < 2 or not rows:
         return []
     ops = [op for op in OP_TITLES if any(op in r["ops"] for r in rows)]
     by = {(r["ranks"], r["label"]): r for r in rows}
-    others = [l for l in labels if l != "mpi"]
-    gated = "stream_gated" in labels
-    head = ["ranks"] + [f"{op}: {l}/mpi" for op in ops for l in others]
-    if gated and "event" in labels:
-        head += [f"{op}: event/stream_gated" for op in ops]
-    if gated:
-        head += [f"{op}: mpi/stream_gated" for op in ops]
-    out = ["Time ratios between transports (time of the first over the time of the second: below 1 the first "
-           "is faster" + ("; the stream-gated gain columns are above 1 when stream_gated is faster" if gated else "")
-           + "):", "",
-           "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for n in sorted({r["ranks"] for r in rows}):
-        def ratio(a, b, op):
-            ra, rb = by.get((n, a)), by.get((n, b))
-            if ra and rb and op in ra["ops"] and op in rb["ops"]:
-                return f"{ra['ops'][op]['median_s'] / rb['ops'][op]['median_s']:.2f}"
-            return "-"
+    ranks = sorted({r["ranks"] for r in rows})
 
-        cells = [str(n)] + [ratio(l, "mpi", op) for op in ops for l in others]
-        if gated and "event" in labels:
-            cells += [ratio("event", "stream_gated", op) for op in ops]
-        if gated:
-            cells += [ratio("mpi", "stream_gated", op) for op in ops]
-        out.append("| " + " | ".join(cells) + " |")
-    return out
+    def ratio(n, a, b, op):
+        ra, rb = by.get((n, a)), by.get((n, b))
+        if ra and rb and op in ra["ops"] and op in rb["ops"]:
+            return f"{ra['ops'][op]['median_s'] / rb['ops'][op]['median_s']:.2f}"
+        return "-"
+
+    out = []
+    others = [l for l in labels if l != "mpi"]
+    if "mpi" in labels and others:
+        head = ["ranks"] + [f"{op}: {l}/mpi" for op in ops for l in others]
+        out += ["Time ratios against mpi (time of the transport over the time of mpi: below 1 it is faster):", "",
+                "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+        for n in ranks:
+            out.append("| " + " | ".join([str(n)] + [ratio(n, l, "mpi", op) for op in ops for l in others]) + " |")
+        out.append("")
+    pairs = gain_pairs(labels)
+    if pairs:
+        head = ["ranks"] + [f"{op}: {a}/{b}" for op in ops for a, b in pairs]
+        out += ["Stream-gated gain (time of the other transport over the stream-gated time at the same point: above "
+                "1 stream_gated is faster; `+graph`: the dslash and CG iterations replayed from CUDA graphs):", "",
+                "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+        for n in ranks:
+            out.append("| " + " | ".join([str(n)] + [ratio(n, a, b, op) for op in ops for a, b in pairs]) + " |")
+        out.append("")
+    return out[:-1] if out else out
 
 
 def text_table(study) -> str:
@@ -587,9 +650,11 @@ def plot_phases(study, path, plt):
             f, unit = _scale(op, np.array([r["ops"][op]["median_s"] for r in rows]))
             x = np.arange(len(rows))
             bottom = np.zeros(len(rows))
-            for ph in PHASE_NAMES:
-                h = np.array([phase_fractions(r["ops"][op])[ph] * r["ops"][op]["median_s"] * f for r in rows])
-                ax.bar(x, h, bottom=bottom, color=PHASE_COLOURS[ph], width=0.7, label=PHASE_LABELS[ph])
+            for ph in phase_order(study, op):
+                h = np.array([phase_fractions(r["ops"][op]).get(ph, 0.0) * r["ops"][op]["median_s"] * f
+                              for r in rows])
+                ax.bar(x, h, bottom=bottom, color=PHASE_COLOURS.get(ph, "grey"), width=0.7,
+                       label=PHASE_LABELS.get(ph, ph))
                 bottom += h
             ax.set_xticks(x)
             ax.set_xticklabels([f"{r['ranks']}\n{r['label'].replace('stream_gated', 'sg')}" for r in rows],
@@ -597,12 +662,15 @@ def plot_phases(study, path, plt):
             ax.set_ylabel(f"time per operation [{unit}]")
             ax.set_title(f"{lat_name(lat)}: {OP_TITLES[op]}", fontsize=10)
             ax.grid(True, axis="y", alpha=0.3)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLOURS[p]) for p in PHASE_NAMES]
+    names = list(dict.fromkeys(p for op in ops for p in phase_order(study, op)))
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLOURS.get(p, "grey")) for p in names]
     wide = width * len(ops) >= 14
-    fig.legend(handles, [PHASE_LABELS[p] for p in PHASE_NAMES], loc="lower center", ncol=6 if wide else 3,
-               frameon=False, fontsize=9)
+    ncol = (6 if wide else 3) if len(names) <= 6 else 4
+    fig.legend(handles, [PHASE_LABELS.get(p, p) for p in names], loc="lower center", ncol=ncol, frameon=False,
+               fontsize=9)
     fig.suptitle("Where the time goes (mean share over ranks of the instrumented loop, scaled to the median)")
-    fig.tight_layout(rect=(0, (0.55 if wide else 0.8) / (3.6 * len(lats) + 0.8), 1, 0.95))
+    legend_in = 0.3 + 0.25 * -(-len(names) // ncol)
+    fig.tight_layout(rect=(0, legend_in / (3.6 * len(lats) + 0.8), 1, 0.95))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
@@ -649,6 +717,52 @@ def plot_ratios(study, path, plt):
     fig.legend(handles=hs, loc="lower center", ncol=6, frameon=False)
     fig.suptitle("Transport ratio against mpi (below 1: faster than mpi)")
     fig.tight_layout(rect=(0, 0.1 if len(ops) <= 3 else 0.06, 1, 0.93))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+PAIR_COLOURS = {("event", "stream_gated"): "tab:green", ("mpi", "stream_gated"): "tab:blue",
+                ("event", "stream_gated+graph"): "tab:olive", ("mpi", "stream_gated+graph"): "tab:cyan",
+                ("stream_gated", "stream_gated+graph"): "tab:purple"}
+
+
+def plot_gain(study, path, plt):
+    """The stream-gated gain T(other)/T(stream_gated) against the rank count, per operation: against event and mpi
+    (and, with graph rows, of the graph replays)."""
+    lats, labels = lattices_of(study), labels_of(study)
+    pairs = gain_pairs(labels)
+    if not pairs:
+        return False
+    ops = [op for op in OP_TITLES if any(op in r["ops"] for r in study["configs"] if r["ranks"] > 1)]
+    fig, axes = _panels(plt, len(ops), 4.2, 3.8)
+    ranks = sorted({r["ranks"] for r in study["configs"] if r["status"] == "ok" and r["ranks"] > 1})
+    for ax, op in zip(axes, ops):
+        for i, lat in enumerate(lats):
+            by = {(r["ranks"], r["label"]): r["ops"][op]["median_s"] for r in study["configs"]
+                  if r["lattice"] == lat and r["status"] == "ok" and op in r["ops"]}
+            for a, b in pairs:
+                pts = [(n, by[(n, a)] / by[(n, b)]) for n in ranks if (n, a) in by and (n, b) in by]
+                if pts:
+                    p = np.array(pts)
+                    ax.plot(p[:, 0], p[:, 1], color=PAIR_COLOURS.get((a, b), "grey"), ls=LINESTYLES[i % 4],
+                            marker=MARKERS[i % 4], ms=5, lw=1.6)
+        ax.axhline(1.0, color="grey", lw=1, ls=(0, (1, 2)))
+        _rank_axis(ax, ranks)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("time of the other / stream-gated time")
+        ax.set_title(OP_TITLES[op])
+        ax.grid(True, alpha=0.3)
+    from matplotlib.lines import Line2D
+
+    hs = [Line2D([], [], color=PAIR_COLOURS.get(pr, "grey"), lw=2, label=f"{pr[0]} / {pr[1]}") for pr in pairs]
+    if len(lats) > 1:
+        hs += [Line2D([], [], color="grey", ls=LINESTYLES[i % 4], marker=MARKERS[i % 4], label=lat_name(lat))
+               for i, lat in enumerate(lats)]
+    fig.legend(handles=hs, loc="lower center", ncol=4, frameon=False, fontsize=9)
+    fig.suptitle("Stream-gated gain (above 1: stream_gated faster)")
+    rows = -(-len(hs) // 4)
+    fig.tight_layout(rect=(0, 0.06 + 0.05 * rows if len(ops) <= 3 else 0.04 + 0.03 * rows, 1, 0.93))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
@@ -713,7 +827,8 @@ def write_report(path, out_dir=None) -> dict:
             plot_time(study, out / "time_vs_ranks.png", plt)
             plots.append(str(out / "time_vs_ranks.png"))
             for name, fn in (("speedup_efficiency.png", plot_speedup), ("phases.png", plot_phases),
-                             ("transport_ratios.png", plot_ratios), ("latency.png", plot_latency)):
+                             ("transport_ratios.png", plot_ratios), ("stream_gated_gain.png", plot_gain),
+                             ("latency.png", plot_latency)):
                 if fn(study, out / name, plt):
                     plots.append(str(out / name))
     md = markdown(study, plots)

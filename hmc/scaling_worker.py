@@ -38,6 +38,16 @@ They are exclusive times per operation on each rank (per rank in the results); t
 loop's time. On the CPU there is no overlap of interior and exterior work (shifts are blocking), so the interior /
 exterior split of a GPU dslash has no counterpart here.
 
+On the GPU (cupy backend, the hop a CUDA kernel: :func:`gpu_device_path`) the operations go through
+:mod:`solvers.staggered_dist_cuda` instead: ``dslash`` is ``DslashRunner`` (the full D, two hops, on its own stream;
+time per hop), ``cg`` is ``DeviceCG`` (device-resident scalars, sums through the halo engine; time per iteration,
+the answers after ``cg_iters`` iterations from x = 0), ``halo`` is the distributed hop's face exchange (pack,
+transport, ghost buffer), each timed with device events around the loop (host wall beside it). With
+``spec["graph"]`` the dslash and CG iteration are captured in CUDA graphs and replayed (stream_gated). The phase
+split (``GPU_PHASES``, :meth:`Context.phases_device`): device events of ``PhaseProfile`` around the hop's phases
+(pack, post, interior, wait, exterior; the 1-rank kernel is all interior), the CG's device time outside the hops
+(reductions), the graph replay's device time (graph rows), and host overhead: the rest of the wall time.
+
 Answers (compared by the driver with the 1-rank run): SHA-256 of the gathered dslash output (bitwise), of the CG
 solution after the fixed iteration count with exact reductions (bitwise for any decomposition), the norm of the
 fast-reduction CG residual (to rounding), the halo check, and for the trajectory the final H and plaquette (to
@@ -58,6 +68,9 @@ import traceback
 import numpy as np
 
 PHASES = ("halo_start", "halo_wait", "halo_finish", "local_shift", "reductions", "compute")
+# GPU phases (device events on the op's stream; solvers.staggered_dist_cuda.PhaseProfile for the hop's own phases)
+GPU_PHASES = ("pack", "post", "interior", "wait", "exterior", "reductions", "graph", "host_overhead")
+HOP_PHASES = ("pack", "post", "interior", "wait", "exterior")
 LOCAL_DEPTH = 3           # halo depth of the HISQ Naik term
 
 
@@ -180,6 +193,131 @@ class Context:
         mine.append(max(0.0, total / per - sum(mine)))
         phases = self.comm.gather(mine, root=0)
         return samples, reps, phases
+
+
+    # --- GPU: device events ---------------------------------------------------------------------------------
+    def measure_device(self, fn, stream, ops_per_call=1.0):
+        """GPU timing: (device-event samples in s per operation, host wall samples, reps); each the slowest rank's.
+        ``fn`` enqueues on ``stream`` (the DslashRunner's or DeviceCG's own stream)."""
+        import cupy as cp
+
+        spec, grid = self.spec, self.grid
+        fn()
+        stream.synchronize()
+        grid.barrier()
+        t0 = time.perf_counter()
+        fn()
+        stream.synchronize()
+        t1 = grid.max(time.perf_counter() - t0)
+        reps = max(1, min(100000, int(math.ceil(spec["min_time"] / max(t1, 1e-9)))))
+        reps = self.comm.bcast(reps, root=0)
+        dev, wall = [], []
+        for _ in range(spec["repeats"]):
+            grid.barrier()
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            t0 = time.perf_counter()
+            e0.record(stream)
+            for _ in range(reps):
+                fn()
+            e1.record(stream)
+            e1.synchronize()
+            w = time.perf_counter() - t0
+            d = cp.cuda.get_elapsed_time(e0, e1) / 1e3
+            dev.append(grid.max(d) / reps / ops_per_call)
+            wall.append(grid.max(w) / reps / ops_per_call)
+        return dev, wall, reps
+
+    def phases_device(self, fn, stream, holder, ops_per_call, hops_per_call, graph, reps, cg=False):
+        """Where the time of a GPU operation goes, per rank (gathered on rank 0): seconds per operation of the
+        phases ``GPU_PHASES`` and the host time of the hop's phases.
+
+        Uncaptured runs: device events around every call of ``fn`` on ``stream`` give its device time; the hop's
+        own phases come from ``PhaseProfile`` (pack, post, interior, wait, exterior: device events on the compute
+        stream) or, for the 1-rank CUDA hop, from events around each hop (all of it ``interior``); for the CG the
+        device time outside the hops is ``reductions`` (dot products, the sums through the halo engine, vector
+        updates). ``host_overhead`` is the rest of the host wall time per operation (the GPU waiting for Python).
+        Graph replays: ``graph`` is the device time per operation, ``host_overhead`` the wall time beyond it."""
+        import cupy as cp
+
+        n = max(2, min(int(reps), 200))
+        per = n * ops_per_call
+        hop = getattr(holder, "hop", None)
+        prof = restore = None
+        if not graph and hop is not None:
+            from solvers.staggered_dist_cuda import DistHop, PhaseProfile
+
+            if isinstance(hop, DistHop):
+                prof = hop.profile = PhaseProfile()
+            else:
+                prof = _HopTimer(hop)
+                holder.hop, restore = prof, hop
+        try:
+            stream.synchronize()
+            self.grid.barrier()
+            pairs = []
+            t0 = time.perf_counter()
+            for _ in range(n):
+                a, b = cp.cuda.Event(), cp.cuda.Event()
+                a.record(stream)
+                fn()
+                b.record(stream)
+                pairs.append((a, b))
+            stream.synchronize()
+            wall = (time.perf_counter() - t0) / per
+            dev = sum(cp.cuda.get_elapsed_time(a, b) for a, b in pairs) / 1e3 / per
+            ph = dict.fromkeys(GPU_PHASES, 0.0)
+            host = dict.fromkeys(GPU_PHASES, 0.0)
+            if graph:
+                ph["graph"] = dev
+                ph["host_overhead"] = max(0.0, wall - dev)
+            elif prof is not None:
+                summ = prof.summary()
+                k = hops_per_call / ops_per_call          # hop calls per operation
+                for name in HOP_PHASES:
+                    if name in summ:
+                        ph[name] = summ[name]["device_ms"] * 1e-3 * k
+                        host[name] = summ[name]["host_ms"] * 1e-3 * k
+                hops = sum(ph[x] for x in HOP_PHASES)
+                if cg:
+                    ph["reductions"] = max(0.0, dev - hops)
+                    ph["host_overhead"] = max(0.0, wall - max(dev, hops))
+                else:
+                    ph["host_overhead"] = max(0.0, wall - hops)
+        finally:
+            if hop is not None and hasattr(hop, "profile"):
+                hop.profile = None
+            if restore is not None:
+                holder.hop = restore
+        mine = [ph[x] for x in GPU_PHASES]
+        mine_host = [host[x] for x in GPU_PHASES]
+        return self.comm.gather(mine, root=0), self.comm.gather(mine_host, root=0)
+
+
+class _HopTimer:
+    """A hop wrapped with device events (the 1-rank CUDA hop has no phase profile): all of it is ``interior``."""
+
+    def __init__(self, hop):
+        self.hop, self.pending = hop, []
+
+    def __call__(self, *a, **k):
+        import cupy as cp
+
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        t0 = time.perf_counter()
+        e0.record()
+        self.hop(*a, **k)
+        e1.record()
+        self.pending.append((e0, e1, time.perf_counter() - t0))
+
+    def summary(self) -> dict:
+        import cupy as cp
+
+        if not self.pending:
+            return {}
+        self.pending[-1][1].synchronize()
+        dev = sum(cp.cuda.get_elapsed_time(a, b) for a, b, _ in self.pending) / len(self.pending)
+        host = sum(h for *_, h in self.pending) / len(self.pending) * 1e3
+        return {"interior": {"device_ms": dev, "host_ms": host}}
 
 
 def _sha(a) -> str:
@@ -307,6 +445,136 @@ def op_cg(ctx, res, d):
                         "reductions": reductions()}
 
 
+# ------------------------------------------------------------------------------------------------------------
+# GPU operations through solvers.staggered_dist_cuda (device-resident halo, DslashRunner, DeviceCG, graphs)
+
+def gpu_device_path(d) -> str | None:
+    """Why the GPU operations cannot go through solvers.staggered_dist_cuda for this dslash, or None (they can: the
+    hop is the 1-rank CUDA kernel or the distributed DistHop)."""
+    try:
+        from solvers.staggered_cuda import CudaHop
+        from solvers.staggered_dist_cuda import DslashRunner  # noqa: F401 - importable
+    except Exception as e:  # noqa: BLE001
+        return f"solvers.staggered_dist_cuda does not import ({type(e).__name__}: {e})"
+    if not isinstance(d._hop_impl, CudaHop):
+        return (f"the dslash runs the array body ({getattr(d._hop_impl, '__name__', type(d._hop_impl).__name__)}), "
+                "not a CUDA hop: local extents that the distributed kernel's layout does not allow")
+    return None
+
+
+def op_halo_gpu(ctx, res, d):
+    """The distributed hop's own face exchange (pack kernel, exchange through the transport into the ghost buffer),
+    checked against the global field and timed with device events."""
+    import cupy as cp
+
+    from lattice import CounterRNG
+    from solvers.staggered_dist_cuda import DistHop
+
+    geom = ctx.geom
+    hop = d._hop_impl
+    if not isinstance(hop, DistHop) or not hop.keys:
+        res["ops"]["halo"] = {"status": "n/a", "note": "no partitioned dimension (one rank): no halo"}
+        return
+    depth = hop.depth
+    whole = _global_field(geom, CounterRNG(11), "halo")
+    psi = cp.ascontiguousarray(cp.asarray(geom.local_part(whole)))
+    stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()
+
+    def exchange():
+        with stream:
+            hop.pack(psi)
+            hop.finish(hop.start())
+
+    exchange()
+    stream.synchronize()
+    ok = True
+    for (mu, side), got in hop.recvs.items():
+        ax = 3 - mu
+        n_glob, n_loc, off = geom.dims[mu], geom.local_dims[mu], geom.offset[mu]
+        idx = np.arange(off - depth, off) if side == 0 else np.arange(off + n_loc, off + n_loc + depth)
+        moved = np.take(whole, idx % n_glob, axis=ax)
+        o, l = list(geom.offset), list(geom.local_dims)
+        o[mu], l[mu] = 0, depth
+        want = moved[o[3]:o[3] + l[3], o[2]:o[2] + l[2], o[1]:o[1] + l[1], o[0]:o[0] + l[0]]
+        ok = ok and np.array_equal(cp.asnumpy(got), want)
+    ok = geom.grid.sum(int(not ok)) == 0
+    res["answers"]["halo_ok"] = bool(ok)
+    samples, wall, reps = ctx.measure_device(exchange, stream)
+    face = sum(v.size for v in hop.sends.values()) * 16
+    res["ops"]["halo"] = {"samples_s": samples, "wall_samples_s": wall, "reps": reps, "depth": depth,
+                          "bytes_per_rank": face, "dims": "".join("xyzt"[mu] for mu in hop.pdims),
+                          "clock": "device events", "what_exchanged": "the distributed hop's faces (both parities)"}
+    sizes = ctx.spec.get("halo_sizes") or []
+    if sizes and ctx.comm.size > 1:
+        from comms.bench import bench_halo
+
+        res["latency"] = bench_halo((ctx.spec["transport"],), tuple(sizes), "vector", ctx.spec["min_time"],
+                                    max(3, ctx.spec["repeats"]))
+
+
+def op_dslash_gpu(ctx, res, d):
+    """The full D (two hops, two exchanges) through ``DslashRunner``, captured in a CUDA graph with
+    ``spec["graph"]``; times per hop (one parity), device events."""
+    from lattice import CounterRNG
+    from solvers.staggered_cuda import hop_bytes
+    from solvers.staggered_dist_cuda import DslashRunner
+
+    geom, graph = ctx.geom, bool(ctx.spec.get("graph"))
+    psi = _field(geom, CounterRNG(3), "src")
+    run = DslashRunner(d, psi, graph=graph)
+    out = run.run()
+    run.stream.synchronize()
+    whole = geom.gather(out)
+    if ctx.rank == 0:
+        res["answers"]["dslash_sha256"] = _sha(whole)
+    res["answers"]["dslash_norm2"] = float(geom.sum((out.conj() * out).real))
+    samples, wall, reps = ctx.measure_device(run.run, run.stream, ops_per_call=2)
+    phases, host = ctx.phases_device(run.run, run.stream, run, 2, 2, graph, reps * 2)
+    res["ops"]["dslash"] = {"samples_s": samples, "wall_samples_s": wall, "reps": reps, "phases": phases,
+                            "phases_host": host, "phase_names": list(GPU_PHASES), "flops": d.hop_flops(),
+                            "bytes": hop_bytes(np.complex128) * geom.volume // 2, "clock": "device events",
+                            "graph": graph, "per": "hop (one parity; the full D of DslashRunner over 2)",
+                            "halo_bytes_per_rank": _dslash_halo_bytes_dist(d)}
+
+
+def _dslash_halo_bytes_dist(d) -> int:
+    hop = d._hop_impl
+    return int(sum(v.size for v in getattr(hop, "sends", {}).values()) * 16)
+
+
+def op_cg_gpu(ctx, res, d):
+    """CG iterations on A = 4m^2 - D_eo D_oe through ``DeviceCG`` (device-resident scalars, sums through the halo
+    engine), captured in a CUDA graph with ``spec["graph"]``; a fixed iteration count for the answers, then the
+    time per iteration from device events."""
+    from lattice import CounterRNG
+    from solvers.staggered_dist_cuda import DeviceCG
+
+    geom, spec = ctx.geom, ctx.spec
+    graph, m, n_it = bool(spec.get("graph")), spec["mass"], spec["cg_iters"]
+    src = _field(geom, CounterRNG(5), "src")
+    b = src * (geom.parity() == 0)[..., None]
+    cg = DeviceCG(d, m, b, parity=0, graph=graph)
+    cg.start()
+    cg.iterate(n_it)
+    res["answers"]["cg_residual"] = math.sqrt(max(cg.residual2(), 0.0))
+    whole = geom.gather(cg.solution())
+    if ctx.rank == 0:
+        res["answers"]["cg_sha256"] = _sha(whole)
+
+    def step():
+        cg.iterate(1)
+
+    cg.start()
+    samples, wall, reps = ctx.measure_device(step, cg.stream)
+    cg.start()
+    phases, host = ctx.phases_device(step, cg.stream, cg, 1, 2, graph, reps, cg=True)
+    res["ops"]["cg"] = {"samples_s": samples, "wall_samples_s": wall, "reps": reps, "phases": phases,
+                        "phases_host": host, "phase_names": list(GPU_PHASES), "iterations": n_it, "mass": m,
+                        "flops": 2 * d.hop_flops() + 60 * geom.volume // 2 * 3, "clock": "device events",
+                        "graph": graph, "reductions": "device (DeviceCG: sums through the halo engine)"}
+
+
 def op_trajectory(ctx, res):
     from force.gauge_action import SymanzikAction
     from lattice import CounterRNG, GaugeField, su3
@@ -399,17 +667,42 @@ def run(spec) -> dict:
         res["transport_table_text"] = format_table(table, grid.describe()) if table else ""
         res["links"] = "+".join(sorted({r["transport"] for r in table})) or "none"
     what = spec["what"]
-    if "halo" in what:
-        op_halo(ctx, res)
-    if "dslash" in what or "cg" in what:
+    graph = bool(spec.get("graph"))
+    d, why = None, "not a GPU run"
+    if backend.is_gpu and {"halo", "dslash", "cg"} & set(what):
         from solvers import StaggeredDslash
 
         fat, long = _links(ctx)
         d = StaggeredDslash(geom, fat, long)
+        why = gpu_device_path(d)
+        res["dslash_impl"] = type(d._hop_impl).__name__ if why is None else f"array body ({why})"
+        res["phase_clock"] = "device events" if why is None else "host perf_counter"
+    else:
+        res["phase_clock"] = "host perf_counter"
+    if graph and why is not None:
+        raise RuntimeError(f"--graph: {why}")
+    if "halo" in what:
+        if graph:
+            res["ops"]["halo"] = {"status": "n/a", "note": "graph rows time the dslash and CG (the halo is the "
+                                  "uncaptured row's)"}
+        elif why is None:
+            op_halo_gpu(ctx, res, d)
+        else:
+            op_halo(ctx, res)
+    if "dslash" in what or "cg" in what:
+        from solvers import StaggeredDslash
+
+        if d is None:
+            fat, long = _links(ctx)
+            d = StaggeredDslash(geom, fat, long)
         if "dslash" in what:
-            op_dslash(ctx, res, d)
+            (op_dslash_gpu if why is None else op_dslash)(ctx, res, d)
         if "cg" in what:
-            op_cg(ctx, res, d)
+            (op_cg_gpu if why is None else op_cg)(ctx, res, d)
+        if why is None:
+            from solvers.staggered_dist_cuda import close_graph_mode
+
+            close_graph_mode(geom)
     if "trajectory" in what:
         op_trajectory(ctx, res)
     grid.close()

@@ -371,29 +371,50 @@ def test_plan_lattices_and_launcher():
 
 def test_report_of_gpu_transports_shows_the_stream_gated_gain(tmp_path):
     """The report path of the GPU transports, from stored results (no launch): the stream-gated gain against event
-    and mpi, and the note that the ranks share one GPU."""
+    and mpi per point, the CUDA-graph rows and their gain, the device-event phase split as stacked bars, and the note
+    that the ranks share one GPU under MPS."""
     from hmc.scaling import Config, Study
-    from hmc.scaling_report import write_report
+    from hmc.scaling_report import load_study, write_report
+    from hmc.scaling_worker import GPU_PHASES
 
     study = Study(tmp_path / "gpu.h5")
     study.create({"machine": {"hostname": "h", "cores": 16, "gpu": "1 x NVIDIA H200"}, "parameters": {
-        "what": ["dslash"], "repeats": 3, "backend": "cupy"}})
-    answers = {"dslash_sha256": "x", "dslash_norm2": 1.0}
-    times = {"serial": 1.0, "mpi": 0.9, "event": 0.8, "stream_gated": 0.5}
-    for n, t in [(1, "serial")] + [(n, t) for n in (2, 4) for t in ("mpi", "event", "stream_gated")]:
-        s = times[t] * (1 if n == 1 else 2 / n)
+        "what": ["dslash", "cg"], "repeats": 3, "backend": "cupy"}, "graph": True,
+        "mps": {"asked": True, "ran": True, "why": "control daemon started", "servers": ["777"]}})
+    answers = {"dslash_sha256": "x", "dslash_norm2": 1.0, "cg_residual": 0.5}
+    times = {"serial": 1.0, "mpi": 0.9, "event": 0.8, "stream_gated": 0.5, "stream_gated+graph": 0.25}
+    rows = [(1, "serial", False)] + [(n, t, False) for n in (2, 4) for t in ("mpi", "event", "stream_gated")]
+    rows += [(n, "stream_gated", True) for n in (2, 4)]
+    for n, t, graph in rows:
+        s = times[t + ("+graph" if graph else "")] * (1 if n == 1 else 2 / n)
+        # GPU phases (device events): pack, post, interior, wait, exterior, reductions, graph, host_overhead
+        ph = [0.0] * 6 + [0.9 * s, 0.1 * s] if graph else [0.1 * s, 0.1 * s, 0.3 * s, 0.2 * s, 0.1 * s, 0, 0, 0.2 * s]
+        op = {"samples_s": [s, s * 1.1, s * 0.9], "wall_samples_s": [s] * 3, "reps": 1, "flops": 1e9,
+              "phases": [ph] * n, "phases_host": [[0.0] * 8] * n, "phase_names": list(GPU_PHASES),
+              "clock": "device events", "graph": graph}
         res = {"status": "ok", "backend": "cupy", "gpu": "NVIDIA H200", "grid": [1, 1, 1, n],
                "local_dims": [8, 8, 8, 8 // n], "links": "none" if n == 1 else t,
-               "answers": dict(answers, halo_ok=True) if n > 1 else answers,
-               "ops": {"dslash": {"samples_s": [s, s * 1.1, s * 0.9], "reps": 1, "flops": 1e9,
-                                  "phases": [[0.1 * s, 0.2 * s, 0.1 * s, 0.1 * s, 0.0, 0.5 * s]] * n}}}
-        study.store(Config((8,) * 4, n, t, grid=(1, 1, 1, n)), res, {"cores": 16, "oversubscribed": False})
+               "answers": dict(answers, halo_ok=True) if n > 1 else answers, "dslash_impl": "DistHop",
+               "ops": {"dslash": op, "cg": dict(op, iterations=3)}}
+        study.store(Config((8,) * 4, n, t, graph=graph, grid=(1, 1, 1, n)), res,
+                    {"cores": 16, "oversubscribed": False, "mps": True, "mps_servers": "777"})
     out = write_report(study.path, tmp_path / "rep")
     md = open(out["markdown"]).read()
-    assert "dslash: event/stream_gated" in md and "dslash: mpi/stream_gated" in md
-    assert "| 2 | 0.89 | 0.56 | 1.60 | 1.80 |" in md          # event/mpi, sg/mpi, event/sg, mpi/sg at 2 ranks
-    assert "these ranks share one GPU" in md
-    assert len(out["plots"]) == 4                               # no halo op: no latency sweep
+    assert "| 2 | 0.89 | 0.56 | 0.28 | 0.89 | 0.56 | 0.28 |" in md    # event, sg, sg+graph over mpi (dslash, cg)
+    head = [l for l in md.splitlines() if l.startswith("| ranks | dslash: event/stream_gated")]
+    assert head and head[0].count("/stream_gated+graph") == 6 and "dslash: stream_gated/stream_gated+graph" in head[0]
+    # event/sg, mpi/sg, event/sg+graph, mpi/sg+graph, sg/sg+graph, per op, at 2 ranks
+    assert "| 2 | 1.60 | 1.80 | 3.20 | 3.60 | 2.00 | 1.60 | 1.80 | 3.20 | 3.60 | 2.00 |" in md
+    assert "| 2 | 1x1x1x2 | 8x8x8x4 | stream_gated+graph |" in md
+    assert "these ranks share one GPU" in md and "all of them ran under MPS" in md and "777" in md
+    names = [p.rsplit("/", 1)[-1] for p in out["plots"]]
+    assert names == ["time_vs_ranks.png", "speedup_efficiency.png", "phases.png", "transport_ratios.png",
+                     "stream_gated_gain.png"]                          # no halo op: no latency sweep
+    loaded = load_study(study.path)
+    d = [r for r in loaded["configs"] if r["key"] == "l8x8x8x8_n2_stream_gated_graph"][0]["ops"]["dslash"]
+    assert d["phase_names"] == list(GPU_PHASES) and d["phases_host"].shape == (2, 8)
     with h5py.File(study.path, "r") as f:
         g = f["configs"]["l8x8x8x8_n4_stream_gated"]
         assert bool(g.attrs["answers_agree"]) and np.isclose(g["dslash"].attrs["speedup"], 1.0 / 0.25)
+        assert f["configs"]["l8x8x8x8_n4_stream_gated_graph"].attrs["graph"]
+        assert "device events" in g["dslash"]["phases"].attrs["clock"]
