@@ -54,8 +54,8 @@ def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3,
             timers["links"] = timers.get("links", 0.0) + time.perf_counter() - t0
         elif op[0] == "U":
             t0 = time.perf_counter()
-            if expm is su3.expm_su3:
-                u.links = su3.exp_update(u.links, p, op[1], u.geom.backend)
+            if expm is su3.expm_su3 or expm is su3.expm_taylor:     # one fused kernel on a GPU
+                u.links = su3.exp_update(u.links, p, op[1], u.geom.backend, expm)
             else:
                 u.links = expm(op[1] * p) @ u.links
             timers["links"] = timers.get("links", 0.0) + time.perf_counter() - t0

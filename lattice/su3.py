@@ -141,14 +141,20 @@ def expm_su3(a):
     return out
 
 
-def exp_update(links, p, dt: float, backend=None):
-    """links <- exp(dt P) links: MILC's link update with the exact exponential. On a GPU this is one fused CUDA
-    kernel (:mod:`lattice.su3_cuda`) whose twin is the line below."""
+def exp_update(links, p, dt: float, backend=None, expm=None):
+    """links <- expm(dt P) links: MILC's link update, with the exact exponential (``expm`` None or
+    :func:`expm_su3`) or MILC's 8th-order series (:func:`expm_taylor`). On a GPU each is one fused CUDA kernel
+    (:mod:`lattice.su3_cuda`) whose twin is the line below."""
+    taylor = expm is expm_taylor
+    if expm is not None and expm is not expm_su3 and not taylor:
+        raise ValueError("exp_update knows expm_su3 and expm_taylor: apply another exponential as expm(dt * p) @ links")
     if backend is not None and backend.is_gpu:
-        from .su3_cuda import exp_update as cuda_exp_update
+        from . import su3_cuda
 
-        return cuda_exp_update(backend, p, links, dt)
-    return expm_su3(dt * p) @ links
+        if taylor:
+            return su3_cuda.taylor_update(backend, p, links, dt)
+        return su3_cuda.exp_update(backend, p, links, dt)
+    return (expm_taylor if taylor else expm_su3)(dt * p) @ links
 
 
 def expm_taylor(a, order=8):
