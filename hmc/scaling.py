@@ -741,6 +741,8 @@ def _write_config(g, cfg: Config, res: dict, extra: dict):
     for k in ("backend", "links", "hostname", "mpi_library", "gpu", "command", "stderr_tail", "mps_client",
               "dslash_impl", "phase_clock"):
         a[k] = str(res.get(k, "")).replace("\x00", "")
+    if res.get("gpu_path_error"):
+        a["gpu_path_error"] = json.dumps(res["gpu_path_error"])
     a["driver"] = str(res.get("driver", ""))
     # datasets, not attributes: a table of many ranks outgrows HDF5's 64 KiB attribute limit
     g.create_dataset("transport_table", data=json.dumps(res.get("transport_table", [])))
@@ -939,6 +941,11 @@ def run_study(args) -> int:
         return _run_configs(args, study, configs, done, params, transports, lattices, ranks, what, backend,
                             launcher, mps)
     finally:
+        if mps.ran and study.exists():         # also after an interruption: what MPS did goes into the file
+            try:
+                study.update_header({"mps": mps_record(mps)})
+            except Exception:  # noqa: BLE001 - the record is best effort; the daemon must still be stopped
+                pass
         mps.stop()
 
 
@@ -1061,7 +1068,6 @@ def _run_configs(args, study, configs, done, params, transports, lattices, ranks
     if mps.enabled:
         if mps.ran and not mps.servers:
             mps.poll_servers()
-        study.update_header({"mps": mps_record(mps), "updated": _now()})
         print(f"  {mps.line()}", flush=True)
     if not args.no_report:
         from .scaling_report import write_report

@@ -192,6 +192,11 @@ def notes(study) -> list:
                    f"{ncores} cores): other work competed for the cores, so the times are noisy; the medians and "
                    "spreads over repeats show how much")
     out += gpu_sharing_notes(study)
+    fell = [r for r in study["configs"] if r.get("gpu_path_error")]
+    if fell:
+        what = "; ".join(f"{lat_name(r['lattice'])} {r['ranks']} {r['label']}: {r['gpu_path_error']}" for r in fell)
+        out.append(f"on {len(fell)} configuration(s) the device path (solvers.staggered_dist_cuda) failed and the "
+                   f"host-driven path was timed instead: {what}")
     if str(meta.get("git_dirty")) in ("True", "1", "true"):
         out.append("the working tree had uncommitted changes when the study ran (commit "
                    f"{str(meta.get('git_commit', ''))[:10]} plus edits)")

@@ -695,10 +695,22 @@ def run(spec) -> dict:
         if d is None:
             fat, long = _links(ctx)
             d = StaggeredDslash(geom, fat, long)
-        if "dslash" in what:
-            (op_dslash_gpu if why is None else op_dslash)(ctx, res, d)
-        if "cg" in what:
-            (op_cg_gpu if why is None else op_cg)(ctx, res, d)
+        for op, on_gpu, on_host in (("dslash", op_dslash_gpu, op_dslash), ("cg", op_cg_gpu, op_cg)):
+            if op not in what:
+                continue
+            if why is not None:
+                on_host(ctx, res, d)
+                continue
+            try:
+                on_gpu(ctx, res, d)
+            except Exception as e:  # noqa: BLE001 - an uncaptured row falls back to the host-driven path, noted
+                # (a rank that fails alone leaves its peers waiting in an exchange until HMC_COMMS_TIMEOUT, then
+                # they fail and fall back too; wrong halos after that would show in the answers check)
+                if graph:
+                    raise
+                res.setdefault("gpu_path_error", {})[op] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                res["dslash_impl"] = f"{res.get('dslash_impl', '')}; {op}: host-driven path after an error"
+                on_host(ctx, res, d)
         if why is None:
             from solvers.staggered_dist_cuda import close_graph_mode
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for the closing checks: the whole GPU test subset (MILC fixtures carried in
-# .fixtures/milc), a strong-scaling study with the GPU transports (2 and 4 ranks sharing the H200 under MPS), and
-# one 2+1+1 RHMC trajectory on 16^4. At most 8 files come back: log.txt plus the study's file, report and plots.
+# .fixtures/milc), a strong-scaling study with the GPU transports (tools/scaling_gpu.sh: 8^4 and 16^4 on 1, 2 and 4
+# ranks sharing the H200, mpi, event and stream_gated, stream_gated also as CUDA-graph replays; hmc scaling starts
+# and stops its own MPS daemon, --mps), and one 2+1+1 RHMC trajectory on 16^4. Three files come back: log.txt,
+# gpu_scaling.tar.gz (the study's file, report and plots: unpack into runs/scaling/) and gpu_scaling_report.md.
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_osc=^ucx HMC_COMMS_TIMEOUT=30
@@ -17,11 +19,11 @@ nvidia-cuda-mps-control -d >>"$LOG" 2>&1 && say "MPS started" || say "MPS failed
 say "GPU tests"
 timeout ${T_TESTS:-240} python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tail -40 >>"$LOG"
 
-say "scaling study with GPU transports (ranks share one H200 under MPS)"
-timeout ${T_SCALING:-170} python3 -m hmc --backend cupy scaling --lattice 8 8 8 8 --lattice 16 16 16 16 --ranks 1 2 4 \
-  --transports mpi event stream_gated --what halo,dslash,cg --repeats 3 \
-  -o "$OUT/gpu_scaling.h5" --report-dir "$OUT/gpu_scaling" >>"$LOG" 2>&1
+say "scaling study with GPU transports (ranks share one H200; hmc scaling --mps runs its own MPS daemon)"
+echo quit | nvidia-cuda-mps-control >>"$LOG" 2>&1; sleep 2     # the hand-started daemon steps aside
+T_SCALING=${T_SCALING:-280} timeout $(( ${T_SCALING:-280} + 60 )) bash tools/scaling_gpu.sh >>"$LOG" 2>&1
 say "scaling rc=$?"
+nvidia-cuda-mps-control -d >>"$LOG" 2>&1 && say "MPS started again" || say "MPS failed to start again"
 
 say "RHMC 2+1+1 trajectory on 16^4 (GPU)"
 TRAJ=1 GPU_SIZES="16" SKIP_CPU=1 OUT=/tmp/bench_rhmc timeout ${T_RHMC:-150} bash tools/bench_rhmc.sh >>"$LOG" 2>&1
