@@ -95,6 +95,12 @@ SCHEMA = {
                                   "a relative error in (0, 1): the bound on max |r(x)/f(x) - 1| of every approximation "
                                   "whose file states no error of its own (checked at hmc init)"),
         "time_bc": Key(str, "antiperiodic", None, "", ("antiperiodic", "periodic")),
+        "pbp_masses": Key(list, [], lambda v: all(_number(m) and m > 0 for m in v),
+                          "a list of positive valence masses for the PBP measurement after each trajectory, e.g. "
+                          "[0.0018, 0.018] ([] for none)"),
+        "npbp_reps": Key(int, 1, _positive, "a positive number of PBP sources per mass"),
+        "pbp_error": Key((int, float), 1e-6, lambda v: 0 < v < 1, "the PBP solves' residual (MILC's "
+                         "error_for_propagator), in (0, 1)"),
     },
     # optional: Kahler-Dirac multigrid (solvers.multigrid) for the light pseudofermion's smallest shifts
     "multigrid": {
@@ -114,6 +120,7 @@ SCHEMA = {
         "smoother_steps": Key(list, [4, 2], lambda v: bool(v) and all(isinstance(n, int) and n >= 0 for n in v),
                               "a list of GCR smoother steps per level, e.g. [4, 2]"),
         "coarsest": Key(str, "auto", None, "", ("auto", "lu", "gcr")),
+        "pbp": Key(bool, False, None, "true to solve the PBP measurements ([fermions] pbp_masses) by multigrid"),
         "light_shifts": Key(int, 0, _nonneg, "a number >= 0 of the smallest shifts of the light pseudofermion's "
                             "heat-bath and action solves to solve by multigrid (0: all multishift CG)"),
     },

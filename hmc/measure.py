@@ -26,3 +26,122 @@ def measure(path: str, args) -> dict:
         act = make_gauge_action(g)
         out["gauge_action"] = {**g, "S_g": act.action(u), "coefficients": act.describe()}
     return out
+
+
+# ------------------------------------------------------------------------------------------------ PBP
+def pbp_source(geom, rng):
+    """One PBP source: 3 complex Gaussians per site on all sites, density exp(-|g|^2) per component. With MILC's
+    generators (``[run] rng = "milc"``) MILC's draws after the trajectory (``grsource_plain``, every site in MILC's
+    order, CONVENTIONS.md 3.3); with Philox the stream "pbp" (one draw counter per source)."""
+    import math
+
+    import numpy as np
+
+    if hasattr(rng, "milc"):
+        g = rng.milc.grsource(1, np.arange(geom.volume))[0]                  # (volume, 3), MILC's site order
+        return rng._global_to_local(geom, g)
+    w = rng.gaussian("pbp", geom.site_ids(), 6).reshape(geom.shape + (3, 2))
+    return geom.xp.ascontiguousarray((w[..., 0] + 1j * w[..., 1]) / math.sqrt(2.0))
+
+
+def invert_uml(D, mass: float, g, tol: float, maxiter: int = 10000):
+    """M^-1 g as MILC's ``mat_invert_uml``: the even solve (4m^2 - D_eo D_oe) x_e = (M^dag g)_e by CG, the odd
+    sites reconstructed, x_o = (g_o - D_oe x_e)/(2m), then polished by the odd solve from that guess. Returns
+    (x, [even stats, odd stats])."""
+    from solvers import cg, project
+
+    eo0, eo1 = D.even_odd(mass, 0), D.even_odd(mass, 1)
+    xe, s0 = cg(tol, maxiter, raise_on_fail=False)(eo0.normal).solve(eo0.prepare(g))
+    x = eo0.reconstruct(xe, g)
+    xo, s1 = cg(tol, maxiter, raise_on_fail=False)(eo1.normal).solve(eo1.prepare(g), project(x, D.geom, 1))
+    return project(xe, D.geom, 0) + project(xo, D.geom, 1), [s0, s1]
+
+
+def pbp(D, mass: float, g, tol: float = 1e-6, inverse=None, maxiter: int = 10000) -> dict:
+    """The stochastic chiral condensate of MILC's ``f_meas_imp``: pbp_p = (2/V) sum_{x of parity p} g^dag M^-1 g
+    (M = 2m + D), and FACTION = (1/V) sum_even Re (M^dag g)^dag (M^-1 g). ``inverse``: a multigrid inverse of
+    M(mass) (``solvers.multigrid``, x = M^-1 g on the full lattice to ``tol``), else MILC's two CG solves
+    (:func:`invert_uml`). Returns re_even, re_odd, im_even, im_odd, faction, iters (per solve), solver."""
+    geom = D.geom
+    if inverse is None:
+        x, stats = invert_uml(D, mass, g, tol, maxiter)
+        iters, solver, ok = [s.milc_iters for s in stats], "cg", all(s.converged for s in stats)
+    else:
+        x, st = inverse.solve(g)
+        iters, solver, ok = [st.iters], "mg", bool(st.converged)
+    par = geom.parity()
+    V = geom.volume
+    dots = (g.conj() * x).sum(axis=-1)
+    pe = complex(geom.sum(dots * (par == 0))) * (2.0 / V)
+    po = complex(geom.sum(dots * (par == 1))) * (2.0 / V)
+    mdg = D.matrix(mass).adjoint()(g)
+    fa = float(geom.sum(((mdg.conj() * x).sum(axis=-1) * (par == 0)).real)) / V
+    return {"mass": float(mass), "re_even": pe.real, "re_odd": po.real, "im_even": pe.imag, "im_odd": po.imag,
+            "faction": fa, "iters": iters, "solver": solver, "converged": ok}
+
+
+def pbp_lines(results: list, reps: int = 1) -> list[str]:
+    """MILC's ``PBP:`` and ``FACTION:`` lines (``results`` in the order measured, ``reps`` sources per mass)."""
+    out = []
+    for i, r in enumerate(results):
+        out.append(f"PBP: mass {r['mass']:e}     {r['re_even']:e}  {r['re_odd']:e}  {r['im_even']:e}  "
+                   f"{r['im_odd']:e} ( {i % reps + 1} of {reps} )")
+        out.append(f"FACTION: mass = {r['mass']:e},  {r['faction']:e} ( {i % reps + 1} of {reps} )")
+    return out
+
+
+class PBPMeasurement:
+    """The PBP measurements of ``hmc run`` after each trajectory (deck ``[fermions] pbp_masses``, ``npbp_reps``,
+    ``pbp_error``; ``[multigrid] pbp = true`` solves them by multigrid, keeping the near-null vectors across
+    masses and trajectories and refreshing them after each gauge update). Light quarks: HISQ links with Naik
+    epsilon 0, the fermions' time boundary condition."""
+
+    def __init__(self, deck: dict):
+        f = deck["fermions"]
+        self.masses = [float(m) for m in f["pbp_masses"]]
+        self.reps = int(f["npbp_reps"])
+        self.tol = float(f["pbp_error"])
+        self.action, self.u0, self.time_bc = f["action"], float(f["u0"]), f["time_bc"]
+        mg = deck.get("multigrid")
+        self.mg = None
+        if mg and mg.get("pbp"):
+            from .deck import multigrid_options
+
+            self.mg = multigrid_options(mg)
+        self._inverses = {}
+        self._subspace = None
+
+    def _dslash(self, u):
+        from force.hisq_links import asqtad_links, hisq_links
+        from solvers import StaggeredDslash
+
+        links = hisq_links(u, eps=0.0, time_bc=self.time_bc) if self.action == "hisq" else \
+            asqtad_links(u, self.u0, self.time_bc)
+        return StaggeredDslash(u.geom, links.fat, links.long)
+
+    def _inverse(self, D, mass):
+        """The multigrid inverse of M(mass) on D, on the kept near-null vectors (refreshed for new links)."""
+        from solvers.multigrid import multigrid
+
+        key = (id(D), mass)
+        if key not in self._inverses:
+            inv = multigrid(self.tol, 500, subspace=self._subspace, **self.mg)(D.matrix(mass))
+            self._subspace = inv.subspace
+            self._inverses = {k: v for k, v in self._inverses.items() if k[0] == id(D)}
+            self._inverses[key] = inv
+        return self._inverses[key]
+
+    def measure(self, u, rng) -> tuple[dict, list[str]]:
+        """(history columns pbp{i}_re_even, ... per mass i (averaged over the sources), MILC's lines)."""
+        D = self._dslash(u)
+        results, row = [], {}
+        for i, m in enumerate(self.masses):
+            rs = []
+            for _ in range(self.reps):
+                g = pbp_source(u.geom, rng)
+                rs.append(pbp(D, m, g, self.tol, self._inverse(D, m) if self.mg is not None else None))
+            results += rs
+            for key in ("re_even", "re_odd", "im_even", "im_odd", "faction"):
+                row[f"pbp{i}_{key}"] = sum(r[key] for r in rs) / len(rs)
+            row[f"pbp{i}_iters"] = sum(sum(r["iters"]) for r in rs)
+        return row, pbp_lines(results, self.reps)

@@ -181,6 +181,11 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
     done since the last checkpoint (empty right after one)."""
     d = state.deck
     root = geom.grid.is_root
+    pbp = None
+    if d.get("fermions", {}).get("pbp_masses"):              # PBP after each trajectory (hmc.measure)
+        from .measure import PBPMeasurement
+
+        pbp = PBPMeasurement(d)
     for i in range(remaining):
         if d["integrator"]["reversibility_check"]:
             probe_rng = copy_rng(rng)
@@ -196,9 +201,11 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
                                 metropolis=not warmup)
         state.trajectory += 1
         row = _history_row(state.trajectory, res, u, geom, warmup, fermions)
+        pbp_out = pbp.measure(u, rng) if pbp is not None else ({}, [])
+        row.update(pbp_out[0])
         state.history.append(row)
         if root:
-            for line in milc_lines(res, fermions, row) if fermions else ():
+            for line in (milc_lines(res, fermions, row) if fermions else []) + pbp_out[1]:
                 log(line)
             log(summary_line(row))
         bar.update(i + 1, f"dH {row['dH']:+.2e}")

@@ -77,6 +77,8 @@ rationals = "{rationals}"
 dyn_mass = [0.01, 0.05, 0.5]
 dyn_flavors = [2, 1, 1]
 cgresid_md_fa_gr = [{', '.join([triple] * 5)}]
+pbp_masses = [0.01]
+pbp_error = 1e-10
 {multigrid}
 [integrator]
 scheme = "3g1f"
@@ -107,23 +109,79 @@ def test_deck_multigrid_section_and_bad_blocks():
 
 
 def test_hmc_run_with_multigrid_light_shifts_matches_all_cg(tmp_path, capsys):
-    """One cold-start 4^4 RHMC trajectory with [multigrid] light_shifts = 2 (GR and FA at 1e-10): the same actions
-    and delta H as all-CG to the solver tolerance, the same MD solves."""
+    """One cold-start 4^4 RHMC trajectory with [multigrid] light_shifts = 2 (GR and FA at 1e-10) and pbp = true:
+    the same actions, delta H and PBP as all-CG to the solver tolerance, the same MD solves."""
     from hmc.cli import main
     from hmc.runfile import load
 
     rat = fixture_path("rationals.sample.su3_rhmc_hisq_f211")
     runs = {}
-    for name, section in (("cg", ""), ("mg", "[multigrid]\nlight_shifts = 2\nnv = 8\nsetup_iters = 30")):
+    mg = "[multigrid]\nlight_shifts = 2\nnv = 8\nsetup_iters = 30\npbp = true"
+    for name, section in (("cg", ""), ("mg", mg)):
         deck = tmp_path / f"{name}.toml"
         deck.write_text(deck_text(rat, section))
         out = str(tmp_path / f"{name}.h5")
         assert main(["init", str(deck), "-o", out]) == 0
         assert main(["run", out, "--no-progress"]) == 0
         runs[name] = load(out).history[-1]
-    capsys.readouterr()
+        assert capsys.readouterr().out.count("PBP: mass 1.000000e-02 ") == 1
     a, b = runs["cg"], runs["mg"]
     for key in ("f_start", "f_end", "h_start", "h_end", "g_start", "g_end"):
         assert abs(a[key] - b[key]) <= 1e-8 * max(1.0, abs(a[key])), key
     assert abs(a["dH"] - b["dH"]) <= 1e-6 and a["accepted"] == b["accepted"]
     assert a["cg_md"] == b["cg_md"]                              # the MD solves stay multishift CG
+    for key in ("pbp0_re_even", "pbp0_re_odd", "pbp0_im_even", "pbp0_im_odd", "pbp0_faction"):
+        assert abs(a[key] - b[key]) <= 1e-8, key                 # PBP by multigrid = by CG
+
+
+def test_pbp_by_multigrid_equals_cg():
+    """PBP (MILC's f_meas: (2/V) sum_parity g^dag M^-1 g, FACTION) on a smooth 4^4 HISQ field with a Philox source:
+    multigrid (full lattice) and MILC's two CG solves (mat_invert_uml) agree; Im pbp is the same on both parities
+    once solved exactly (M^-1 = 2m K - D K with K = (4m^2 - D^2)^-1 parity-diagonal: the 2m K part is real on each
+    parity, the D K part gives T_odd = -conj(T_even))."""
+    from force.hisq_links import hisq_links
+    from hmc.measure import pbp, pbp_source
+    from solvers import StaggeredDslash
+    from solvers.multigrid import multigrid
+
+    geom = Geometry((4, 4, 4, 4))
+    u = smooth_field(geom, CounterRNG(5))
+    links = hisq_links(u, eps=0.0)
+    D = StaggeredDslash(geom, links.fat, links.long)
+    g = pbp_source(geom, CounterRNG(7))
+    m = 0.01
+    a = pbp(D, m, g, 1e-12)
+    b = pbp(D, m, g, 1e-12, inverse=multigrid(1e-12, nv=8, setup_iters=30)(D.matrix(m)))
+    assert a["solver"] == "cg" and b["solver"] == "mg" and a["converged"] and b["converged"]
+    for key in ("re_even", "re_odd", "im_even", "im_odd", "faction"):
+        assert abs(a[key] - b[key]) <= 1e-9, key
+    assert abs(a["im_even"] - a["im_odd"]) <= 1e-9 and abs(a["faction"] - 1.5) < 0.1
+
+
+@pytest.mark.slow
+def test_pbp_reproduces_milc_su3_rhmc_hisq_2(tmp_path, capsys):
+    """MILC's su3_rhmc_hisq.2 with its PBP measurement (pbp masses 0.0018 and 0.018, error_for_propagator 1e-6):
+    after the trajectory, MILC's generator draws the sources and MILC's two CG solves give its PBP and FACTION
+    numbers within MILC's errtol (runs/references/su3_rhmc_hisq.2.json)."""
+    import json
+
+    from hmc.run import init_run, run
+    from tests.conftest import ROOT
+
+    ref = json.loads((ROOT / "runs" / "references" / "su3_rhmc_hisq.2.json").read_text())
+    text = (ROOT / "runs" / "milc_su3_rhmc_hisq.toml").read_text()
+    text = text.replace('rationals = "rationals/', f'rationals = "{ROOT / "runs" / "rationals"}/')
+    text = text.replace("max_multicg = 2500", "max_multicg = 2500\npbp_masses = [0.0018, 0.018]")
+    deck = tmp_path / "pbp.toml"
+    deck.write_text(text)
+    out = str(tmp_path / "t.h5")
+    init_run(str(deck), out, str(fixture_path("lat.sample.l6666.hisq")), log=lambda *a: None,
+             rationals=str(fixture_path("rationals.sample.su3_rhmc_hisq")))
+    lines = []
+    row = run(out, show_progress=False, log=lines.append).history[-1]
+    for i, (want, tol) in enumerate(zip(ref["measurements"]["PBP"], ref["errtol"]["PBP"])):
+        got = [row[f"pbp{i}_{k}"] for k in ("re_even", "re_odd", "im_even", "im_odd")]
+        want_v = [want[k] for k in ("re_even", "re_odd", "im_even", "im_odd")]
+        assert np.all(np.abs(np.array(got) - want_v) <= np.array(tol["values"])), (got, want_v)
+        assert abs(row[f"pbp{i}_faction"] - want["faction"]) <= 1e-6
+    assert sum(line.startswith("PBP: mass ") for line in lines) == 2
