@@ -275,6 +275,39 @@ def test_mps_is_started_for_the_study_recorded_and_stopped(tmp_path):
     assert not (tmp_path / "n.h5").exists()
 
 
+@needs_mpi
+def test_gpu_operations_plumbing_on_the_cpu():
+    """The worker's GPU operations driven on the CPU (tests/hmc/scaling_gpu_plumbing.py: a stand-in CuPy with host
+    clocks, the NumPy twin of the distributed hop through shm, NumPy stand-ins of DslashRunner and DeviceCG): the
+    halo check passes, the device-event samples and the eight-phase split come out per rank, and the answers equal
+    the 1-rank run's to rounding."""
+    script = str(ROOT / "tests" / "hmc" / "scaling_gpu_plumbing.py")
+    out = {}
+    for n in (1, 2):
+        r = subprocess.run([MPIEXEC, "--oversubscribe", "-n", str(n), sys.executable, script, "shm"],
+                           capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        out[n] = json.loads(r.stdout.strip().splitlines()[-1])
+    one, two = out[1], out[2]
+    from hmc.scaling_worker import GPU_PHASES
+
+    assert one["ops"]["halo"]["status"] == "n/a" and two["answers"]["halo_ok"] is True
+    assert two["ops"]["halo"]["depth"] == 3 and two["ops"]["halo"]["dims"] == "t"
+    for res, n in ((one, 1), (two, 2)):
+        for op in ("dslash", "cg"):
+            d = res["ops"][op]
+            assert d["clock"] == "device events" and len(d["samples_s"]) == 2 and min(d["samples_s"]) > 0
+            ph = np.asarray(d["phases"])
+            assert d["phase_names"] == list(GPU_PHASES) and ph.shape == (n, 8) and ph.min() >= 0
+            names = dict(zip(GPU_PHASES, ph.sum(axis=0)))
+            assert names["graph"] == 0 and (names["interior"] > 0)
+            if n == 2:
+                assert names["pack"] > 0 and names["wait"] > 0 and names["exterior"] > 0
+        assert res["ops"]["cg"]["phases"] and np.asarray(res["ops"]["cg"]["phases"])[:, 5].min() > 0  # reductions
+    assert np.isclose(two["answers"]["dslash_norm2"], one["answers"]["dslash_norm2"], rtol=1e-12)
+    assert np.isclose(two["answers"]["cg_residual"], one["answers"]["cg_residual"], rtol=1e-10)
+
+
 # ------------------------------------------------------------------------------------------------------------
 # errors and planning (no launch)
 
