@@ -188,7 +188,7 @@ def bench_dslash_dist(args) -> dict:
     from comms.halo import check_transport_name
     from solvers import StaggeredDslash
     from solvers.staggered_dist_cuda import DeviceCG, DslashRunner, PhaseProfile, close_graph_mode, \
-        memop_update_cost
+        graph_split, memop_update_cost
 
     backend = get_backend(args.backend or "cupy")
     if not backend.is_gpu:
@@ -233,6 +233,7 @@ def bench_dslash_dist(args) -> dict:
                 cgi = DeviceCG(d, 0.01, psi * (geom.parity() == 0)[..., None], graph=graph)
                 row["cg_iter_us"] = 1e6 * cgi.time_iteration(reps)
                 if graph:
+                    row["graph_split"] = graph_split(d, psi, reps)
                     try:
                         row["option2"] = memop_update_cost(run.graph, run.stream, reps, grid.active_comm)
                         row["option2_cg"] = memop_update_cost(cgi.graph, cgi.stream, reps, grid.active_comm)
@@ -277,6 +278,10 @@ def format_dist_rows(rows) -> str:
             pt = "/".join(f"{1e3 * ph[k]['device_ms']:.1f}" for k in ("pack", "post", "interior", "wait", "exterior"))
             pt += f"; {1e3 * ph['post']['host_ms']:.0f}, {1e3 * ph['wait']['host_ms']:.0f}"
         o2 = ""
+        if r.get("graph_split"):
+            gs = r["graph_split"]
+            pt = (f"graph per hop: kernels only {gs['kernels_only_us']:.1f}, exchange only "
+                  f"{gs['exchange_only_us']:.1f}, whole {gs['whole_us']:.1f}")
         if r.get("option2_error"):
             o2 = r["option2_error"][:80]
         if r.get("option2") and r.get("option2_cg"):

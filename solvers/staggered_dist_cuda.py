@@ -32,7 +32,10 @@ reductions still go through ``geom.sum`` on the host). For graphs and timing:
   ms per call for pack, post (enqueueing the sends), interior, wait (the compute stream waiting for the halo, incl.
   the unpack copy), exterior, and the host time spent in each; recording costs a few microseconds, so time without
   it.
+* ``graph_split(D, psi)``: device us per hop of graphs with only the kernels, only the exchange, and both.
 * ``close_graph_mode(geom)``: back to counters (collective) after graph work.
+* ``geom.grid.halo.parallel_recv`` (HMC_P2P_PARALLEL_RECV, default on): stream_gated receive chains per link on
+  their own streams (parallel graph branches) or one after the other on the compute stream; set it before capture.
 
 Layout: faces are whole slabs (both parities) of depth 3 (Naik) or 1, packed by one kernel into one contiguous
 send buffer [face (mu, dir) in sorted order]; received faces land in one ghost buffer [(mu, side)], which the
@@ -43,6 +46,7 @@ order), so the answer is deterministic and does not depend on the decomposition 
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 
@@ -557,6 +561,44 @@ class DslashRunner:
     def time(self, reps: int = 100) -> float:
         """Seconds per full D (device events, max over ranks)."""
         return device_time(self.run, reps, self.stream, self.geom.grid.active_comm)
+
+
+def graph_split(dslash, psi, reps: int = 100) -> dict:
+    """Where a captured stream-gated hop's time goes: device microseconds per hop of graphs holding only the kernels
+    (pack, interior, exterior: no exchange), only the exchange (start/finish of the packed faces), and the whole
+    hop. Collective; the geometry's engine must be stream_gated (graph mode is switched on)."""
+    import cupy as cp
+
+    hop, geom = dslash._hop_impl, dslash.geom
+    comm = geom.grid.active_comm
+    set_graph_mode(geom, True)
+    psi = cp.ascontiguousarray(psi.astype(dslash.dtype))
+    out = cp.zeros_like(psi)
+    stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()
+
+    def kernels():
+        for p in (0, 1):
+            hop.pack(psi)
+            hop.compute(psi, p, out, 0.0, None, 1.0, 0)
+            hop.compute(psi, p, out, 0.0, None, 1.0, 1)
+
+    def exchange():
+        for _ in (0, 1):
+            hop.finish(hop.start())
+
+    def whole():
+        for p in (0, 1):
+            hop(psi, p, out, 0.0, None, 1.0)
+
+    res = {}
+    for name, fn in (("kernels_only", kernels), ("exchange_only", exchange), ("whole", whole)):
+        with stream:
+            fn()                                   # uncaptured warm-up
+        stream.synchronize()
+        graph = Graph(stream, fn)
+        res[name + "_us"] = 1e6 * device_time(partial(graph.launch, stream), reps, stream, comm) / 2
+    return res
 
 
 class DeviceCG:

@@ -68,13 +68,20 @@ dist() {
 }
 
 distbench() {
-  # hmc bench dslash on the distributed GPU hop: every transport, graph-captured stream_gated, local L^4 per rank
-  for spec in "2 1 1 1 2" "4 1 1 2 2"; do
-    set -- $spec; n=$1; shift
-    say "hmc bench dslash: $n ranks, grid $*, local ${DIST_LOCALS:-4 8 16}"
-    timeout ${DISTBENCH_BUDGET:-150} $MPIRUN -n $n python3 -m hmc --backend cupy --grid "$@" bench dslash \
-      --local ${DIST_LOCALS:-4 8 16} --transports mpi,event,stream_gated --graph --reps ${DIST_REPS:-100} \
-      --out "$OUT/dist_bench_$n.json" 2>&1 | tee -a "$LOG"
+  # hmc bench dslash on the distributed GPU hop: every transport, graph-captured stream_gated, local L^4 per rank;
+  # DIST_CONNS="default 32" repeats it with CUDA_DEVICE_MAX_CONNECTIONS=32 (hardware queues per process)
+  for conns in ${DIST_CONNS:-default}; do
+    for spec in "2 1 1 1 2" "4 1 1 2 2"; do
+      set -- $spec; n=$1; shift
+      locs=${DIST_LOCALS:-4 8 16}
+      if [ "$conns" != default ]; then locs=${DIST_LOCALS_CONNS:-4 8}; fi
+      say "hmc bench dslash: $n ranks, grid $*, local $locs, CUDA_DEVICE_MAX_CONNECTIONS=$conns"
+      ( if [ "$conns" != default ]; then export CUDA_DEVICE_MAX_CONNECTIONS=$conns; fi
+        timeout ${DISTBENCH_BUDGET:-150} $MPIRUN -n $n python3 -m hmc --backend cupy \
+          --grid "$@" bench dslash --local $locs --transports mpi,event,stream_gated --graph \
+          --reps ${DIST_REPS:-100} --out "$OUT/dist_bench_${n}_conns_$conns.json" 2>&1 \
+          | grep -v "^comms: \(fabric\|remote_write\)" | tee -a "$LOG" )
+    done
   done
   say "mps servers during distbench: $(mps_servers)"
 }

@@ -14,7 +14,9 @@ How it plugs in: ``ProcessGrid(transport="stream_gated")`` (or HMC_P2P_TRANSPORT
 ``grid.halo`` a GpuHaloEngine (comms/grid.py hook); ``start({(dim, dir): face})`` takes CuPy faces (device to
 device) or NumPy faces (staged), ``finish()`` returns faces of the same kind. A contiguous CuPy face is read by the
 copy engine directly: do not overwrite it before ``finish()``. Geometry on the cupy backend works through it
-(Geometry still converts faces to NumPy on the GPU backend: passing CuPy faces there would avoid the host staging).
+(Geometry.shift still converts faces to NumPy on the GPU backend). The HISQ hop on a partitioned CuPy geometry does
+not go through Geometry: solvers.staggered_dist_cuda packs its faces with one kernel into device buffers and
+exchanges them device to device (and captures the stream-gated exchange in CUDA graphs).
 
 Environment, besides HMC_P2P_TRANSPORT / HMC_P2P_MASK / HMC_P2P_FAKE_CLIQUE / HMC_COMMS_TIMEOUT:
 
@@ -23,6 +25,7 @@ Environment, besides HMC_P2P_TRANSPORT / HMC_P2P_MASK / HMC_P2P_FAKE_CLIQUE / HM
 | HMC_P2P_DATA=copy_engine or remote_write | data policy (remote_write: the pack kernel stores into the peer) |
 | HMC_P2P_FORCE_FLUSH=1 | ask the driver for a FLUSH wait where CAN_FLUSH_REMOTE_WRITES is 0; one line: its answer |
 | HMC_P2P_FABRIC=0 | do not try fabric handles |
+| HMC_P2P_PARALLEL_RECV=0 | stream_gated receive chains one after the other on the compute stream (default: one stream per link, joined by events) |
 | HMC_CUDA_DEVICE=i | the GPU of this rank (default: node rank modulo the device count) |
 """
 from __future__ import annotations
