@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from . import cuda as _cuda
 from .lattice import bmm, from_blocks, to_blocks
 
 HYPERCUBE = (2, 2, 2, 2)
@@ -127,6 +128,10 @@ class KDBlocks:
         self.nhc = nhc
 
     def _blockwise(self, mats, v):
+        if _cuda.applies(self.geom, mats, v):                          # one kernel (solvers.multigrid.cuda)
+            if getattr(self, "_hc", None) is None:
+                self._hc = self.xp.asarray(_cuda.hypercube_table(self.geom))
+            return _cuda.block_apply(mats, v, self._hc)
         batched = v.ndim == 6
         g = to_blocks(_col(v, batched), HYPERCUBE)                    # (nhc, 16, 3, k)
         k = g.shape[-1]
@@ -231,6 +236,10 @@ class CoarseOperator:
 
     def _stencil(self, Y, v):
         geom = self.geom
+        if _cuda.applies(geom, Y, v):                                 # one kernel (solvers.multigrid.cuda)
+            if getattr(self, "_nb", None) is None:
+                self._nb = self.xp.asarray(_cuda.neighbour_table(geom))
+            return _cuda.stencil(Y, v, self._nb)
         batched = v.ndim == 6
         w = _col(v, batched)
         xp = self.xp
