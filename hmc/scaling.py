@@ -385,17 +385,6 @@ def graph_module_missing() -> str | None:
     return None
 
 
-def graph_unavailable() -> str | None:
-    """Why the CUDA-graph rows cannot be measured here (a phrase after '--graph'), or None."""
-    why = graph_module_missing()
-    if why:
-        return why
-    why = transport_unavailable("stream_gated")
-    if why:
-        return f"cannot run here: it needs the stream_gated transport, which {why[0].lower() + why[1:]}"
-    return None
-
-
 def _gpu_visible() -> bool:
     try:
         import cupy
