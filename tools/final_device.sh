@@ -21,7 +21,8 @@ timeout ${T_TESTS:-240} python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | t
 
 say "scaling study with GPU transports (ranks share one H200; hmc scaling --mps runs its own MPS daemon)"
 echo quit | nvidia-cuda-mps-control >>"$LOG" 2>&1; sleep 2     # the hand-started daemon steps aside
-T_SCALING=${T_SCALING:-280} timeout $(( ${T_SCALING:-280} + 60 )) bash tools/scaling_gpu.sh >>"$LOG" 2>&1
+# at most T_SCALING (180 s) + 20: with the tests (240) and the RHMC trajectory (150) the call stays within 600 s
+T_SCALING=${T_SCALING:-180} timeout $(( ${T_SCALING:-180} + 20 )) bash tools/scaling_gpu.sh >>"$LOG" 2>&1
 say "scaling rc=$?"
 nvidia-cuda-mps-control -d >>"$LOG" 2>&1 && say "MPS started again" || say "MPS failed to start again"
 

@@ -4,7 +4,9 @@
 # replayed from CUDA graphs (--graph), the MPS daemon started and stopped by hmc scaling itself (--mps); halo,
 # dslash and CG. Writes $OUT/gpu_scaling.tar.gz (gpu2.h5 and the report folder gpu2/: report.md and the PNG plots;
 # unpack into runs/scaling/) and $OUT/gpu_scaling_report.md (the report alone, to read at once): two files, so
-# that the device call's limit of 8 returned files is kept.
+# that the device call's limit of 8 returned files is kept. Time: 18 configurations of ~6-8 s each (start-up, kernels,
+# timed loops of --min-time 0.1 s, the latency sweep), capped at T_SCALING (default 180 s): a study cut there keeps
+# every finished configuration, and its report is drawn from the file.
 #
 # Check the script on a CPU machine (same command line, CPU transports, tiny sizes):
 #   BACKEND=numpy TRANSPORTS="mpi shm" GRAPH= MPS= LATTICES="4^4" REPEATS=2 \
@@ -24,9 +26,9 @@ rm -rf "$DIR"; mkdir -p "$DIR"
 lat=(); for l in $LATTICES; do lat+=(--lattice "$l"); done
 # the hand-started MPS of the calling script (if any) must not serve the driver: hmc scaling --mps starts its own
 # shellcheck disable=SC2086
-env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY timeout --signal=INT --kill-after=30 "${T_SCALING:-280}" \
+env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY timeout --signal=INT --kill-after=15 "${T_SCALING:-180}" \
   python3 -m hmc --backend "$BACKEND" scaling "${lat[@]}" --ranks 1 2 4 --transports $TRANSPORTS $GRAPH $MPS \
-  --what halo,dslash,cg --repeats "${REPEATS:-3}" --timeout "${T_CONFIG:-90}" ${EXTRA:-} \
+  --what halo,dslash,cg --repeats "${REPEATS:-3}" --min-time "${MIN_TIME:-0.1}" --timeout "${T_CONFIG:-90}" ${EXTRA:-} \
   -o "$DIR/$NAME.h5" --report-dir "$DIR/$NAME"
 rc=$?
 echo "hmc scaling rc=$rc"
