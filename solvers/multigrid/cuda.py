@@ -93,7 +93,7 @@ def _kernel(name):
 
         mod = _MODULE.get("_module")
         if mod is None:
-            mod = cp.RawModule(code=_SOURCE, options=("-std=c++14",))
+            mod = cp.RawModule(code=_SOURCE)
             _MODULE["_module"] = mod
         _MODULE[name] = mod.get_function(name)
     return _MODULE[name]
