@@ -25,7 +25,9 @@ in every direction, so only for a lattice that is not partitioned over ranks: :f
 * ``u3_vjp``: the derivative of the projection (:func:`force.unitarize_derivative.u3_unitarize_vjp`) per link
   from the eigen-decomposition of V^dag V by complex Jacobi rotations in registers (``eig_herm3``; cuSOLVER's
   batched ``eigh`` is slower and refuses 32^4's 4M matrices), with MILC's force filter;
-* ``ta_product``: Pdot = TA(U D_U).
+* ``ta_product``: Pdot = TA(U D_U);
+* ``outer_acc``: the outer products of the RHMC force, F_mu(x) += sum_l c_l z_l(x+mu) z_l(x)^dag and the same
+  with z_l(x+3mu) (:func:`force.hisq_force.add_outer_products`).
 
 Each kernel equals its twin to rounding (tests/force/test_hisq_gpu.py). ``HMC_HISQ_KERNELS=0`` switches them off
 (the twins then run on CuPy), e.g. to time the difference.
@@ -438,6 +440,45 @@ extern "C" __global__ void eig_herm(const double2 *__restrict__ A, double *G, do
     G[3 * l] = g[0]; G[3 * l + 1] = g[1]; G[3 * l + 2] = g[2];
     store(E, l, e);
 }
+
+// The fermion-force outer products (hmc/rhmc.py): F_mu(x) += sum_l c_l z_l(x+mu) z_l(x)^dag and
+// L_mu(x) += sum_l c_l z_l(x+3mu) z_l(x)^dag, z_l: colour vectors (Z: n fields of vol x 3), one thread per link
+extern "C" __global__ void outer_acc(const double2 *__restrict__ Z, const double *__restrict__ C, double2 *F,
+                                     double2 *Lg, int n, int nx, int ny, int nz, int nt) {
+    const Lat L = make_lat(nx, ny, nz, nt);
+    long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (gid >= 4 * L.vol) return;
+    const int mu = gid / L.vol;
+    const long x = gid - mu * L.vol;
+    int c[4];
+    coords(L, x, c);
+    const long x1 = hop(L, c, mu, 1, mu, 0), x3 = hop(L, c, mu, 3, mu, 0);
+    M3 f, g;
+    #pragma unroll
+    for (int i = 0; i < 9; ++i) { f.e[i] = make_double2(0.0, 0.0); g.e[i] = f.e[i]; }
+    for (int l = 0; l < n; ++l) {
+        const double2 *z = Z + 3 * (long)l * L.vol;
+        const double cl = C[l];
+        double2 b[3], a1[3], a3[3];
+        #pragma unroll
+        for (int j = 0; j < 3; ++j) {
+            const double2 t = __ldg(z + 3 * x + j);
+            b[j] = make_double2(cl * t.x, -cl * t.y);
+            a1[j] = __ldg(z + 3 * x1 + j);
+            a3[j] = __ldg(z + 3 * x3 + j);
+        }
+        #pragma unroll
+        for (int i = 0; i < 3; ++i)
+            #pragma unroll
+            for (int j = 0; j < 3; ++j) {
+                f.e[3 * i + j] = cadd(f.e[3 * i + j], cmul(a1[i], b[j]));
+                g.e[3 * i + j] = cadd(g.e[3 * i + j], cmul(a3[i], b[j]));
+            }
+    }
+    const long off = 9 * (long)mu * L.vol;
+    update(F + off, x, f, 1.0, 1);
+    update(Lg + off, x, g, 1.0, 1);
+}
 """
 
 BLOCK = 128
@@ -672,3 +713,16 @@ def eig_herm(backend, a):
     e = cp.empty_like(a)
     _fn(backend, "eig_herm")(_grid(n), (BLOCK,), (a, g, e, np.int64(n)))
     return g, e
+
+
+def outer_acc(geom, zs, coeffs, f_acc, l_acc):
+    """f_acc_mu(x) += sum_l c_l z_l(x+mu) z_l(x)^dag, l_acc with z_l(x+3mu), in place (one launch)."""
+    cp = geom.xp
+    z = cp.ascontiguousarray(cp.stack(list(zs)))
+    if z.shape[1:] != tuple(geom.shape) + (3,):
+        raise ValueError(f"outer_acc takes colour-vector fields of shape {tuple(geom.shape) + (3,)}, not {z.shape[1:]}")
+    c = cp.asarray(np.asarray(coeffs, dtype=np.float64))
+    if not (f_acc.flags.c_contiguous and l_acc.flags.c_contiguous):
+        raise ValueError("outer_acc accumulates in place: give C-contiguous f_acc and l_acc")
+    _fn(geom.backend, "outer_acc")(_grid(f_acc.size // 9), (BLOCK,),
+                                   (z, c, f_acc, l_acc, np.int32(len(zs))) + _dims(geom))

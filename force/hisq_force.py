@@ -60,6 +60,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from lattice import su3
 from lattice.gauge import GaugeField
 
@@ -112,6 +114,22 @@ def momentum_derivative(links, d_u):
 
         return _cuda.ta_product(get_backend("cupy"), links, d_u)
     return su3.traceless_antihermitian(links @ d_u)
+
+
+def add_outer_products(geom, zs, coeffs, fat_acc, long_acc):
+    """fat_acc_mu(x) += sum_l c_l z_l(x+mu) z_l(x)^dag and long_acc_mu(x) += sum_l c_l z_l(x+3mu) z_l(x)^dag, in
+    place: the outer products of a pseudofermion's MD force (``hmc/rhmc.py``; z_l = X_l on even sites and
+    D_oe X_l on odd ones, c_l = 2 res_l; the eps(x) factor is applied afterwards). ``zs``: the colour-vector fields
+    (nt, nz, ny, nx, 3); ``coeffs``: the real c_l. One CUDA kernel on one GPU (:func:`force.hisq_cuda.outer_acc`)."""
+    xp = geom.xp
+    if _cuda.active(geom) and not np.iscomplexobj(coeffs):
+        _cuda.outer_acc(geom, zs, coeffs, fat_acc, long_acc)
+        return
+    z = xp.stack(zs, axis=-1)                                               # (nt, nz, ny, nx, 3, n)
+    zc = xp.swapaxes(z.conj() * xp.asarray(coeffs), -1, -2)                 # (..., n, 3)
+    for mu in range(4):
+        fat_acc[mu] += geom.shift(z, mu, 1) @ zc
+        long_acc[mu] += geom.shift(z, mu, 3) @ zc
 
 
 def hisq_level2_vjp(geom, w, fat_outer, long_outer, time_bc: str = "antiperiodic"):

@@ -35,7 +35,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from force.hisq_force import asqtad_force, hisq_force
+from force.hisq_force import add_outer_products, asqtad_force, hisq_force
 from force.hisq_links import asqtad_links, hisq_links_multi
 from force.phases import check_time_bc
 from force.unitarize_derivative import FORCE_FILTER
@@ -309,11 +309,7 @@ class FermionMonomial:
                     z = x.copy()                              # X_l on even sites
                     d.hop(x, 1, z)                            # Y_l = D_oe X_l on odd sites
                     zs.append(z)
-                z = xp.stack(zs, axis=-1)                     # (nt, nz, ny, nx, 3, n)
-                zc = xp.swapaxes(z.conj() * xp.asarray(2.0 * approx.residues), -1, -2)    # (..., n, 3)
-                for mu in range(4):
-                    f_acc[mu] += geom.shift(z, mu, 1) @ zc
-                    l_acc[mu] += geom.shift(z, mu, 3) @ zc
+                add_outer_products(geom, zs, 2.0 * approx.residues, f_acc, l_acc)   # one kernel on a GPU
                 geom.backend.synchronize()
                 self.stats.add_time("outer", time.perf_counter() - t0)
             fat[eps] = f_acc * eps_x

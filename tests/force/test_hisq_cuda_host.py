@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from force import hisq_cuda, smearing as sm, smearing_derivative as sd
-from force.hisq_force import momentum_derivative
+from force.hisq_force import add_outer_products, momentum_derivative
 from force.unitarize import ANALYTIC_EPS, SVD_ABS_ERROR, SVD_REL_ERROR, eigenvalues_analytic, u3_unitarize
 from force.unitarize_derivative import u3_unitarize_vjp
 from lattice import CounterRNG, Geometry, get_backend, su3
@@ -93,3 +93,18 @@ def test_jacobi_eigen_decomposition(geoms):
     assert np.abs((e * g[..., None, :]) @ su3.dagger(e) - a).max() <= 1e-14 * np.abs(a).max()
     assert np.abs(su3.dagger(e) @ e - np.eye(3)).max() <= 1e-14
     assert np.abs(np.sort(g, axis=-1) - np.linalg.eigvalsh(a)).max() <= 1e-14 * np.abs(a).max()
+
+
+def test_outer_products(geoms):
+    cpu, host = geoms
+    g = np.random.default_rng(11)
+    zs = [g.normal(size=cpu.shape + (3,)) + 1j * g.normal(size=cpu.shape + (3,)) for _ in range(5)]
+    c = g.normal(size=5)
+    shape = (4,) + cpu.shape + (3, 3)
+    f0, l0 = g.normal(size=shape) + 0j, g.normal(size=shape) + 0j
+    f_ref, l_ref = f0.copy(), l0.copy()
+    add_outer_products(cpu, zs, c, f_ref, l_ref)
+    f, l = f0.copy(), l0.copy()
+    add_outer_products(host, zs, c, f, l)
+    close(f, f_ref)
+    close(l, l_ref)
