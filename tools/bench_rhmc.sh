@@ -14,6 +14,9 @@
 #   GPU_SIZES="16 32"  CPU_SIZES="8"  TRAJ=2 (trajectories per size)  OUT=folder for logs and run files
 #   STEPS_32=36 (STEPS_<L>: the integrator steps for an L^4 lattice; default: the deck's)
 #   SKIP_GPU=1 / SKIP_CPU=1 to leave a part out.  The goal: a 32^4 trajectory in under 5 minutes on one H200.
+#   HMC_HISQ_KERNELS=0 runs the HISQ smearing/force with the array-code twins instead of force/hisq_cuda.py's
+#   kernels; HMC="python3 -m cProfile -o prof.out -m hmc" profiles the run. The link-update time is not
+#   synchronized: on the GPU its kernel time shows up in the next phase (link smearing). docs/perf-notes.md.
 set -uo pipefail
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/bench_rhmc}
