@@ -95,6 +95,9 @@ SCHEMA = {
                                   "a relative error in (0, 1): the bound on max |r(x)/f(x) - 1| of every approximation "
                                   "whose file states no error of its own (checked at hmc init)"),
         "time_bc": Key(str, "antiperiodic", None, "", ("antiperiodic", "periodic")),
+        # MILC's KS_MULTICG: "plain" (ks_multicg_offset) or "hybrid" (multishift on the first Naik group's links,
+        # then a single-mass CG refinement of every shift; hmc/rhmc.py, solvers.cg.hybrid_multishift_cg)
+        "multishift": Key(str, "plain", None, "", ("plain", "hybrid")),
         "pbp_masses": Key(list, [], lambda v: all(_number(m) and m > 0 for m in v),
                           "a list of positive valence masses for the PBP measurement after each trajectory, e.g. "
                           "[0.0018, 0.018] ([] for none)"),

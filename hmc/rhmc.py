@@ -40,13 +40,14 @@ from force.hisq_links import asqtad_links, hisq_links_multi
 from force.phases import check_time_bc
 from force.unitarize_derivative import FORCE_FILTER
 from solvers import StaggeredDslash, epsilon, multishift_cg, norm2
-from solvers.cg import SolverConvergenceError, SolverStats
+from solvers.cg import SolverConvergenceError, SolverStats, hybrid_multishift_cg
 
 from .integrators import IntegratorError
 from .rational import PseudofermionRational, RationalsError, naik_groups
 from .rngs import pseudofermion_sources
 
 PHASES = ("GR", "FA", "MD")
+MULTISHIFT = ("plain", "hybrid")
 ACTIONS = ("hisq", "asqtad")
 _PHASE_WORDS = {"GR": "heat-bath (GR)", "FA": "action (FA)", "MD": "force (MD)", "MD_action": "MD-action"}
 
@@ -150,12 +151,16 @@ class FermionMonomial:
     kind = "fermion"
 
     def __init__(self, terms: list[PseudofermionTerm], action: str = "hisq", u0: float | None = None,
-                 time_bc: str = "antiperiodic", name: str = "fermion", force_filter: float | None = FORCE_FILTER):
+                 time_bc: str = "antiperiodic", name: str = "fermion", force_filter: float | None = FORCE_FILTER,
+                 multishift: str = "plain"):
         if action not in ACTIONS:
             raise ValueError(f"fermion action {action!r}: use one of {', '.join(ACTIONS)}")
         if not terms:
             raise ValueError("an RHMC fermion monomial needs at least one pseudofermion")
         check_time_bc(time_bc)
+        if multishift not in MULTISHIFT:
+            raise ValueError(f"multishift solver {multishift!r}: use one of {', '.join(MULTISHIFT)}")
+        self.multishift = multishift
         self.terms = list(terms)
         self.groups = naik_groups([t.rational for t in self.terms])       # [(eps, [k...])] in file order
         eps_runs = [eps for eps, _ in self.groups]
@@ -227,6 +232,13 @@ class FermionMonomial:
         mg = self.multigrid                      # solvers.multigrid.MultigridShifts for the light GR/FA solves
         if mg is not None and phase in ("GR", "FA") and k in self.multigrid_terms:
             xs, st = mg.solve(D, A, approx.poles, b, term.tolerance(phase), term.maxiter, key=term.naik_epsilon)
+        elif self.multishift == "hybrid":
+            # MILC's KS_MULTICG=HYBRID: multishift on the first Naik group's links, then every shift refined by a
+            # single-mass CG on this pseudofermion's links (ks_multicg_hybrid_field; max_multicg/5 as MILC 2009)
+            _, A0 = ls.ops[self.epsilons[0]]
+            inv = hybrid_multishift_cg(approx.poles, term.tolerance(phase), term.maxiter,
+                                       refine_maxiter=max(term.maxiter // 5, 1), raise_on_fail=False)(A0, A)
+            xs, st = inv.solve(b)
         else:
             inv = multishift_cg(approx.poles, term.tolerance(phase), term.maxiter, raise_on_fail=False,
                                 check_residual=False)(A)

@@ -10,6 +10,8 @@
 * :func:`multishift_cg`: (A + sigma_i) x_i = b for all shifts at once (Jegerlehner, hep-lat/9612014); every shift is
   updated at each iteration and the solver stops when the base (smallest) shift has converged, as MILC's
   ``ks_multicg_offset``. Zero initial guess.
+* :func:`hybrid_multishift_cg`: MILC's ``KS_MULTICG=HYBRID``: the multishift CG (possibly on another operator, MILC's
+  Naik-epsilon-0 links), then a single-mass CG refinement of every shift from its multishift solution.
 * :func:`even_odd_inverse`: M^-1 from an inverse of the even-site normal operator plus odd-site reconstruction.
 
 One global reduction per iteration. :func:`cg` and :func:`multishift_cg` use the Chronopoulos-Gear form of CG
@@ -561,6 +563,68 @@ def multishift_cg(shifts, tol: float = 1e-10, maxiter: int = 10000, raise_on_fai
     afterwards (one extra product per shift; turn it off inside HMC).
     """
     return lambda op: MultishiftInverse(op, shifts, tol, maxiter, raise_on_fail, check_residual)
+
+
+class HybridMultishiftInverse:
+    """MILC's ``KS_MULTICG=HYBRID`` (``generic_ks/ks_multicg.c``, ``ks_multicg_hybrid``): the multishift CG on
+    ``op0`` + s_i, then every shift refined in turn by a single-mass CG on ``op`` + s_i started from the multishift
+    solution, with the same tolerance and MILC's true-residual rule (:class:`CGInverse`). Made by
+    :func:`hybrid_multishift_cg`; ``xs, stats = inv.solve(b)``."""
+
+    def __init__(self, op0, op, shifts, tol, maxiter, refine_maxiter, raise_on_fail):
+        _require_hermitian(op, "hybrid_multishift_cg")
+        self.multishift = MultishiftInverse(op0, shifts, tol, maxiter, raise_on_fail=False, check_residual=False)
+        self.op, self.shifts, self.tol = op, self.multishift.shifts, float(tol)
+        self.refine_maxiter = int(refine_maxiter)
+        self.raise_on_fail = bool(raise_on_fail)
+        self.name = "hybrid multishift CG"
+        self.stats: SolverStats | None = None
+
+    def __call__(self, b):
+        return self.solve(b)[0]
+
+    def solve(self, b):
+        xs, st = self.multishift.solve(b)
+        st.solver = self.name
+        refine = []
+        if st.converged:
+            out = []
+            for s, x in zip(self.shifts, xs):
+                y, rs = CGInverse(self.op.shifted(s), self.tol, self.refine_maxiter, raise_on_fail=False).solve(b, x)
+                refine.append(rs)
+                out.append(y)
+            xs = out
+            st.converged = all(r.converged for r in refine)
+            st.true_residuals = [r.true_residual for r in refine]
+            st.true_residual = max(st.true_residuals)
+            st.time += sum(r.time for r in refine)
+            st.flops += sum(r.flops for r in refine)
+            st.matvecs += sum(r.matvecs for r in refine)
+        st.extra["refine"] = refine
+        st.extra["refine_milc_iters"] = sum(r.milc_iters for r in refine)
+        self.stats = st
+        if not st.converged and self.raise_on_fail:
+            raise SolverConvergenceError(_fail_message(st) + " (hybrid: multishift, then single-mass refinement)",
+                                         st, xs)
+        return xs, st
+
+
+def hybrid_multishift_cg(shifts, tol: float = 1e-10, maxiter: int = 10000, refine_maxiter: int | None = None,
+                         raise_on_fail: bool = True):
+    """``hybrid_multishift_cg(shifts, tol)(A0, A)(b)`` = [(A + s)^-1 b for s in shifts] by MILC's HYBRID scheme:
+
+    1. the multishift CG (:func:`multishift_cg`, MILC's stopping rule) of (A0 + s_i) x_i = b, zero start;
+    2. for each shift in order, CG on (A + s_i) y_i = b from y_i = x_i until |b - (A + s_i) y_i| <= tol |b|
+       (MILC's ``ks_congrad``: the true residual is checked first, so a shift that already meets it costs one
+       product and is returned unchanged).
+
+    A0 = A reproduces MILC's 2009 builds; MILC's later builds (``ks_multicg_hybrid_field``: "first we invert as though
+    all masses took the same Naik epsilon, then we refine using the correct Naik epsilon") pass the links of the first
+    Naik epsilon as A0. ``refine_maxiter`` (default ``maxiter``) caps each refinement; ``stats`` is the multishift's,
+    with ``extra["refine"]`` (one :class:`SolverStats` per shift), ``extra["refine_milc_iters"]`` and the refined
+    true residuals in ``true_residuals``."""
+    cap = maxiter if refine_maxiter is None else refine_maxiter
+    return lambda op0, op: HybridMultishiftInverse(op0, op, shifts, tol, maxiter, cap, raise_on_fail)
 
 
 # ----------------------------------------------------------------------------------------------------------------
