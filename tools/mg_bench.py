@@ -30,7 +30,8 @@ setup / (t_cg - t_mg) when multigrid's solve is faster; the issue's goal compare
 
 The multigrid hierarchy by default: 4^4 aggregates of the fine lattice, then 2^4 aggregates of each coarse
 lattice until it is 2^4 (8^4: 3 levels, 16^4: 4, 32^4: 5), so the coarsest solve is an exact LU of 16 x 2 Nv
-unknowns (a sparse LU of a larger 4-d stencil fills in and takes minutes on the host); Nv 24 on every level,
+unknowns (a sparse LU of a larger 4-d stencil fills in and takes minutes on the host; with ``--mg-coarsest auto``
+a coarsest lattice of more than 5000 unknowns is solved by GCR instead); Nv 24 on every level,
 50 set-up iterations (the package notes: 10 to 200 give the same outer iterations), smoothers (4, 2).
 ``--mg-*`` options (or the environment variables of tools/mg_bench.sh) change them.
 """
@@ -48,6 +49,7 @@ import traceback
 import numpy as np
 
 T_START = time.perf_counter()
+LU_MAX_UNKNOWNS = 5000             # "auto" coarsest: exact LU up to this many unknowns, GCR above
 PLAQ_EQUILIBRIUM = 0.5937          # <ReTr P>/3, quenched Wilson beta 6.0, large volume (runs/wilson8_b6.toml)
 
 
@@ -104,9 +106,15 @@ def hierarchy_params(args, dims) -> dict:
             c = [n // 2 for n in c]
     if args.mg_levels is not None:
         blocks = blocks[:max(1, args.mg_levels - 2)]
-    return {"levels": len(blocks) + 2, "blocks": blocks, "nv": ints(args.mg_nv),
-            "setup_iters": ints(args.mg_setup_iters), "smoother_steps": ints(args.mg_smoother_steps),
-            "coarsest": args.mg_coarsest}
+    nv = ints(args.mg_nv)
+    coarse = int(np.prod(dims))
+    for b in blocks:
+        coarse //= int(np.prod(b))
+    coarsest = args.mg_coarsest
+    if coarsest == "auto" and coarse * 2 * nv[min(len(blocks), len(nv)) - 1] > LU_MAX_UNKNOWNS:
+        coarsest = "gcr"        # a host sparse LU of a larger 4-d stencil fills in: minutes, not seconds
+    return {"levels": len(blocks) + 2, "blocks": blocks, "nv": nv, "setup_iters": ints(args.mg_setup_iters),
+            "smoother_steps": ints(args.mg_smoother_steps), "coarsest": coarsest}
 
 
 # ------------------------------------------------------------------------------------------------ output
