@@ -447,6 +447,9 @@ def main(argv=None) -> int:
         print(markdown(rep.r), flush=True)
         return 0
     except BaseException as e:          # KeyboardInterrupt / SIGTERM via timeout too: keep what was measured
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)      # a second TERM must not interrupt the report
         where = rep.r.get("in_progress", "start-up")
         rep.r["status"] = (f"stopped by timeout during {where}" if "SIGTERM" in str(e)
                            else f"failed during {where}: {type(e).__name__}")
