@@ -100,7 +100,7 @@ def test_deck_multishift_option():
     assert deckmod.loads((ROOT / "runs" / "milc_su3_rhmc_hisq_f211_hybrid.toml").read_text())["fermions"][
         "multishift"] == "hybrid"
     with pytest.raises(deckmod.DeckError, match="multishift"):
-        deckmod.loads(text.replace('max_multicg = 2500', 'max_multicg = 2500\nmultishift = "offset"'))
+        deckmod.loads(text.replace('multishift = "plain"', 'multishift = "offset"'))
     with pytest.raises(ValueError, match="multishift"):
         FermionMonomial([PseudofermionTerm(read_rationals(fixture_path(RATIONALS))[0], 1e-6, 1e-6, 1e-6)],
                         multishift="reverse")
