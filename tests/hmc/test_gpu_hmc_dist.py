@@ -15,10 +15,11 @@ cold start (so the HISQ U(3) projection and its derivative see no degenerate eig
 kernels and their array twins could round differently); both trajectories are warmups, so no Metropolis draw can
 differ. The ranks add their parts of every sum in another order (and on the GPU the 1-rank reference uses the fused
 single-GPU kernels, the ranks their array twins), so the numbers agree to rounding, not bitwise: start and end
-actions to 1e-10 relative, dH to 1e-10 of the Hamiltonian, plaquettes to 1e-12 relative, links to 1e-10 (on the CPU
-the differences are ~1e-16 relative); a halo or transport fault changes them at the per-cent level. The transport table stored in the run
-file (and printed by rank 0) must name the requested transport on every link of every rank (with the data policy for
-the GPU transports).
+actions to 1e-10 relative, dH to 1e-10 of the Hamiltonian, plaquettes (Polyakov loop, link trace) to 1e-12
+relative, links to 1e-10 (on the CPU the differences are ~1e-16 relative); a halo or transport fault changes them at
+the per-cent level. The transport table stored in the run file (and printed by rank 0) must name the requested
+transport on every link of every rank (with the data policy for the GPU transports). With HMC_GPU_REPORT_DIR set,
+each case writes its table and differences there (hmc_dist_<backend>_<ranks>_<transport>.json).
 """
 from __future__ import annotations
 
@@ -45,9 +46,10 @@ pytestmark = pytest.mark.mpi
 
 LATTICE = {"cupy": (4, 4, 8, 8), "numpy": (4, 4, 4, 4)}
 RTOL_ACTION = 1e-10        # g, h, f at the start and the end, relative
-RTOL_PLAQ = 1e-12          # plaquettes (and link trace), relative
+RTOL_PLAQ = 1e-12          # plaquettes (and Polyakov loop, link trace), relative
 ATOL_LINKS = 1e-10         # every link element
 KEYS_ACTION = ("g_start", "h_start", "f_start", "g_end", "h_end", "f_end")
+KEYS_LOOPS = ("plaq_ss", "plaq_st", "ploop_re", "ploop_im", "link_trace")     # RTOL_PLAQ of max(|value|, 1)
 
 DECK = """
 [run]
@@ -147,7 +149,7 @@ def differences(ref, st) -> dict:
     ra, rb = ref.history[1], st.history[1]
     out = {"links": float(np.abs(np.asarray(st.links) - np.asarray(ref.links)).max()),
            "H_start": abs(ra["g_start"] + ra["h_start"] + ra["f_start"]), "dH_ref": ra["dH"]}
-    for k in KEYS_ACTION + ("dH", "plaq_ss", "plaq_st", "link_trace"):
+    for k in KEYS_ACTION + ("dH",) + KEYS_LOOPS:
         out[k] = abs(ra[k] - rb[k])
     out["cg"] = {k: [ra[k], rb.get(k)] for k in sorted(ra) if k.startswith("cg_")}
     return out
@@ -165,7 +167,7 @@ def compare(ref, st, diff):
     for k in KEYS_ACTION:
         assert _close(ra[k], rb[k], RTOL_ACTION), (k, ra[k], rb[k], diff)
     assert diff["dH"] <= RTOL_ACTION * diff["H_start"], diff
-    for k in ("plaq_ss", "plaq_st", "link_trace"):
+    for k in KEYS_LOOPS:
         assert _close(ra[k], rb[k], RTOL_PLAQ), (k, ra[k], rb[k], diff)
     for k, (a, b) in diff["cg"].items():       # the same solves; rounding may move a stopping point by an iteration
         assert abs(a - b) <= 2 + 0.01 * a, (k, a, b)
@@ -176,7 +178,7 @@ def check_transport(st, out, n, grid, transport, backend):
     rows = st.comms
     split = [mu for mu in range(4) if grid[mu] > 1]
     assert sorted({r["rank"] for r in rows}) == list(range(n)), rows
-    assert len(rows) == 2 * sum(len(split) for _ in range(n)), rows     # both directions of each split dimension
+    assert len(rows) == 2 * len(split) * n, rows                  # both directions of each split dimension, each rank
     for r in rows:
         assert r["transport"] == transport, r
         if backend == "cupy" and transport != "mpi":
