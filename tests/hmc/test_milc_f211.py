@@ -150,8 +150,7 @@ def _trajectory(tmp_path, deck_name):
 def test_hybrid_deck_matches_milcs_september_2009_output(tmp_path):
     """The hybrid deck's trajectory (about 40 s) against MILC's 2009-09 output: the start action to 5e-7 (measured
     1.9e-7), PLAQ to 1e-8 (measured 4e-9); delta S within MILC's errtol 4e-4 (measured 1.45e-4 with MILC's rationals
-    file, 1.0e-4 with the deck's: the offset the plain deck shows against the May 2009 output, at the rounding floor of
-    this trajectory, tools/milc_f211_spread.py)."""
+    file, 1.0e-4 with the deck's: the offset the plain deck shows against the May 2009 output)."""
     ref = json.loads((REFS / "su3_rhmc_hisq.f211.2.test-2009-09.json").read_text())
     row, lines = _trajectory(tmp_path, "milc_su3_rhmc_hisq_f211_hybrid.toml")
     assert abs(row["f_start"] - ref["trajectory"]["action_start"]["f"]) < 5e-7

@@ -264,8 +264,8 @@ def test_milc_su3_rhmc_hisq_f211_2(tmp_path, capsys):
     """su3_rhmc_hisq.f211.2 (2+1+1, charm with Naik epsilon; MILC's sample output of May 2009): GRSOURCE sums, g and
     h exactly, the start fermion action to 5e-7 (measured 1.9e-7), PLAQ to MILC's printed digits and to 1e-8 of the
     full-precision PLAQ of MILC's own 2009-09 rerun (measured 1.2e-9); delta S within MILC's errtol 4e-4 (measured
-    1.4e-4). Delta S cannot be held tighter: momenta changed in their last bits (1e-15) move it by up to 1e-4
-    (tools/milc_f211_spread.py), and MILC's two 2009 builds differ by 2.6e-5."""
+    1.4e-4). Momenta changed in their last bits (1e-15) move delta S with a standard deviation of 2.6e-5
+    (tools/milc_f211_spread.py); the rest of the offset is common to MILC's 2009 builds and not identified."""
     ref = json.loads((REFS / "su3_rhmc_hisq.f211.2.json").read_text())
     rerun = json.loads((REFS / "su3_rhmc_hisq.f211.2.test-2009-09.json").read_text())["measurements"]
     traj, meas = ref["trajectory"], ref["measurements"]
