@@ -61,6 +61,21 @@ class Backend:
 
 _cache: dict[str, Backend] = {}
 
+# launchers' node-local rank variables (Open MPI, MPICH/Intel MPI, Slurm, MVAPICH)
+_LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "MV2_COMM_WORLD_LOCAL_RANK")
+
+
+def node_local_gpu(count: int) -> int:
+    """The GPU this process uses: ``HMC_CUDA_DEVICE`` if set, else its node-local rank modulo the visible GPUs (one
+    rank per GPU on a multi-GPU host; every rank on GPU 0 where there is one). Chosen before the first allocation, so
+    that fields and the comms engine (comms.cuda.cu.device, which picks the same ordinal) live on the same GPU."""
+    if "HMC_CUDA_DEVICE" in os.environ:
+        return int(os.environ["HMC_CUDA_DEVICE"])
+    for var in _LOCAL_RANK_VARS:
+        if var in os.environ and count > 0:
+            return int(os.environ[var]) % count
+    return 0
+
 
 def get_backend(name: str | None = None) -> Backend:
     """The backend named ``name`` (or ``$HMC_BACKEND``, default ``numpy``); ``auto`` picks cupy if a GPU is visible."""
@@ -77,6 +92,7 @@ def get_backend(name: str | None = None) -> Backend:
                     "(pip install '.[gpu]') on a machine with a GPU, or use --backend numpy")
             import cupy
 
+            cupy.cuda.Device(node_local_gpu(cupy.cuda.runtime.getDeviceCount())).use()
             _cache[name] = Backend("cupy", cupy)
         else:
             _cache[name] = Backend("numpy", np)

@@ -18,7 +18,7 @@ timeout 10 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "
 run_one() {   # run_one L SECONDS -> exit status of the driver
   local l=$1 t=$2
   echo "== mg_bench L=$l, $t s" | tee -a "$OUT/mg_bench_summary.txt"
-  timeout -k 10 "$t" python3 tools/mg_bench.py --lattice "$l" --budget $(( t - 10 )) --out "$OUT" \
+  env -u L timeout -k 10 "$t" python3 tools/mg_bench.py --lattice "$l" --budget $(( t - 10 )) --out "$OUT" \
       > "$OUT/mg_bench_L$l.log" 2>&1
   local rc=$?
   echo "   rc $rc" | tee -a "$OUT/mg_bench_summary.txt"
