@@ -109,6 +109,7 @@ def bench_halo(transports=("mpi", "event", "stream_gated"), sizes=(2, 4, 8, 16, 
         e.reserve(max(sizes) ** 3 * site_bytes)
     g0 = grids[transports[0]]
     fwd = g0.neighbours[3][1]
+    gpus = len(set(comm.allgather(cp.cuda.Device().id)))          # one GPU shared (MPS) or one rank per GPU
     rows = []
     for L in sizes:
         shape = (L, L, L) + inner
@@ -142,8 +143,8 @@ def bench_halo(transports=("mpi", "event", "stream_gated"), sizes=(2, 4, 8, 16, 
             one = np.median(np.array(res[tr]["one"]), axis=0) * 1e6
             rt = np.median(np.array(res[tr]["rt"]), axis=0) * 1e6
             kinds = sorted({l.transport for l in eng.links.values()})
-            rows.append({"transport": tr, "links": "+".join(kinds), "ranks": n, "L": L, "bytes": nbytes,
-                         "element": element, "one_way_device_us": one[0], "one_way_host_us": one[1],
+            rows.append({"transport": tr, "links": "+".join(kinds), "ranks": n, "gpus": gpus, "L": L,
+                         "bytes": nbytes, "element": element, "one_way_device_us": one[0], "one_way_host_us": one[1],
                          "one_way_wall_us": one[2], "round_trip_device_us": rt[0], "round_trip_host_us": rt[1],
                          "round_trip_wall_us": rt[2], "reps": r, "repeats": repeats,
                          "policy": getattr(eng, "policy", "")})
@@ -232,7 +233,9 @@ def format_rows(rows, mps_line="") -> str:
     if not rows:
         return "(no results)"
     ranks, element = rows[0]["ranks"], rows[0]["element"]
-    lines = [f"GPU halo exchange, ring of {ranks} rank(s) along t on one device, faces of L^3 sites "
+    gpus = rows[0].get("gpus")
+    where = f"on {gpus} GPU(s)" if gpus else ""
+    lines = [f"GPU halo exchange, ring of {ranks} rank(s) along t {where}, faces of L^3 sites "
              f"({element}, complex128); times in microseconds per exchange (one-way) or per round trip"
              + (f"; {mps_line}" if mps_line else ""),
              f"{'transport':>18} {'L':>3} {'bytes':>8} | {'1way dev':>9} {'1way host':>9} {'1way wall':>9} | "
