@@ -54,14 +54,17 @@ def link_name(dim: int, dir_: int) -> str:
 
 
 def format_table(rows: list, title: str = "") -> str:
-    """The resolved transport table, one line per rank: link:peer transport (reason when not peer-to-peer)."""
+    """The resolved transport table, one line per rank: link:peer transport (reason when not peer-to-peer; on the
+    GPU engine's peer-to-peer links [data policy, allocation kind])."""
     by_rank = {}
     for r in rows:
         by_rank.setdefault(r["rank"], []).append(r)
     lines = [f"comms: {title}".rstrip(": ")] if title else ["comms:"]
     for rank in sorted(by_rank):
         rs = by_rank[rank]
-        cells = [f"{r['link']}:{r['peer']} {r['transport']}" + ("" if r["transport"] != "mpi" else f" ({r['reason']})")
+        cells = [f"{r['link']}:{r['peer']} {r['transport']}" + (f" ({r['reason']})" if r["transport"] == "mpi" else
+                                                                  f" [{r['policy']}, {r['alloc']}]" if r.get("alloc")
+                                                                  else "")
                  for r in rs]
         lines.append(f"  rank {rank} {tuple(rs[0]['coords'])}: " + ", ".join(cells))
     return "\n".join(lines)

@@ -1,7 +1,10 @@
 """The GPU halo engine: transports ``stream_gated`` and ``event`` over VMM buffers (COMMS.md), ``mpi`` per link where
 peer-to-peer is not possible (other node, fake clique, mask, failed probe).
 
-Each rank owns one *segment*, a VMM allocation mapped into every peer-to-peer neighbour on its node::
+Each rank owns one *segment*, mapped into every peer-to-peer neighbour on its node: a VMM allocation (fabric or
+POSIX file-descriptor handle), or a legacy CUDA IPC allocation (cuMemAlloc + IPC handle) where VMM is missing or
+cannot export a file descriptor, or with HMC_P2P_ALLOC=legacy. The kind is decided collectively per node
+(comms/cuda/alloc.py), printed on rank 0 and stored in the transport table (column ``alloc``)::
 
     header (HEADER bytes of uint64 slots)
         [SIG  + dim*2 + side]            signal counters (stream_gated), written by the sender on (dim, 1 - side)
@@ -43,7 +46,8 @@ from cuda.bindings import driver as drv
 from ..grid import CommsError, CommsTimeout, DIRS, mpi
 from ..halo import (GPU_TRANSPORTS, MIN_CAPACITY, TAG_BASE, _LIVE, HaloEngine, _read_config, comms_timeout,
                     link_name)
-from . import cu, vmm
+from . import alloc as alloc_policy
+from . import cu, ipc, vmm
 from .cu import WAIT_EQ, WAIT_FLUSH, WAIT_GEQ, WRITE_DEFAULT, call, try_call
 
 HEADER = 4096
@@ -210,29 +214,23 @@ class GpuHaloEngine(HaloEngine):
                 else:
                     allow[dim][d] = (True, "same node")
 
-        # the handle type (collective), the fd broker, and the symmetric reachability probe
+        # the allocation kind (collective per node: fabric, posix_fd or legacy), the fd broker, and the symmetric
+        # reachability probe
         self.handle_type = vmm.POSIX_FD
+        self.alloc_kind = None
+        self._alloc_facts = []
         self.probe = {}
         if req != "mpi":
-            allow_fabric = os.environ.get("HMC_P2P_FABRIC", "1").strip() != "0"
-            ht, note = vmm.choose_handle_type(self.dev.ordinal, allow_fabric)
-            kinds = self.node.allgather(int(ht))
-            if len(set(kinds)) > 1:
-                ht, note = vmm.POSIX_FD, "comms: ranks disagree on fabric handles: POSIX file descriptors for all"
-            self.handle_type = ht
-            if note:
-                _notice(rank0, note, self.notices)
-            if int(ht) == int(vmm.POSIX_FD):
-                self.broker = vmm.FdBroker(self.node, self.timeout, self.world_rank)
+            self._choose_alloc(rank0)
             before = [list(row) for row in allow]
             self.probe = self._probe(allow)
             failed = [v for v in self.probe.values() if v]
-            if int(ht) == int(vmm.FABRIC) and self.comm.allreduce(bool(failed), op=MPI.LOR):
+            if self.alloc_kind == "fabric" and self.comm.allreduce(bool(failed), op=MPI.LOR):
                 # fabric handles were created but a peer could not import one (no shared IMEX channel)
+                kind, text = alloc_policy.after_fabric_import_failure(self._alloc_facts)
                 _notice(rank0, f"comms: fabric handle import failed ({failed[0] if failed else 'on a peer'}); "
-                               "falling back to POSIX file descriptors over a Unix socket", self.notices)
-                self.handle_type = vmm.POSIX_FD
-                self.broker = vmm.FdBroker(self.node, self.timeout, self.world_rank)
+                               f"{text}", self.notices)
+                self._set_alloc(kind)
                 allow[:] = before
                 self.probe = self._probe(allow)
         tables = self.comm.allgather(allow)
@@ -271,6 +269,66 @@ class GpuHaloEngine(HaloEngine):
             self._map_peers()
             self._reset_slots()
 
+    def _choose_alloc(self, rank0: bool):
+        """The allocation kind, the same on every rank of a node (comms/cuda/alloc.py): every rank states its
+        HMC_P2P_ALLOC and its device facts, the node gathers them and applies the same rule; errors are raised on
+        every rank of the communicator together."""
+        request = err = None
+        try:
+            request = alloc_policy.agree(self.comm.allgather(os.environ.get("HMC_P2P_ALLOC")))
+        except CommsError as e:
+            err = str(e)
+        if err is None:
+            dev = self.dev
+            if request == "legacy":
+                mine = alloc_policy.rank_facts(dev.vmm)
+            elif not dev.vmm:
+                mine = alloc_policy.rank_facts(0)
+            else:
+                allow_fabric = os.environ.get("HMC_P2P_FABRIC", "1").strip() != "0"
+                ht, note = vmm.choose_handle_type(dev.ordinal, allow_fabric)
+                mine = alloc_policy.rank_facts(1, int(ht) == int(vmm.FABRIC), note,
+                                               vmm.posix_fd_export_error(dev.ordinal))
+            facts = self.node.allgather(mine)
+            self._alloc_facts = facts
+            try:
+                kind, notes = alloc_policy.resolve(request, facts)
+            except CommsError as e:
+                err = str(e)
+        errors = [e for e in self.comm.allgather(err) if e]
+        if errors:
+            raise CommsError(errors[0])
+        for note in notes:
+            _notice(rank0, note, self.notices)
+        self._set_alloc(kind)
+
+    def _set_alloc(self, kind: str):
+        """Use allocation kind ``kind`` from now on (the descriptor broker is made for posix_fd; collective)."""
+        self.alloc_kind = kind
+        if kind == "legacy":
+            self.handle_type = None
+        else:
+            self.handle_type = vmm.FABRIC if kind == "fabric" else vmm.POSIX_FD
+        if kind == "posix_fd" and self.broker is None:
+            self.broker = vmm.FdBroker(self.node, self.timeout, self.world_rank)
+
+    def _allocate(self, size: int, what: str):
+        """This rank's exportable memory of the engine's allocation kind (registered under the engine)."""
+        if self.alloc_kind == "legacy":
+            return ipc.IpcAllocation(size, self.dev.ordinal, owner=id(self), what=what)
+        return vmm.Allocation(size, self.dev.ordinal, self.handle_type, owner=id(self), what=what)
+
+    def _import(self, shared, size: int, what: str):
+        """A peer's allocation mapped here from what :meth:`_share` returned for it (registered under the engine)."""
+        if self.alloc_kind == "legacy":
+            return ipc.IpcMapping(shared, size, owner=id(self), what=what)
+        return vmm.PeerMapping(shared, self.handle_type, size, self.dev.ordinal, owner=id(self), what=what)
+
+    def _try_import(self, shared, size: int, what: str):
+        if self.alloc_kind == "legacy":
+            return ipc.try_open(shared, size, owner=id(self), what=what)
+        return vmm.try_import(shared, self.handle_type, size, self.dev.ordinal, owner=id(self), what=what)
+
     def _try_flush_wait(self):
         """Ask the driver for a FLUSH wait on a satisfied local slot: (accepted, one-line answer)."""
         slot = self.cp.zeros(1, dtype=np.uint64)
@@ -283,8 +341,9 @@ class GpuHaloEngine(HaloEngine):
 
     def _share(self, alloc, peers: set) -> dict:
         """Collective over the node: {node rank: shareable handle} of ``alloc`` from every node rank in ``peers``
-        (fabric handles as bytes through MPI, file descriptors through the broker; the caller closes fds)."""
-        if int(self.handle_type) == int(vmm.FABRIC):
+        (fabric handles and legacy IPC handles as bytes through MPI, file descriptors through the broker; the caller
+        closes fds)."""
+        if self.alloc_kind in ("fabric", "legacy"):
             mine = alloc.export() if alloc is not None else None
             allh = self.node.allgather(mine)
             return {p: allh[p] for p in peers}
@@ -293,7 +352,7 @@ class GpuHaloEngine(HaloEngine):
         return {p: fds[0] for p, (_, fds) in got.items()}
 
     def _close_handles(self, shared: dict):
-        if int(self.handle_type) != int(vmm.FABRIC):
+        if self.alloc_kind == "posix_fd":
             for fd in shared.values():
                 try:
                     os.close(fd)
@@ -310,14 +369,13 @@ class GpuHaloEngine(HaloEngine):
                     peer = self.ctx.neighbours[dim][d]
                     if peer != self.rank:
                         cand[self.node_rank_of[peer]] = peer
-        alloc = vmm.Allocation(1, self.dev.ordinal, self.handle_type, owner=id(self), what="reachability probe")
+        alloc = self._allocate(1, "reachability probe")
         results = {}
         try:
             shared = self._share(alloc, set(cand))
             try:
                 for nr, h in shared.items():
-                    m, why = vmm.try_import(h, self.handle_type, alloc.size, self.dev.ordinal, owner=id(self),
-                                            what=f"probe of node rank {nr}")
+                    m, why = self._try_import(h, alloc.size, f"probe of node rank {nr}")
                     if m is not None:
                         m.free()
                     results[nr] = why
@@ -334,15 +392,15 @@ class GpuHaloEngine(HaloEngine):
                     if why:
                         allow[dim][d] = (False, f"probe: {why}")
                     else:
-                        kind = vmm.HANDLE_NAMES.get(int(self.handle_type))
-                        allow[dim][d] = (True, "self" if peer == self.rank else f"VMM {kind} import")
+                        how = ("legacy CUDA IPC open" if self.alloc_kind == "legacy"
+                               else f"VMM {self.alloc_kind} import")
+                        allow[dim][d] = (True, "self" if peer == self.rank else how)
         return {k: v for k, v in results.items()}
 
     # segments, mappings, events ----------------------------------------------------------------------------
     def _new_segment(self, capacity: int):
         self.capacity = int(capacity)
-        self.seg = vmm.Allocation(HEADER + 16 * self.capacity, self.dev.ordinal, self.handle_type, owner=id(self),
-                                  what=f"halo segment of rank {self.world_rank}")
+        self.seg = self._allocate(HEADER + 16 * self.capacity, f"halo segment of rank {self.world_rank}")
         call(drv.cuMemsetD8, self.seg.ptr, 0, self.seg.size)
 
     def _map_peers(self):
@@ -352,8 +410,7 @@ class GpuHaloEngine(HaloEngine):
         shared = self._share(self.seg, peers)
         try:
             for nr, h in shared.items():
-                self.peer_maps[nr] = vmm.PeerMapping(h, self.handle_type, self.seg.size, self.dev.ordinal,
-                                                     owner=id(self), what=f"halo segment of node rank {nr}")
+                self.peer_maps[nr] = self._import(h, self.seg.size, f"halo segment of node rank {nr}")
         finally:
             self._close_handles(shared)
         for link in self.links.values():
@@ -594,6 +651,7 @@ class GpuHaloEngine(HaloEngine):
         rows = super().table_rows()
         for r, ((dim, d), l) in zip(rows, sorted(self.links.items())):
             r["policy"] = self.policy if l.transport != "mpi" else "host"
+            r["alloc"] = self.alloc_kind if l.transport != "mpi" else "host"
         return rows
 
     # buffers ------------------------------------------------------------------------------------------------

@@ -8,9 +8,12 @@
   ``socket.send_fds``/``recv_fds``) that live in a directory only the user can enter (``mkdtemp``, mode 0700); both
   ends check the other's credentials (SO_PEERCRED: same user, and the process id that rank announced).
 * :class:`PeerMapping`: a peer's allocation imported (cuMemImportFromShareableHandle) and mapped here.
+* :func:`posix_fd_export_error`: whether a VMM allocation can be exported as a POSIX file descriptor here (the
+  engine falls back to legacy CUDA IPC, comms/cuda/ipc.py, where it cannot; the decision is comms/cuda/alloc.py's).
 
 Every allocation and mapping is entered in ``REGISTRY`` under its owner (a halo engine) and removed when freed;
-:func:`leaked` lists what is left, the teardown check.
+:func:`leaked` lists what is left, the teardown check. The legacy CUDA IPC allocations and mappings of
+comms/cuda/ipc.py and the interprocess events of the event transport are entered in the same registry.
 """
 from __future__ import annotations
 
@@ -200,6 +203,37 @@ def choose_handle_type(ordinal: int, allow_fabric: bool = True):
             choice = (POSIX_FD, notice)
     _HANDLE_CHOICE[ordinal] = choice
     return choice
+
+
+_POSIX_CHECK: dict = {}
+
+
+def posix_fd_export_error(ordinal: int):
+    """None when a small VMM allocation with a POSIX file-descriptor handle can be created and exported here, else
+    the failing call and the driver's error in a few words (cached per device)."""
+    if ordinal in _POSIX_CHECK:
+        return _POSIX_CHECK[ordinal]
+    why = None
+    err, g = try_call(drv.cuMemGetAllocationGranularity, _prop(ordinal, POSIX_FD),
+                      drv.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+    if err is not None:
+        why = f"cuMemGetAllocationGranularity: {getattr(err, 'name', err)}"
+    else:
+        err, h = try_call(drv.cuMemCreate, max(int(g), 1 << 21), _prop(ordinal, POSIX_FD), 0)
+        if err is not None:
+            why = f"cuMemCreate: {getattr(err, 'name', err)}"
+        else:
+            err, fd = try_call(drv.cuMemExportToShareableHandle, h, POSIX_FD, 0)
+            if err is not None:
+                why = f"cuMemExportToShareableHandle: {getattr(err, 'name', err)}"
+            else:
+                try:
+                    os.close(int(fd))
+                except OSError:
+                    pass
+            try_call(drv.cuMemRelease, h)
+    _POSIX_CHECK[ordinal] = why
+    return why
 
 
 # --------------------------------------------------------------------------------------------------------------
