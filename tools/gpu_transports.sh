@@ -3,8 +3,10 @@
 # benchmark, the multi-rank parts under MPS (started here, stopped at the end; whether it ran is logged), then the
 # benchmark again without MPS. Logs and JSON under $OUT (at most 8 files come back: everything small is packed into
 # reports.tgz).
-# Usage there: bash tools/gpu_transports.sh [all|smoke|tests|bench|dist|distbench|distall] [pytest args...]
-# (dist: the distributed GPU Dslash/CG tests; distbench: hmc bench dslash per transport on 2 and 4 ranks)
+# Usage there: bash tools/gpu_transports.sh [all|smoke|tests|bench|dist|distbench|distall|legacy] [pytest args...]
+# (dist: the distributed GPU Dslash/CG tests; distbench: hmc bench dslash per transport on 2 and 4 ranks;
+#  legacy: the legacy CUDA IPC allocation, HMC_P2P_ALLOC=legacy: a smoke run of each transport, then
+#  test_legacy_ipc_allocation; never run on a GPU before the session that wrote it. `all` runs it after smoke.)
 set -uo pipefail
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_osc=^ucx
@@ -37,6 +39,19 @@ smoke() {
       --iters 20 >>"$LOG" 2>&1; rc=$?
     say "smoke $tr rc=$rc (mps servers: $(mps_servers))"
   done
+}
+
+legacy() {
+  for tr in stream_gated event; do
+    say "legacy IPC smoke $tr (2 ranks, 1x1x1x2, partition xt, HMC_P2P_ALLOC=legacy)"
+    HMC_P2P_ALLOC=legacy timeout 75 $MPIRUN -n 2 python3 -m comms.cuda.checks halo "$REP/legacy_smoke_$tr" \
+      --transports $tr --partition xt --iters 20 >>"$LOG" 2>&1; rc=$?
+    say "legacy IPC smoke $tr rc=$rc (mps servers: $(mps_servers))"
+  done
+  say "pytest tests/comms/test_gpu_transports.py -k legacy"
+  timeout ${LEGACY_BUDGET:-120} python3 -m pytest tests/comms/test_gpu_transports.py -q -p no:cacheprovider -rA \
+    -k legacy 2>&1 | tee "$OUT/pytest_legacy.txt" | tail -30 | tee -a "$LOG"
+  say "legacy done (mps servers: $(mps_servers))"
 }
 
 tests() {
@@ -90,7 +105,8 @@ case $MODE in
   smoke) smoke ;;
   tests) tests "$@" ;;
   bench) bench ;;
-  all) smoke; tests "$@"; bench ;;
+  all) smoke; legacy; tests -k "not legacy" "$@"; bench ;;
+  legacy) legacy ;;
   dist) dist "$@" ;;
   distbench) distbench ;;
   distall) dist "$@"; distbench ;;

@@ -47,7 +47,8 @@ def mps():
 def _env(mps, extra=None):
     env = dict(os.environ)
     for k in ("HMC_GRID", "HMC_P2P_TRANSPORT", "HMC_P2P_MASK", "HMC_P2P_FAKE_CLIQUE", "HMC_PARTITION",
-              "HMC_COMMS_TIMEOUT", "HMC_P2P_FORCE_FLUSH", "HMC_P2P_DATA", "HMC_BACKEND"):
+              "HMC_COMMS_TIMEOUT", "HMC_P2P_FORCE_FLUSH", "HMC_P2P_DATA", "HMC_BACKEND", "HMC_P2P_ALLOC",
+              "HMC_P2P_FABRIC"):
         env.pop(k, None)
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_osc": "^ucx",
                 "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1",
@@ -181,8 +182,47 @@ def test_geometry_shift_on_cupy(tmp_path, mps):
     launch(2, [str(Path(__file__)), "geometry", str(tmp_path)], mps)
 
 
+LEGACY = {"HMC_P2P_ALLOC": "legacy"}
+LEGACY_NOTE = "as asked (HMC_P2P_ALLOC=legacy)"
+
+
+@needs_mpi
+def test_legacy_ipc_allocation(tmp_path, mps):
+    """HMC_P2P_ALLOC=legacy: the segments are cuMemAlloc allocations shared by CUDA IPC handles (comms/cuda/ipc.py).
+    Halos through event and stream_gated (depth 1 and 3, pipelined, two outstanding, NumPy faces, grown buffers) are
+    bitwise mpi's; the transport table says ``legacy`` on every peer-to-peer link; push/pop re-opens the mappings;
+    a graph-captured stream-gated round trip replays right on IPC memory; the registry is empty at teardown.
+    NOT YET RUN ON A GPU: written in a session without device time (``bash tools/gpu_transports.sh legacy``)."""
+    r = checks(2, "halo", tmp_path, mps, "--grid", "1x1x1x2", "--lattice", "4x4x4x8", "--partition", "xt",
+               "--iters", "12", env=LEGACY)
+    rep = json.loads(Path(tmp_path, "halo.json").read_text())
+    _keep(tmp_path, "legacy_halo")
+    assert rep["links"]["stream_gated"] == ["stream_gated"] and rep["links"]["event"] == ["event"]
+    assert rep["registry_after_close"] == []
+    for tr in ("event", "stream_gated"):
+        notes = rep["notices"][tr]
+        assert [n for n in notes if "legacy CUDA IPC" in n and LEGACY_NOTE in n], notes
+        assert not [n for n in notes if "fabric" in n], notes            # VMM not tried at all
+    assert r.stderr.count(LEGACY_NOTE) == 1                              # printed once, by rank 0
+    # the table, the kinds of the live objects, growth and re-mapping (this file in script mode)
+    launch(2, [str(Path(__file__)), "legacy", str(tmp_path)], mps, env=LEGACY)
+    rep = json.loads(Path(tmp_path, "legacy.json").read_text())
+    _keep(tmp_path, "legacy_table")
+    assert rep["alloc"] == {"stream_gated": ["legacy"], "event": ["legacy"]}
+    assert rep["registry_after_close"] == []
+    # split grid (push/pop: mappings closed and re-opened) and graph replays over IPC-mapped slots
+    checks(4, "split", tmp_path, mps, "--grid", "1x1x2x2", "--lattice", "4x4x8x8", "--split", "1x1x1x2",
+           "--transport", "stream_gated", env=LEGACY)
+    rep = json.loads(Path(tmp_path, "split.json").read_text())
+    assert sorted(set(rep["sub_exchanges"])) == [1, 2] and rep["registry_after_close"] == []
+    checks(2, "graph", tmp_path, mps, "--L", "4", "--replays", "100", env=LEGACY)
+    rep = json.loads(Path(tmp_path, "graph_L4.json").read_text())
+    _keep(tmp_path, "legacy_graph")
+    assert rep["replays"] == 100
+
+
 # --------------------------------------------------------------------------------------------------------------
-# script mode (under mpiexec): the Geometry check
+# script mode (under mpiexec): the Geometry check, the legacy IPC check
 
 def _geometry(out):
     import numpy as np
@@ -221,7 +261,54 @@ def _geometry(out):
     Path(out, "geometry.json").write_text(json.dumps({"ok": True}))
 
 
+def _legacy(out):
+    """Under HMC_P2P_ALLOC=legacy (set by the caller): every peer-to-peer link of the table says ``legacy``; the
+    segment and the peer mappings are IPC objects, registered while alive; faces of a known value arrive right,
+    also after the segments grew (freed, re-allocated, re-opened); nothing is left registered after close."""
+    import cupy as cp
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT))
+    from comms import ProcessGrid, world
+    from comms.cuda import ipc, vmm
+
+    comm = world()
+    rep = {"alloc": {}, "rows": {}}
+    for tr in ("stream_gated", "event"):
+        grid = ProcessGrid((1, 1, 1, comm.size), partitioned="t", transport=tr)
+        eng = grid.halo
+        rows = grid.transport_table(everywhere=True)
+        rep["alloc"][tr] = sorted({r["alloc"] for r in rows if r["transport"] != "mpi"})
+        rep["rows"][tr] = rows
+        if eng.alloc_kind != "legacy" or not isinstance(eng.seg, ipc.IpcAllocation):
+            raise SystemExit(f"rank {grid.rank}: {tr}: allocation {eng.alloc_kind}, segment {type(eng.seg).__name__}")
+        if not eng.peer_maps or not all(isinstance(m, ipc.IpcMapping) for m in eng.peer_maps.values()):
+            raise SystemExit(f"rank {grid.rank}: {tr}: peer mappings {eng.peer_maps}")
+        live = vmm.leaked(id(eng))
+        if not any("own cuMemAlloc allocation" in t for t in live) or not any("IPC mapping" in t for t in live):
+            raise SystemExit(f"rank {grid.rank}: {tr}: registry while alive: {live}")
+        down, up = grid.neighbours[3]
+        for n in (16, 300000):                           # the second grows the segments: free, re-allocate, re-open
+            for i in range(6):
+                got = eng.start({(3, 0): cp.full(n, 1000.0 * grid.rank + i),
+                                 (3, 1): cp.full(n, -1000.0 * grid.rank - i)}).finish()
+                back = cp.asnumpy(got[(3, 1)])           # from the forward neighbour's backward send
+                ahead = cp.asnumpy(got[(3, 0)])          # from the backward neighbour's forward send
+                if not (np.all(back == 1000.0 * up + i) and np.all(ahead == -1000.0 * down - i)):
+                    raise SystemExit(f"rank {grid.rank}: {tr}: legacy halo {n} values, exchange {i}: got "
+                                     f"{back[:2]}, {ahead[:2]} (neighbours {down}, {up})")
+        grid.close()
+        if vmm.leaked():
+            raise SystemExit(f"rank {comm.rank}: {tr}: registry after close: {vmm.leaked()}")
+    rep["registry_after_close"] = vmm.leaked()
+    if comm.rank == 0:
+        Path(out, "legacy.json").write_text(json.dumps(rep, indent=1, default=str))
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "geometry":
         sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
         _geometry(sys.argv[2])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "legacy":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        _legacy(sys.argv[2])
