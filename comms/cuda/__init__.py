@@ -5,9 +5,12 @@ Nothing here is imported by the CPU code paths unless a GPU transport is asked f
 ``--transport event|stream_gated``): the CPU build and its tests need neither CuPy nor cuda-bindings.
 
 Modules: ``cu`` (checked driver calls, device facts), ``vmm`` (VMM allocations and mappings, the registry and leak
-check, fabric-then-POSIX-fd handle choice, the Unix-socket descriptor broker), ``transports`` (GpuHaloEngine: the
-probe, the per-link table, event and stream_gated, graph mode), ``mps`` (start/stop MPS), ``checks`` (multi-rank
-checks that tests/comms/test_gpu_transports.py launches), ``bench`` (the GPU halo benchmark). On the device machine
+check, fabric-then-POSIX-fd handle choice, the Unix-socket descriptor broker), ``ipc`` (legacy CUDA IPC allocations
+and mappings: cuMemAlloc + cuIpcGetMemHandle / cuIpcOpenMemHandle, in the same registry; not yet run on a GPU),
+``alloc`` (the per-node choice fabric / posix_fd / legacy: pure functions, tested on the CPU), ``transports``
+(GpuHaloEngine: the probe, the per-link table, event and stream_gated, graph mode), ``mps`` (start/stop MPS),
+``checks`` (multi-rank checks that tests/comms/test_gpu_transports.py launches), ``bench`` (the GPU halo
+benchmark). On the device machine
 ``bash tools/gpu_transports.sh`` runs the checks, the tests and the benchmarks in one call.
 
 How it plugs in: ``ProcessGrid(transport="stream_gated")`` (or HMC_P2P_TRANSPORT / --transport) makes
@@ -24,6 +27,7 @@ Environment, besides HMC_P2P_TRANSPORT / HMC_P2P_MASK / HMC_P2P_FAKE_CLIQUE / HM
 | --- | --- |
 | HMC_P2P_DATA=copy_engine or remote_write | data policy (remote_write: the pack kernel stores into the peer) |
 | HMC_P2P_FORCE_FLUSH=1 | ask the driver for a FLUSH wait where CAN_FLUSH_REMOTE_WRITES is 0; one line: its answer |
+| HMC_P2P_ALLOC=auto, vmm or legacy | segment allocation: the best every rank of the node can use (default: VMM with a fabric handle, else with POSIX file descriptors, else legacy CUDA IPC), VMM only (else a one-line error), or legacy CUDA IPC |
 | HMC_P2P_FABRIC=0 | do not try fabric handles |
 | HMC_P2P_PARALLEL_RECV=0 | stream_gated receive chains one after the other on the compute stream (default: one stream per link, joined by events) |
 | HMC_CUDA_DEVICE=i | the GPU of this rank (default: node rank modulo the device count) |
