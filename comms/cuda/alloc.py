@@ -14,7 +14,8 @@ Kinds, best first (COMMS.md "Choosing a transport"; issue 6):
 error saying why not: an explicit request is never silently substituted) or ``legacy``. Every rank must ask for the
 same; the kind is the same on all ranks of a node (each rank states its facts, all ranks of the node gather them and
 apply :func:`resolve` to the same list). Nothing here touches CUDA: the CPU tests (tests/comms/test_alloc_policy.py)
-cover every branch.
+cover every branch. The engine's use of it (GpuHaloEngine._choose_alloc, comms/cuda/transports.py) has run on the CPU
+against a stand-in driver only, not yet on a GPU (written in a session without device time).
 """
 from __future__ import annotations
 

@@ -272,7 +272,8 @@ class GpuHaloEngine(HaloEngine):
     def _choose_alloc(self, rank0: bool):
         """The allocation kind, the same on every rank of a node (comms/cuda/alloc.py): every rank states its
         HMC_P2P_ALLOC and its device facts, the node gathers them and applies the same rule; errors are raised on
-        every rank of the communicator together."""
+        every rank of the communicator together. (Not yet run on a GPU: tests/comms/test_alloc_policy.py runs it
+        against a stand-in driver; tests/comms/test_gpu_transports.py::test_legacy_ipc_allocation on the device.)"""
         request = err = None
         try:
             request = alloc_policy.agree(self.comm.allgather(os.environ.get("HMC_P2P_ALLOC")))

@@ -2,6 +2,8 @@
 a GPU. They launch ``python -m comms.cuda.checks`` (or this file as a script) under mpiexec themselves, with timeouts,
 several ranks sharing the one GPU; with HMC_GPU_MPS=1 they run under MPS, started and stopped here (the line saying
 whether it ran goes to HMC_GPU_REPORT_DIR/mps.txt when that is set). They skip where no GPU is visible (CI).
+test_legacy_ipc_allocation (HMC_P2P_ALLOC=legacy, comms/cuda/ipc.py) was written without device time and has not
+yet run on a GPU.
 """
 from __future__ import annotations
 
