@@ -157,3 +157,37 @@ def test_hybrid_deck_matches_milcs_september_2009_output(tmp_path):
     assert abs(row["plaq_ss"] - ref["measurements"]["PLAQ"][0]) < 1e-8
     assert abs(row["plaq_st"] - ref["measurements"]["PLAQ"][1]) < 1e-8
     assert abs(row["dH"] - ref["trajectory"]["delta_S"]) < 4e-4
+
+
+def test_force_variant_tool_is_the_production_force_when_unchanged():
+    """tools/milc_f211_force_variants.py (the diagnostic behind the f211 deck's statement that the charm's Naik-epsilon
+    force is not the delta S offset): its level-2 chain rule with every epsilon term kept equals
+    force.hisq_force.hisq_level2_vjp bit for bit, dropping the one-link term changes it, and each variant's patches
+    are undone after the run."""
+    import importlib.util
+    from contextlib import ExitStack
+
+    import force.gauge_action as gauge_action
+    import force.hisq_force as hisq_force
+    import hmc.rhmc as rhmc
+
+    spec = importlib.util.spec_from_file_location("milc_f211_force_variants",
+                                                  ROOT / "tools" / "milc_f211_force_variants.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    geom = Geometry((4, 4, 4, 4))
+    w = su3.expm_su3(0.3 * random_momenta(geom, CounterRNG(3), "smooth")) @ GaugeField.unit(geom).links
+    g = np.random.default_rng(1)
+    fat, long = ({eps: g.normal(size=w.shape) + 1j * g.normal(size=w.shape) for eps in (0.0, EPS_C)} for _ in "fl")
+    want = hisq_force.hisq_level2_vjp(geom, w, fat, long)
+    assert np.array_equal(tool.level2_variant()(geom, w, fat, long), want)
+    assert not np.allclose(tool.level2_variant(onelink=0.0)(geom, w, fat, long), want)
+    saved = [(hisq_force, n, getattr(hisq_force, n)) for n in ("hisq_level2_vjp", "u3_unitarize_vjp", "fat_link_vjp")]
+    saved += [(rhmc.FermionMonomial, "outer_products", rhmc.FermionMonomial.outer_products),
+              (gauge_action.GaugeAction, "force_reference", gauge_action.GaugeAction.force_reference)]
+    for spec_ in ("base", "onelink=0+naik=0.5", "level=V", "level=U", "yeps0", "gauge=1e-6+rect=1e-5"):
+        with ExitStack() as stack:
+            tool.apply_variant(stack, spec_)
+        assert all(getattr(obj, name) is old for obj, name, old in saved), spec_
+    with pytest.raises(SystemExit, match="unknown variant"):
+        tool.apply_variant(ExitStack(), "eps=2")
