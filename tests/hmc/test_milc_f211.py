@@ -183,9 +183,10 @@ def test_force_variant_tool_is_the_production_force_when_unchanged():
     assert np.array_equal(tool.level2_variant()(geom, w, fat, long), want)
     assert not np.allclose(tool.level2_variant(onelink=0.0)(geom, w, fat, long), want)
     saved = [(hisq_force, n, getattr(hisq_force, n)) for n in ("hisq_level2_vjp", "u3_unitarize_vjp", "fat_link_vjp")]
-    saved += [(rhmc.FermionMonomial, "outer_products", rhmc.FermionMonomial.outer_products),
-              (gauge_action.GaugeAction, "force_reference", gauge_action.GaugeAction.force_reference)]
-    for spec_ in ("base", "onelink=0+naik=0.5", "level=V", "level=U", "yeps0", "gauge=1e-6+rect=1e-5"):
+    saved += [(rhmc.FermionMonomial, n, getattr(rhmc.FermionMonomial, n)) for n in ("outer_products", "force")]
+    saved += [(gauge_action.GaugeAction, "force_reference", gauge_action.GaugeAction.force_reference)]
+    for spec_ in ("base", "onelink=0+naik=0.5", "level=V", "level=U", "yeps0", "gauge=1e-6+rect=1e-5",
+                  "fermion=1e-4+lastfermion=0.01"):
         with ExitStack() as stack:
             tool.apply_variant(stack, spec_)
         assert all(getattr(obj, name) is old for obj, name, old in saved), spec_
