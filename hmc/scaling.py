@@ -114,7 +114,8 @@ def add_parser(sub) -> None:
                         "'8x8x8x16' and '16^4' are accepted too)")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], metavar="N",
                    help="rank counts (default 1 2 4); the 1-rank baseline always runs")
-    p.add_argument("--grid", nargs="+", default=[], metavar="PXxPYxPZxPT",
+    # dest differs from the global --grid (which goes to HMC_GRID for every ProcessGrid of this process)
+    p.add_argument("--grid", dest="study_grids", nargs="+", default=[], metavar="PXxPYxPZxPT",
                    help="explicit process grids (e.g. 1x1x2x2), run as given beside the automatic grids of --ranks "
                         "(replacing the automatic one of the same rank count); a grid that does not split a lattice "
                         "fails in the worker and is recorded as failed")
@@ -883,7 +884,7 @@ def run_study(args) -> int:
     what = parse_what(args.what)
     transports = check_transports(args.transports, args.graph)
     ranks = sorted(set(args.ranks))
-    grids = parse_grids(getattr(args, "grid", []))
+    grids = parse_grids(getattr(args, "study_grids", []))
     if any(n < 1 for n in ranks):
         raise ScalingError(f"--ranks {' '.join(map(str, args.ranks))}: rank counts must be positive")
     for name, v in (("--repeats", args.repeats), ("--cg-iters", args.cg_iters), ("--threads", args.threads),

@@ -45,3 +45,17 @@ def cli_env():
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("HMC_FAULT_INJECT", None)
     return env
+
+
+@pytest.fixture(autouse=True)
+def _restore_cli_environment():
+    """The CLI hands --grid, --transport and --backend to every ProcessGrid / backend of the process through the
+    environment; a test that calls hmc.cli.main in-process must not leave them to the tests after it."""
+    keys = ("HMC_GRID", "HMC_P2P_TRANSPORT", "HMC_BACKEND", "HMC_PARTITION")
+    saved = {k: os.environ.get(k) for k in keys}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
