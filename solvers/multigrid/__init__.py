@@ -10,8 +10,8 @@ K-cycle and flexible GCR outside. Composes as every solver here (DESIGN.md, as g
     D.set_links(fat, long); inv.solve(b)                  # refreshes the vectors, rebuilds the hierarchy
 
 Measured (CPU, NumPy, one BLAS thread, a shared 2-core machine; MILC's lat.sample.l8888, quenched Wilson beta 6.0,
-HISQ links, antiperiodic time, random source, tol 1e-10 on |b - M x|/|b|; defaults: 3 levels, 4^4 blocks, Nv 24,
-100 set-up iterations, smoothers (4, 2)):
+HISQ links, antiperiodic time, random source, tol 1e-10 on |b - M x|/|b|; the defaults before issue 7's scaling study
+below: 3 levels, 4^4 blocks, Nv 24, 100 set-up iterations, smoothers (4, 2)):
 
     m       MG outer  MG fine applications  MG solve   even-odd CG iters  CG M-equiv. applications  CG time
     0.1        34            309             2.7 s          113                 116                 0.89 s
@@ -30,6 +30,47 @@ free field, within 5e-5 without the Naik term), where a degree-k smoother damps 
 (1 - d^2/4)^(k/2), so the work falls on the coarse space (here 1/16 of the unknowns). More near-null vectors help
 (Nv 16, 24, 32: 44, 36, 30 outer iterations at m = 0.001), more set-up iterations do not (Nv 24 after 10, 50, 100,
 200 iterations: 37, 36, 37, 40).
+
+Scaling with the volume (issue 7; CPU, NumPy; tools/mg_bench.py's field: quenched Wilson beta 6.0, cold start and
+20 pure-gauge MD trajectories, HISQ links, m = 0.001, tol 1e-10, random source; 4^4 then 2^4 blocks down to a 2^4 or
+3^4 coarsest lattice solved by LU; "exact": inner K-cycle solves to 1e-8; fine = applications of M per solve;
+CG = mixed-precision even-odd CG, M-equivalent applications; scratch scripts, not kept):
+
+    lattice levels set-up Nv smoothers K-cycle     outer  fine   CG
+    8^4     3      10     24 (4, 2)    -            52    472   255
+    8^4     3      50     24 (4, 2)    -            42    381   255
+    8^4     3      200    24 (4, 2)    -            40    363   255
+    8^4     4      50     24 (4, 2)    0.25 / 8     44    399   255
+    8^4     4      50     24 (4, 2)    exact        42    381   255
+    8^4     4      50     24 (0, 4)    0.25 / 8     45    273   255
+    8^4     3      50     32 (0, 4)    -            38    231   255
+    8^4     3      50     48 (0, 4)    -            29    176   255
+    12^4    3      50     24 (4, 2)    -            56    508   330
+    12^4    3      150    24 (4, 2)    -            54    490   330
+    12^4    3      50     24 (0, 4)    -            56    340   330
+    12^4    3      50     24 (0, 4)    -            53    320   330   (outer GCR restarted every 32, not 16)
+    16^4    4      50     24 (4, 2)    0.25 / 8     61    553   458
+    16^4    4      50     24 (4, 2)    exact        55    499   458
+    16^4    4      50     24 (0, 4)    0.25 / 8     57    346   458
+    16^4    4      50     24 (0, 4)    0.05 / 20    53    322   458
+
+What grows, and what does not: (1) the two-grid method itself (the coarse problem solved exactly) needs 40 to 42
+outer iterations on 8^4 and 54 to 56 on 12^4 and 16^4: flat from 12^4 on (8^4, a 2^4 coarse lattice, is small);
+(2) the inexact K-cycle adds to it and the loss grows with depth (four levels: +5% on 8^4, +11% on 16^4; the
+five-level 32^4 run on the H200 needed 141): GCR to 0.25 in 2 to 3 iterations removes the coarse residual's large
+components and leaves the smallest-eigenvalue error of the coarse operator, which is what the coarse correction is
+for, and the coarse operators' smallest eigenvalues fall with the volume. Hence kcycle_tol 0.05, kcycle_maxiter 20
+(16^4: 53 outer iterations, exact 55). (3) Not the near-null vectors' set-up: CG on A^dag A x = 0 from random
+vectors converges to x = 0 (on 8^4 |x| falls 1e12-fold in 300 iterations while |A x|/|x| stays at 0.12 to 0.2, the
+bottom of the spectrum; its recursive residual then drifts from the true one), so past ~50 iterations the vectors
+improve nothing (above) and "a few hundred" (MULTIGRID.md) end in rounding noise (12^4: |A v|/|v| 0.083 after 50,
+0.149 after 150). Nor does bootstrapping them by the cycle's error propagation help (8^4: |A v|/|v| 0.57, 60 outer
+iterations): the slow modes of the cycle are the smoother-resistant ones near |z - 1| = 1, not low modes. (4) The
+fine-level smoother (GCR on M, spectrum on the line 2m + i y) costs 3 applications of M per outer iteration and saves
+none: smoothers (0, 4). (5) More near-null vectors do: Nv 24, 32, 48 on 8^4: 273 (four levels), 231, 176
+applications (CG 255). Also fixed: the outer GCR's |r|^2 recurrence stalled at its rounding floor (1.85e-8 relative),
+so a long Krylov cycle ran on to its restart (nkrylov 64: 64 outer iterations instead of 40); nkrylov 32 now (12^4:
+53 against 56). Not verified here: 32^4 (five levels) with the new defaults (device time was spent).
 
 Distributed (tests/solvers/test_multigrid_mpi.py): every level lives on the fine lattice's process grid; coarse
 shifts go through the halo exchange of ``comms`` (every transport), the coarsest LU is gathered to every rank and

@@ -260,8 +260,8 @@ def test_setup_reuse_masses_and_link_updates(l8888, source8):
 
 
 def test_four_levels_kcycle_gcr_coarsest(l8888, source8):
-    """Four levels: the level-2 solve is a K-cycle (flexible GCR to 0.25, at most 8 iterations, preconditioned by
-    the level-2 cycle), the coarsest (level 3) is solved by GCR."""
+    """Four levels: the level-2 solve is a K-cycle (flexible GCR to kcycle_tol, at most kcycle_maxiter iterations,
+    preconditioned by the level-2 cycle), the coarsest (level 3) is solved by GCR."""
     D, b = l8888[2], source8
     m = 0.01
     inv = multigrid(TOL, levels=4, nv=(16, 12), setup_iters=(50, 30), maxiter=150, coarsest="gcr")(D.matrix(m))
