@@ -31,7 +31,7 @@ setup / (t_cg - t_mg) when multigrid's solve is faster; the issue's goal compare
 The multigrid hierarchy by default: 4^4 aggregates of the fine lattice, then 2^4 aggregates of each coarse
 lattice until it is 2^4 (8^4: 3 levels, 16^4: 4, 32^4: 5), so the coarsest solve is an exact LU of 16 x 2 Nv
 unknowns (a sparse LU of a larger 4-d stencil fills in and takes minutes on the host; with ``--mg-coarsest auto``
-a coarsest lattice of more than 5000 unknowns is solved by GCR instead); Nv 24 on every level,
+a coarsest lattice of more than 5000 unknowns is solved by GCR instead); Nv 48 on every level,
 50 set-up iterations (more do not help: solvers/multigrid's notes), smoothers (0, 4) (none on M itself).
 ``--mg-*`` options (or the environment variables of tools/mg_bench.sh) change them.
 """
@@ -80,7 +80,7 @@ def parse(argv=None):
     g.add_argument("--mg-levels", type=int, default=None, help="levels (default from the lattice, see above)")
     g.add_argument("--mg-blocks", default=env("MG_BLOCKS"),
                    help='aggregation blocks, e.g. "4,4,4,4 2,2,2,2" (one per aggregation level)')
-    g.add_argument("--mg-nv", default=env("MG_NV", "24"), help='near-null vectors per level, e.g. "24" or "24 32"')
+    g.add_argument("--mg-nv", default=env("MG_NV", "48"), help='near-null vectors per level, e.g. "24" or "24 32"')
     g.add_argument("--mg-setup-iters", default=env("MG_SETUP_ITERS", "50"), help="set-up CG iterations per level")
     g.add_argument("--mg-smoother-steps", default=env("MG_SMOOTHER_STEPS", "0 4"), help="GCR smoother steps")
     g.add_argument("--mg-coarsest", default=env("MG_COARSEST", "auto"), choices=("auto", "lu", "gcr"))

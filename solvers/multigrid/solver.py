@@ -49,7 +49,7 @@ class MultigridParams:
     maxiter: int = 200
     levels: int = 3
     blocks: tuple = ()
-    nv: tuple = (24,)
+    nv: tuple = (48,)
     setup_iters: tuple = (50,)
     refresh_iters: int = 10
     smoother_steps: tuple = (0, 4)
@@ -115,7 +115,7 @@ def validate(params: MultigridParams, geom, naik: bool) -> MultigridParams:
     return replace(p, blocks=tuple(checked))
 
 
-def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks=(), nv=24, setup_iters=50,
+def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks=(), nv=48, setup_iters=50,
               refresh_iters: int = 10, smoother_steps=(0, 4), kcycle_tol: float = 0.05, kcycle_maxiter: int = 20,
               coarsest: str = "auto", coarsest_tol: float = 0.25, coarsest_maxiter: int = 100, nkrylov: int = 32,
               kd: bool = True, seed: int = 2024, raise_on_fail: bool = True, subspace=None):

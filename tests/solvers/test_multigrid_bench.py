@@ -26,7 +26,7 @@ def test_hierarchy_per_lattice(bench, monkeypatch, L, blocks):
         monkeypatch.delenv(var, raising=False)
     hp = bench.hierarchy_params(bench.parse(["--lattice", str(L)]), (L,) * 4)
     assert hp["blocks"] == blocks and hp["levels"] == len(blocks) + 2
-    assert hp["nv"] == [24] and hp["setup_iters"] == [50] and hp["smoother_steps"] == [0, 4]
+    assert hp["nv"] == [48] and hp["setup_iters"] == [50] and hp["smoother_steps"] == [0, 4]
     hp = bench.hierarchy_params(bench.parse(["--mg-blocks", "4,4,4,4 4,4,4,4", "--mg-nv", "24 16"]), (32,) * 4)
     assert hp["blocks"] == [(4, 4, 4, 4), (4, 4, 4, 4)] and hp["levels"] == 4 and hp["nv"] == [24, 16]
 
