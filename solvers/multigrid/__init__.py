@@ -74,7 +74,8 @@ none: smoothers (0, 4). (5) What works is a richer coarse space: with Nv 48 the 
 K-cycle at 0.05; Nv 24, 32, 48 on 8^4: 273 (four levels), 231, 176 against CG's 255): Nv 48 by default (MULTIGRID.md:
 16 to 32 on small lattices, 64 in production), at twice the set-up work of Nv 24 and with 96x96 coarse blocks. Also
 fixed: the outer GCR's |r|^2 recurrence stalled at its rounding floor (1.85e-8 relative), so a long Krylov cycle ran
-on to its restart (nkrylov 64: 64 outer iterations instead of 40); nkrylov 32 now (12^4: 53 against 56). Not verified here: 32^4 (five levels) with the new defaults (device time was spent).
+on to its restart (nkrylov 64: 64 outer iterations instead of 40); nkrylov 32 now (12^4: 53 against 56). Not
+verified here: 32^4 (five levels) with the new defaults (no device time was left).
 
 Distributed (tests/solvers/test_multigrid_mpi.py): every level lives on the fine lattice's process grid; coarse
 shifts go through the halo exchange of ``comms`` (every transport), the coarsest LU is gathered to every rank and
