@@ -54,6 +54,8 @@ CG = mixed-precision even-odd CG, M-equivalent applications; scratch scripts, no
     16^4    4      50     24 (0, 4)    0.25 / 8     57    346   458
     16^4    4      50     24 (0, 4)    0.05 / 20    53    322   458
     16^4    4      50     48 (0, 4)    0.25 / 8     29    176   458
+    8^4     3      50     48 (0, 4)    -            28    169   255   (the defaults now; four levels: the same)
+    12^4    3      50     48 (0, 4)    -            29    175   330   (the defaults now)
     16^4    4      50     48 (0, 4)    0.05 / 20    26    158   458   (the defaults now, but nkrylov 16)
 
 What grows, and what does not: (1) the two-grid method itself (the coarse problem solved exactly) needs 40 to 42
@@ -69,9 +71,9 @@ improve nothing (above) and "a few hundred" (MULTIGRID.md) end in rounding noise
 0.149 after 150). Nor does bootstrapping them by the cycle's error propagation help (8^4: |A v|/|v| 0.57, 60 outer
 iterations): the slow modes of the cycle are the smoother-resistant ones near |z - 1| = 1, not low modes. (4) The
 fine-level smoother (GCR on M, spectrum on the line 2m + i y) costs 3 applications of M per outer iteration and saves
-none: smoothers (0, 4). (5) What works is a richer coarse space: with Nv 48 the outer count is the same on 8^4 and
-16^4 (29 and 29; Nv 24: 45 and 57), 176 applications of M on both, 2.6 times fewer than CG on 16^4 (2.9 with the
-K-cycle at 0.05; Nv 24, 32, 48 on 8^4: 273 (four levels), 231, 176 against CG's 255): Nv 48 by default (MULTIGRID.md:
+none: smoothers (0, 4). (5) What works is a richer coarse space: with Nv 48 the outer count is the same on 8^4,
+12^4 and 16^4 (28, 29, 26 with the defaults now; Nv 24: 45, 56, 57), 169, 175, 158 applications of M: 1.5, 1.9,
+2.9 times fewer than CG, the gain growing with the volume (Nv 24, 32, 48 on 8^4: 273 (four levels), 231, 176): Nv 48 by default (MULTIGRID.md:
 16 to 32 on small lattices, 64 in production), at twice the set-up work of Nv 24 and with 96x96 coarse blocks. Also
 fixed: the outer GCR's |r|^2 recurrence stalled at its rounding floor (1.85e-8 relative), so a long Krylov cycle ran
 on to its restart (nkrylov 64: 64 outer iterations instead of 40); nkrylov 32 now (12^4: 53 against 56). Not
