@@ -73,8 +73,9 @@ iterations): the slow modes of the cycle are the smoother-resistant ones near |z
 fine-level smoother (GCR on M, spectrum on the line 2m + i y) costs 3 applications of M per outer iteration and saves
 none: smoothers (0, 4). (5) What works is a richer coarse space: with Nv 48 the outer count is the same on 8^4,
 12^4 and 16^4 (28, 29, 26 with the defaults now; Nv 24: 45, 56, 57), 169, 175, 158 applications of M: 1.5, 1.9,
-2.9 times fewer than CG, the gain growing with the volume (Nv 24, 32, 48 on 8^4: 273 (four levels), 231, 176): Nv 48 by default (MULTIGRID.md:
-16 to 32 on small lattices, 64 in production), at twice the set-up work of Nv 24 and with 96x96 coarse blocks. Also
+2.9 times fewer than CG, the gain growing with the volume (Nv 24, 32, 48 on 8^4: 273 (four levels), 231, 176):
+Nv 48 by default (MULTIGRID.md: 16 to 32 on small lattices, 64 in production), at twice the set-up work of Nv 24
+and with 96x96 coarse blocks. Also
 fixed: the outer GCR's |r|^2 recurrence stalled at its rounding floor (1.85e-8 relative), so a long Krylov cycle ran
 on to its restart (nkrylov 64: 64 outer iterations instead of 40); nkrylov 32 now (12^4: 53 against 56). Not
 verified here: 32^4 (five levels) with the new defaults (no device time was left).
