@@ -112,16 +112,16 @@ SCHEMA = {
             isinstance(n, int) and not isinstance(n, bool) for n in b) for b in v),
             "a list of [bx, by, bz, bt] aggregation blocks, one per aggregation level (levels - 2), e.g. "
             "[[4, 4, 4, 4]]; [] for the defaults"),
-        "nv": Key((int, list), 24, lambda v: all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+        "nv": Key((int, list), 48, lambda v: all(isinstance(n, int) and not isinstance(n, bool) and n > 0
                                                  for n in (v if isinstance(v, list) else [v])),
                   "a positive number of near-null vectors, or one per aggregation level"),
-        "setup_iters": Key((int, list), 100, lambda v: all(isinstance(n, int) and n >= 0
+        "setup_iters": Key((int, list), 50, lambda v: all(isinstance(n, int) and n >= 0
                                                            for n in (v if isinstance(v, list) else [v])),
                            "a number >= 0 of set-up iterations, or one per aggregation level"),
         "refresh_iters": Key(int, 10, _nonneg, "a number >= 0 of iterations refreshing the near-null vectors after "
                              "a gauge update"),
-        "smoother_steps": Key(list, [4, 2], lambda v: bool(v) and all(isinstance(n, int) and n >= 0 for n in v),
-                              "a list of GCR smoother steps per level, e.g. [4, 2]"),
+        "smoother_steps": Key(list, [0, 4], lambda v: bool(v) and all(isinstance(n, int) and n >= 0 for n in v),
+                              "a list of GCR smoother steps per level, e.g. [0, 4]"),
         "coarsest": Key(str, "auto", None, "", ("auto", "lu", "gcr")),
         "pbp": Key(bool, False, None, "true to solve the PBP measurements ([fermions] pbp_masses) by multigrid"),
         "light_shifts": Key(int, 0, _nonneg, "a number >= 0 of the smallest shifts of the light pseudofermion's "

@@ -125,11 +125,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--mg-levels", type=int, default=3, help="levels: fine, KD, then aggregations (default 3)")
     g.add_argument("--mg-block", type=int, nargs=4, action="append", metavar=("BX", "BY", "BZ", "BT"),
                    help="aggregation block, once per aggregation level (default 4 4 4 4, then 2 2 2 2)")
-    g.add_argument("--mg-nv", type=int, nargs="+", default=[24], help="near-null vectors per level (default 24)")
-    g.add_argument("--mg-setup-iters", type=int, nargs="+", default=[100],
-                   help="CG iterations relaxing the near-null vectors, per level (default 100)")
-    g.add_argument("--mg-smoother-steps", type=int, nargs="+", default=[4, 2],
-                   help="GCR post-smoothing steps on level 0, 1, ... (default 4 2)")
+    g.add_argument("--mg-nv", type=int, nargs="+", default=[48], help="near-null vectors per level (default 48)")
+    g.add_argument("--mg-setup-iters", type=int, nargs="+", default=[50],
+                   help="CG iterations relaxing the near-null vectors, per level (default 50)")
+    g.add_argument("--mg-smoother-steps", type=int, nargs="+", default=[0, 4],
+                   help="GCR post-smoothing steps on level 0, 1, ... (default 0 4: a smoother on M itself does not pay)")
     g.add_argument("--mg-coarsest", choices=("auto", "lu", "gcr"), default="auto",
                    help="coarsest solve: sparse LU, GCR, or auto (LU on one rank)")
     g.add_argument("--no-mg-compare", dest="mg_compare", action="store_false",
@@ -370,8 +370,8 @@ def mg_options(args) -> dict:
     """The multigrid parameters of ``--mg-*`` (defaults where ``args`` has none, e.g. ``hmc spectrum``)."""
     blocks = getattr(args, "mg_block", None)
     return {"levels": getattr(args, "mg_levels", 3), "blocks": [tuple(b) for b in blocks] if blocks else (),
-            "nv": list(getattr(args, "mg_nv", [24])), "setup_iters": list(getattr(args, "mg_setup_iters", [100])),
-            "smoother_steps": list(getattr(args, "mg_smoother_steps", [4, 2])),
+            "nv": list(getattr(args, "mg_nv", [48])), "setup_iters": list(getattr(args, "mg_setup_iters", [50])),
+            "smoother_steps": list(getattr(args, "mg_smoother_steps", [0, 4])),
             "coarsest": getattr(args, "mg_coarsest", "auto"), "compare": getattr(args, "mg_compare", True)}
 
 
