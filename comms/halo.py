@@ -292,7 +292,9 @@ class HaloEngine:
         _LIVE[self._live_key] = (id(grid), f"halo engine {self._live_key} of rank {self.world_rank}")
 
     # transport resolution ---------------------------------------------------------------------------------
-    def _resolve(self, request):
+    def _agreed_config(self, request):
+        """(req, mask, clique, world_of): this rank's transport settings, checked to be the same on every rank
+        (collective; a bad setting or a disagreement is one CommsError on every rank)."""
         req, mask, clique, err = _read_config(request)
         everyone = self.comm.allgather((self.world_rank, req, err, mask, clique))
         errors = [(r, e) for r, _, e, _, _ in everyone if e]
@@ -302,12 +304,17 @@ class HaloEngine:
         if len(reqs) > 1:
             raise CommsError(f"ranks disagree on the transport (HMC_P2P_TRANSPORT / --transport: "
                              f"{', '.join(reqs)}): every rank must ask for the same")
-        self.request = req
-        self.timeout = comms_timeout()
-        world_of = [w for w, _, _, _, _ in everyone]
+        return req, mask, clique, [w for w, _, _, _, _ in everyone]
+
+    def _node_members(self) -> set:
+        """The grid ranks on this node (collective over the node); sets ``node_rank_of``."""
         members = self.node.allgather(self.rank)
         self.node_rank_of = {r: i for i, r in enumerate(members)}
-        node_members = set(members)
+        return set(members)
+
+    def _link_permissions(self, req, mask, clique, world_of, node_members) -> list:
+        """[dim][dir] -> (peer-to-peer allowed?, why) for this rank's links, from the request, the node, the fake
+        clique and the mask (the same rule for the CPU and the GPU transports; made symmetric by the caller)."""
         parts = self.grid.partitioned
         allow = [[(False, "not partitioned")] * 2 for _ in range(4)]
         for dim in range(4):
@@ -325,10 +332,17 @@ class HaloEngine:
                     allow[dim][d] = (False, f"masked (HMC_P2P_MASK={mask})")
                 else:
                     allow[dim][d] = (True, "same node")
+        return allow
+
+    def _resolve(self, request):
+        req, mask, clique, world_of = self._agreed_config(request)
+        self.request = req
+        self.timeout = comms_timeout()
+        allow = self._link_permissions(req, mask, clique, world_of, self._node_members())
         tables = self.comm.allgather(allow)
         any_shm = False
         for dim in range(4):
-            if not parts[dim]:
+            if not self.grid.partitioned[dim]:
                 continue
             for d in (0, 1):
                 peer = self.ctx.neighbours[dim][d]

@@ -44,7 +44,7 @@ import numpy as np
 from cuda.bindings import driver as drv
 
 from ..grid import CommsError, CommsTimeout, DIRS, mpi
-from ..halo import (GPU_TRANSPORTS, MIN_CAPACITY, TAG_BASE, _LIVE, HaloEngine, _read_config, comms_timeout,
+from ..halo import (GPU_TRANSPORTS, MIN_CAPACITY, TAG_BASE, _LIVE, HaloEngine, comms_timeout,
                     link_name)
 from . import alloc as alloc_policy
 from . import cu, ipc, vmm
@@ -132,25 +132,14 @@ class GpuHaloEngine(HaloEngine):
         self._owned_events = []
         self._opened_events = []
         self.broker = None
-        req, mask, clique, err = _read_config(request)
-        everyone = self.comm.allgather((self.world_rank, req, err, mask, clique))
-        errors = [(r, e) for r, _, e, _, _ in everyone if e]
-        if errors:
-            raise CommsError(errors[0][1])
-        reqs = sorted({str(q) for _, q, _, _, _ in everyone})
-        if len(reqs) > 1:
-            raise CommsError(f"ranks disagree on the transport (HMC_P2P_TRANSPORT / --transport: "
-                             f"{', '.join(reqs)}): every rank must ask for the same")
+        req, mask, clique, world_of = self._agreed_config(request)
         if req not in GPU_TRANSPORTS + ("mpi",):
             raise CommsError(f"GpuHaloEngine serves the GPU transports {GPU_TRANSPORTS} (and mpi with device "
                              f"faces), not {req!r}")
         self.request = req
         self.timeout = comms_timeout()
         rank0 = self.rank == 0
-        world_of = [w for w, _, _, _, _ in everyone]
-        members = self.node.allgather(self.rank)
-        self.node_rank_of = {r: i for i, r in enumerate(members)}
-        node_members = set(members)
+        node_members = self._node_members()
         self.dev = cu.device(self.node.rank)
         self.aux = cupy.cuda.Stream(non_blocking=True)
 
@@ -196,23 +185,7 @@ class GpuHaloEngine(HaloEngine):
             self.policy = "remote_write"          # the interprocess event orders the pack kernel's stores
 
         # per-link permission, as on the CPU
-        parts = self.grid.partitioned
-        allow = [[(False, "not partitioned")] * 2 for _ in range(4)]
-        for dim in range(4):
-            if not parts[dim]:
-                continue
-            for d in (0, 1):
-                peer = self.ctx.neighbours[dim][d]
-                if req == "mpi":
-                    allow[dim][d] = (False, "mpi requested")
-                elif peer not in node_members:
-                    allow[dim][d] = (False, "other node")
-                elif clique and world_of[peer] // clique != self.world_rank // clique:
-                    allow[dim][d] = (False, f"other clique (HMC_P2P_FAKE_CLIQUE={clique})")
-                elif mask & (1 << dim):
-                    allow[dim][d] = (False, f"masked (HMC_P2P_MASK={mask})")
-                else:
-                    allow[dim][d] = (True, "same node")
+        allow = self._link_permissions(req, mask, clique, world_of, node_members)
 
         # the allocation kind (collective per node: fabric, posix_fd or legacy), the fd broker, and the symmetric
         # reachability probe
@@ -236,7 +209,7 @@ class GpuHaloEngine(HaloEngine):
         tables = self.comm.allgather(allow)
         any_p2p = False
         for dim in range(4):
-            if not parts[dim]:
+            if not self.grid.partitioned[dim]:
                 continue
             for d in (0, 1):
                 peer = self.ctx.neighbours[dim][d]
