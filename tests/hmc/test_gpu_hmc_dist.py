@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
+from tests.hmc.hisq211_decks import short_hisq211_deck
 
 try:
     from tests.comms.test_gpu_transports import TIMEOUT, _env, launch, mps, needs_mpi  # noqa: F401  (fixture)
@@ -51,35 +52,6 @@ ATOL_LINKS = 1e-10         # every link element
 KEYS_ACTION = ("g_start", "h_start", "f_start", "g_end", "h_end", "f_end")
 KEYS_LOOPS = ("plaq_ss", "plaq_st", "ploop_re", "ploop_im", "link_trace")     # RTOL_PLAQ of max(|value|, 1)
 
-DECK = """
-[run]
-name = "short RHMC 2+1+1 trajectory on 1, 2 and 4 ranks"
-seed = 8642
-trajectories = 2
-warmups = 2
-start = "cold"
-rng = "philox"
-[lattice]
-dims = [{dims}]
-[gauge]
-action = "symanzik"
-beta = 5.8
-u0 = 0.85535
-quark_loops = "hisq"
-nf = 4
-[fermions]
-rationals = "{rationals}"
-dyn_mass = [0.013, 0.065, 0.838]
-dyn_flavors = [2, 1, 1]
-cgresid_md_fa_gr = [[1e-8, 1e-10, 1e-10], [1e-8, 1e-10, 1e-10], [1e-8, 1e-10, 1e-10], [1e-8, 1e-10, 1e-10],
-                    [1e-8, 1e-10, 1e-10]]
-[integrator]
-scheme = "3g1f"
-steps = 2
-tau = 0.5
-link_exponential = "taylor8"
-reunitarize = "cycle"
-"""
 
 _gpu = pytest.mark.gpu
 CASES = [
@@ -123,8 +95,8 @@ def _make_reference(backend, tmp_path_factory, mps):  # noqa: F811
 
     d = tmp_path_factory.mktemp(f"hmc_dist_{backend}")
     deck = d / "deck.toml"
-    deck.write_text(DECK.format(dims=", ".join(map(str, LATTICE[backend])),
-                                rationals=ROOT / "runs" / "rationals" / "rationals.hisq211_b580"))
+    deck.write_text(short_hisq211_deck("short RHMC 2+1+1 trajectory on 1, 2 and 4 ranks", 8642, LATTICE[backend],
+                                       warmups=2))
     init = d / "init.h5"
     _hmc(0, "numpy", ["init", str(deck), "-o", str(init)], mps)
     _hmc(0, "numpy", ["run", str(init), "--trajectories", "1", "--no-progress"], mps)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
+from tests.hmc.hisq211_decks import short_hisq211_deck
 
 pytestmark = pytest.mark.mpi
 
@@ -22,34 +23,7 @@ needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec is not on PATH (
 TIMEOUT = 900
 RTOL = 1e-12
 
-DECK = f"""
-[run]
-name = "RHMC 2+1+1 on 1, 2 and 4 ranks"
-seed = 2468
-trajectories = 2
-start = "cold"
-rng = "philox"
-[lattice]
-dims = [4, 4, 4, 4]
-[gauge]
-action = "symanzik"
-beta = 5.8
-u0 = 0.85535
-quark_loops = "hisq"
-nf = 4
-[fermions]
-rationals = "{ROOT / 'runs' / 'rationals' / 'rationals.hisq211_b580'}"
-dyn_mass = [0.013, 0.065, 0.838]
-dyn_flavors = [2, 1, 1]
-cgresid_md_fa_gr = [[1e-8, 1e-10, 1e-10], [1e-8, 1e-10, 1e-10], [1e-8, 1e-10, 1e-10], [1e-8, 1e-10, 1e-10],
-                    [1e-8, 1e-10, 1e-10]]
-[integrator]
-scheme = "3g1f"
-steps = 2
-tau = 0.5
-link_exponential = "taylor8"
-reunitarize = "cycle"
-"""
+DECK = short_hisq211_deck("RHMC 2+1+1 on 1, 2 and 4 ranks", 2468)
 
 
 def _env():
