@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true")
     b = bsub.add_parser("halo", help="halo latency and bandwidth per transport and face size (run under mpiexec)")
     b.add_argument("--transport", dest="bench_transport", default="mpi,shm",
-                   help="transports to measure, comma-separated (default: mpi,shm)")
+                   help="transports to measure, comma-separated: mpi,shm (CPU) or mpi,event,stream_gated (GPU, "
+                        "faces on the device); default mpi,shm")
     b.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16], metavar="L",
                    help="face sizes: L^3 sites (default: 2 4 8 16)")
     b.add_argument("--element", choices=("matrix", "vector"), default="matrix",
