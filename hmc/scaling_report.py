@@ -689,56 +689,12 @@ def _max_bars(study):
     return max(n.values()) if n else 1
 
 
-def plot_ratios(study, path, plt):
-    lats, labels = lattices_of(study), labels_of(study)
-    others = [l for l in labels if l != "mpi"]
-    if "mpi" not in labels or not others:
-        return False
-    ops = [op for op in OP_TITLES if any(op in r["ops"] for r in study["configs"] if r["ranks"] > 1)]
-    fig, axes = _panels(plt, len(ops), 4.2, 3.8)
-    ranks = sorted({r["ranks"] for r in study["configs"] if r["status"] == "ok" and r["ranks"] > 1})
-    for ax, op in zip(axes, ops):
-        for i, lat in enumerate(lats):
-            by = {(r["ranks"], r["label"]): r["ops"][op]["median_s"] for r in study["configs"]
-                  if r["lattice"] == lat and r["status"] == "ok" and op in r["ops"]}
-            for label in others:
-                pts = [(n, by[(n, label)] / by[(n, "mpi")]) for n in ranks if (n, label) in by and (n, "mpi") in by]
-                if pts:
-                    p = np.array(pts)
-                    ax.plot(p[:, 0], p[:, 1], color=COLOURS.get(label, "grey"), ls=LINESTYLES[i % 4],
-                            marker=MARKERS[i % 4], ms=5, lw=1.6)
-        ax.axhline(1.0, color="grey", lw=1, ls=(0, (1, 2)))
-        _rank_axis(ax, ranks)
-        ax.set_ylim(bottom=0)
-        ax.set_ylabel("time / time with mpi")
-        ax.set_title(OP_TITLES[op])
-        ax.grid(True, alpha=0.3)
+def _plot_pair_ratios(study, path, plt, pairs, colour, ylabel, title, ncol, fontsize=None):
+    """T(a)/T(b) against the rank count per operation, one line per (a, b) in ``pairs`` and lattice; the legend
+    names each pair (``colour(pair)`` gives its colour) and, with several lattices, their line styles."""
     from matplotlib.lines import Line2D
 
-    hs = [Line2D([], [], color=COLOURS.get(l, "grey"), lw=2, label=f"{l} / mpi") for l in others]
-    if len(lats) > 1:
-        hs += [Line2D([], [], color="grey", ls=LINESTYLES[i % 4], marker=MARKERS[i % 4], label=lat_name(lat))
-               for i, lat in enumerate(lats)]
-    fig.legend(handles=hs, loc="lower center", ncol=6, frameon=False)
-    fig.suptitle("Transport ratio against mpi (below 1: faster than mpi)")
-    fig.tight_layout(rect=(0, 0.1 if len(ops) <= 3 else 0.06, 1, 0.93))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-PAIR_COLOURS = {("event", "stream_gated"): "tab:green", ("mpi", "stream_gated"): "tab:blue",
-                ("event", "stream_gated+graph"): "tab:olive", ("mpi", "stream_gated+graph"): "tab:cyan",
-                ("stream_gated", "stream_gated+graph"): "tab:purple"}
-
-
-def plot_gain(study, path, plt):
-    """The stream-gated gain T(other)/T(stream_gated) against the rank count, per operation: against event and mpi
-    (and, with graph rows, of the graph replays)."""
-    lats, labels = lattices_of(study), labels_of(study)
-    pairs = gain_pairs(labels)
-    if not pairs:
-        return False
+    lats = lattices_of(study)
     ops = [op for op in OP_TITLES if any(op in r["ops"] for r in study["configs"] if r["ranks"] > 1)]
     fig, axes = _panels(plt, len(ops), 4.2, 3.8)
     ranks = sorted({r["ranks"] for r in study["configs"] if r["status"] == "ok" and r["ranks"] > 1})
@@ -750,27 +706,51 @@ def plot_gain(study, path, plt):
                 pts = [(n, by[(n, a)] / by[(n, b)]) for n in ranks if (n, a) in by and (n, b) in by]
                 if pts:
                     p = np.array(pts)
-                    ax.plot(p[:, 0], p[:, 1], color=PAIR_COLOURS.get((a, b), "grey"), ls=LINESTYLES[i % 4],
+                    ax.plot(p[:, 0], p[:, 1], color=colour((a, b)), ls=LINESTYLES[i % 4],
                             marker=MARKERS[i % 4], ms=5, lw=1.6)
         ax.axhline(1.0, color="grey", lw=1, ls=(0, (1, 2)))
         _rank_axis(ax, ranks)
         ax.set_ylim(bottom=0)
-        ax.set_ylabel("time of the other / stream-gated time")
+        ax.set_ylabel(ylabel)
         ax.set_title(OP_TITLES[op])
         ax.grid(True, alpha=0.3)
-    from matplotlib.lines import Line2D
-
-    hs = [Line2D([], [], color=PAIR_COLOURS.get(pr, "grey"), lw=2, label=f"{pr[0]} / {pr[1]}") for pr in pairs]
+    hs = [Line2D([], [], color=colour(pr), lw=2, label=f"{pr[0]} / {pr[1]}") for pr in pairs]
     if len(lats) > 1:
         hs += [Line2D([], [], color="grey", ls=LINESTYLES[i % 4], marker=MARKERS[i % 4], label=lat_name(lat))
                for i, lat in enumerate(lats)]
-    fig.legend(handles=hs, loc="lower center", ncol=4, frameon=False, fontsize=9)
-    fig.suptitle("Stream-gated gain (above 1: stream_gated faster)")
-    rows = -(-len(hs) // 4)
+    fig.legend(handles=hs, loc="lower center", ncol=ncol, frameon=False, fontsize=fontsize)
+    fig.suptitle(title)
+    rows = -(-len(hs) // ncol)
     fig.tight_layout(rect=(0, 0.06 + 0.05 * rows if len(ops) <= 3 else 0.04 + 0.03 * rows, 1, 0.93))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def plot_ratios(study, path, plt):
+    """Each transport's time over mpi's against the rank count, per operation."""
+    labels = labels_of(study)
+    others = [l for l in labels if l != "mpi"]
+    if "mpi" not in labels or not others:
+        return False
+    return _plot_pair_ratios(study, path, plt, [(l, "mpi") for l in others], lambda pr: COLOURS.get(pr[0], "grey"),
+                             "time / time with mpi", "Transport ratio against mpi (below 1: faster than mpi)", 6)
+
+
+PAIR_COLOURS = {("event", "stream_gated"): "tab:green", ("mpi", "stream_gated"): "tab:blue",
+                ("event", "stream_gated+graph"): "tab:olive", ("mpi", "stream_gated+graph"): "tab:cyan",
+                ("stream_gated", "stream_gated+graph"): "tab:purple"}
+
+
+def plot_gain(study, path, plt):
+    """The stream-gated gain T(other)/T(stream_gated) against the rank count, per operation: against event and mpi
+    (and, with graph rows, of the graph replays)."""
+    pairs = gain_pairs(labels_of(study))
+    if not pairs:
+        return False
+    return _plot_pair_ratios(study, path, plt, pairs, lambda pr: PAIR_COLOURS.get(pr, "grey"),
+                             "time of the other / stream-gated time",
+                             "Stream-gated gain (above 1: stream_gated faster)", 4, fontsize=9)
 
 
 def plot_latency(study, path, plt):
