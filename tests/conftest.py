@@ -59,3 +59,20 @@ def _restore_cli_environment():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+# settings that steer a launched process's grid, transports, backend, faults and sums: a test states its own
+LAUNCH_CLEARED = ("HMC_GRID", "HMC_P2P_TRANSPORT", "HMC_P2P_MASK", "HMC_P2P_FAKE_CLIQUE", "HMC_P2P_FORCE_FLUSH",
+                  "HMC_P2P_DATA", "HMC_P2P_ALLOC", "HMC_P2P_FABRIC", "HMC_PARTITION", "HMC_COMMS_TIMEOUT",
+                  "HMC_FAULT_INJECT", "HMC_MPIEXEC", "HMC_BACKEND", "HMC_SOLVER_SUMS")
+
+
+def launch_env(extra=None) -> dict:
+    """The environment of a process a test launches (mpiexec or python): this one's, without the settings in
+    LAUNCH_CLEARED, with Open MPI allowed as root and its osc/ucx component off, the project on PYTHONPATH, unbuffered
+    output; then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_CLEARED}
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_osc": "^ucx",
+                "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1"})
+    env.update(extra or {})
+    return env

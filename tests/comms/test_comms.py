@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, launch_env
 
 pytestmark = pytest.mark.mpi
 
@@ -28,14 +27,7 @@ LAUNCH_TIMEOUT = 120
 
 
 def _env(extra=None):
-    env = dict(os.environ)
-    for k in ("HMC_GRID", "HMC_P2P_TRANSPORT", "HMC_P2P_MASK", "HMC_P2P_FAKE_CLIQUE", "HMC_PARTITION",
-              "HMC_COMMS_TIMEOUT", "HMC_FAULT_INJECT"):
-        env.pop(k, None)
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_osc": "^ucx",
-                "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1"})
-    env.update(extra or {})
-    return env
+    return launch_env(extra)
 
 
 def launch(n, args, env=None, timeout=LAUNCH_TIMEOUT, check=True, mpmd=None):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, launch_env
 
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
@@ -47,18 +47,7 @@ def mps():
 
 
 def _env(mps, extra=None):
-    env = dict(os.environ)
-    for k in ("HMC_GRID", "HMC_P2P_TRANSPORT", "HMC_P2P_MASK", "HMC_P2P_FAKE_CLIQUE", "HMC_PARTITION",
-              "HMC_COMMS_TIMEOUT", "HMC_P2P_FORCE_FLUSH", "HMC_P2P_DATA", "HMC_BACKEND", "HMC_P2P_ALLOC",
-              "HMC_P2P_FABRIC"):
-        env.pop(k, None)
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_osc": "^ucx",
-                "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1",
-                "HMC_COMMS_TIMEOUT": "60"})
-    if mps:
-        env.update(mps.vars)
-    env.update(extra or {})
-    return env
+    return launch_env({"HMC_COMMS_TIMEOUT": "60", **(mps.vars if mps else {}), **(extra or {})})
 
 
 def launch(n, args, mps, env=None, check=True):

@@ -5,7 +5,6 @@ a difference of actions ~1e3, to 1e-12 of the Hamiltonian), and every CG iterati
 Launched with mpiexec, always with a timeout, as tests/comms."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, launch_env
 from tests.hmc.hisq211_decks import short_hisq211_deck
 
 pytestmark = pytest.mark.mpi
@@ -27,13 +26,7 @@ DECK = short_hisq211_deck("RHMC 2+1+1 on 1, 2 and 4 ranks", 2468)
 
 
 def _env():
-    env = dict(os.environ)
-    for k in ("HMC_GRID", "HMC_P2P_TRANSPORT", "HMC_P2P_MASK", "HMC_PARTITION", "HMC_COMMS_TIMEOUT", "HMC_FAULT_INJECT",
-              "HMC_BACKEND"):
-        env.pop(k, None)
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_osc": "^ucx",
-                "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1"})
-    return env
+    return launch_env()
 
 
 def launch(n, args):

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, launch_env
 
 pytestmark = pytest.mark.mpi
 
@@ -30,15 +30,7 @@ TINY = ["--lattice", "4", "4", "4", "4", "--repeats", "2", "--min-time", "0.01",
 
 
 def _env(extra=None):
-    env = dict(os.environ)
-    for k in ("HMC_GRID", "HMC_P2P_TRANSPORT", "HMC_P2P_MASK", "HMC_P2P_FAKE_CLIQUE", "HMC_PARTITION",
-              "HMC_COMMS_TIMEOUT", "HMC_FAULT_INJECT", "HMC_MPIEXEC", "HMC_BACKEND"):
-        env.pop(k, None)
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_osc": "^ucx",
-                "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1",
-                "MPLBACKEND": "Agg"})
-    env.update(extra or {})
-    return env
+    return launch_env({"MPLBACKEND": "Agg", **(extra or {})})
 
 
 def hmc(args, env=None, timeout=300):

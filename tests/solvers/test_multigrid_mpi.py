@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, fixture_path
+from tests.conftest import ROOT, fixture_path, launch_env
 
 pytestmark = pytest.mark.mpi
 
@@ -29,14 +29,7 @@ RTOL = 1e-12
 
 
 def _env():
-    env = dict(os.environ)
-    for k in ("HMC_GRID", "HMC_P2P_TRANSPORT", "HMC_P2P_MASK", "HMC_PARTITION", "HMC_COMMS_TIMEOUT", "HMC_BACKEND",
-              "HMC_SOLVER_SUMS"):
-        env.pop(k, None)
-    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_osc": "^ucx",
-                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")})
-    return env
+    return launch_env({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
 
 
 def launch(n, out, *args):
