@@ -14,6 +14,7 @@ from hmc.momenta import random_momenta
 from lattice import CounterRNG, GaugeField, Geometry, su3
 from solvers.multigrid.shifts import MultigridShifts
 from tests.conftest import fixture_path
+from tests.hmc.hisq211_decks import LIGHT, cgresid_triples, hisq211_deck
 
 TOL = 1e-10
 
@@ -57,36 +58,12 @@ def test_light_shifts_by_multigrid_agree_with_all_cg():
 
 
 def deck_text(rationals, multigrid="", cgresid="1e-10", grid="[1, 1, 1, 1]"):
-    triple = f"[1e-8, {cgresid}, {cgresid}]"
-    return f"""
-[run]
-seed = 86658
-trajectories = 1
-rng = "philox"
-[lattice]
-dims = [4, 4, 4, 4]
-grid = {grid}
-[gauge]
-action = "symanzik"
-beta = 6.7
-u0 = 0.89
-quark_loops = "hisq"
-nf = 4
-[fermions]
-rationals = "{rationals}"
-dyn_mass = [0.01, 0.05, 0.5]
-dyn_flavors = [2, 1, 1]
-cgresid_md_fa_gr = [{', '.join([triple] * 5)}]
-pbp_masses = [0.01]
-pbp_error = 1e-10
-{multigrid}
-[integrator]
-scheme = "3g1f"
-steps = 2
-tau = 0.1
-link_exponential = "taylor8"
-reunitarize = "cycle"
-"""
+    return hisq211_deck(LIGHT, {
+        "run": {"seed": "86658", "trajectories": "1", "rng": '"philox"', "start": None},
+        "lattice": {"grid": grid},
+        "fermions": {"rationals": f'"{rationals}"', "cgresid_md_fa_gr": cgresid_triples("1e-8", cgresid),
+                     "pbp_masses": "[0.01]", "pbp_error": "1e-10"},
+    }, extra={"fermions": multigrid})
 
 
 def test_deck_multigrid_section_and_bad_blocks():

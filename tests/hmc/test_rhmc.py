@@ -20,6 +20,7 @@ from hmc.runfile import load
 from hmc.trajectory import hamiltonian, molecular_dynamics, reversibility_check
 from lattice import CounterRNG, GaugeField, Geometry, su3
 from tests.conftest import ROOT, fixture_path
+from tests.hmc.hisq211_decks import LIGHT, cgresid_triples, hisq211_deck
 
 TIGHT = 1e-12
 REFS = ROOT / "runs" / "references"
@@ -135,32 +136,10 @@ def test_rhmc_energy_violation_scales_as_eps_squared():
 # -- decks and run files -------------------------------------------------------------------------------------------
 
 def small_deck(rationals, rng="milc", extra=""):
-    return f"""
-[run]
-seed = 86658
-trajectories = 2
-rng = "{rng}"
-[lattice]
-dims = [4, 4, 4, 4]
-[gauge]
-action = "symanzik"
-beta = 6.7
-u0 = 0.89
-quark_loops = "hisq"
-nf = 4
-[fermions]
-rationals = "{rationals}"
-dyn_mass = [0.01, 0.05, 0.5]
-dyn_flavors = [2, 1, 1]
-cgresid_md_fa_gr = [[1e-6, 1e-6, 1e-6], [1e-6, 1e-6, 1e-6], [1e-6, 1e-6, 1e-6], [1e-6, 1e-6, 1e-6], [1e-6, 1e-6, 1e-6]]
-{extra}
-[integrator]
-scheme = "3g1f"
-steps = 2
-tau = 0.1
-link_exponential = "taylor8"
-reunitarize = "cycle"
-"""
+    return hisq211_deck(LIGHT, {
+        "run": {"seed": "86658", "rng": f'"{rng}"', "start": None},
+        "fermions": {"rationals": f'"{rationals}"', "cgresid_md_fa_gr": cgresid_triples("1e-6")},
+    }, extra={"fermions": extra})
 
 
 def test_deck_checks_the_rational_functions(tmp_path, capsys):

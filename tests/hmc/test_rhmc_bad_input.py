@@ -10,37 +10,17 @@ from hmc.cli import main
 from hmc.rhmc import FermionMonomial
 from hmc.runfile import load
 from tests.conftest import ROOT, fixture_path
+from tests.hmc.hisq211_decks import cgresid_triples, hisq211_deck
 
 RATIONALS = ROOT / "runs" / "rationals" / "rationals.hisq211_b580"
 
 
 def deck(rationals=RATIONALS, masses="[0.013, 0.065, 0.838]", extra="", run_extra=""):
     """A cheap 4^4 2+1+1 deck (the production masses and rational functions, short trajectories)."""
-    return f"""
-[run]
-seed = 77
-trajectories = 2
-start = "cold"
-{run_extra}
-[lattice]
-dims = [4, 4, 4, 4]
-[gauge]
-action = "symanzik"
-beta = 5.8
-u0 = 0.85535
-quark_loops = "hisq"
-nf = 4
-[fermions]
-rationals = "{rationals}"
-dyn_mass = {masses}
-dyn_flavors = [2, 1, 1]
-cgresid_md_fa_gr = [[1e-8, 1e-8, 1e-8], [1e-8, 1e-8, 1e-8], [1e-8, 1e-8, 1e-8], [1e-8, 1e-8, 1e-8], [1e-8, 1e-8, 1e-8]]
-{extra}
-[integrator]
-scheme = "3g1f"
-steps = 2
-tau = 0.1
-"""
+    return hisq211_deck({
+        "run": {"seed": "77"},
+        "fermions": {"rationals": f'"{rationals}"', "dyn_mass": masses, "cgresid_md_fa_gr": cgresid_triples("1e-8")},
+    }, extra={"run": run_extra, "fermions": extra})
 
 
 def init_fails(tmp_path, capsys, text, *opts):
