@@ -11,6 +11,7 @@ a halo exchange (comms.halo): exact data movement, so every result is bitwise th
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -148,8 +149,35 @@ def _slab(axis: int, start: int, stop: int) -> tuple:
     return (slice(None),) * axis + (slice(start, stop),)
 
 
+def device_engine(engine) -> bool:
+    """Whether a halo engine exchanges device arrays (comms.cuda.transports.GpuHaloEngine: ``start`` takes CuPy
+    faces, ``finish`` returns CuPy arrays). Looked up in ``sys.modules``, so a CPU-only run never imports the CUDA
+    modules: an engine of that class exists only once its module was imported."""
+    mod = sys.modules.get("comms.cuda.transports")
+    cls = getattr(mod, "GpuHaloEngine", None) if mod is not None else None
+    return cls is not None and isinstance(engine, cls)
+
+
+def _staging(geom):
+    """How faces travel: "device" (CuPy faces to a GPU engine: no host copy), "host" (CuPy fields through a CPU
+    engine: staged through NumPy) or "numpy" (NumPy fields)."""
+    if not geom.backend.is_gpu:
+        return "numpy"
+    return "device" if device_engine(geom.grid.halo) else "host"
+
+
+def _send(face, staging):
+    if staging == "device":
+        return face if face.flags.c_contiguous else face.copy()    # contiguous: the copy engine reads it directly
+    if staging == "host":
+        return face.get()
+    return face
+
+
 class ShiftHandle:
-    """A shift in flight (:meth:`Geometry.shift_start`)."""
+    """A shift in flight (:meth:`Geometry.shift_start`). On the GPU with a GPU halo engine (HMC_P2P_TRANSPORT
+    event or stream_gated) the face goes device to device; the engine may read ``f`` until :meth:`finish`, so
+    ``f`` must not be written before then."""
 
     def __init__(self, geom: Geometry, f, mu: int, step: int):
         self.geom, self.mu, self.step = geom, mu, int(step)
@@ -163,10 +191,10 @@ class ShiftHandle:
         self.ex = None
         if k == 0:
             return
-        be = geom.backend
+        self.staging = _staging(geom)
         face = f[_slab(axis, 0, k)] if sign > 0 else f[_slab(axis, n - k, n)]
         self.dir = 0 if sign > 0 else 1     # step > 0 needs the forward neighbour's first slabs: it sends them back
-        self.ex = geom.grid.halo.start({(mu, self.dir): be.to_numpy(face) if be.is_gpu else face})
+        self.ex = geom.grid.halo.start({(mu, self.dir): _send(face, self.staging)})
 
     def finish(self):
         xp, f = self.geom.xp, self.f
@@ -176,20 +204,21 @@ class ShiftHandle:
         n, k = self.n, self.k
         dest = g[_slab(self.axis, n - k, n)] if self.sign > 0 else g[_slab(self.axis, 0, k)]
         key = (self.mu, 1 - self.dir)
-        if self.geom.backend.is_gpu:
-            dest[...] = xp.asarray(self.ex.finish()[key])
-        else:
+        if self.staging == "numpy":
             self.ex.finish({key: dest})
+        else:                               # device: the engine's CuPy face; host: the NumPy face, uploaded
+            dest[...] = xp.asarray(self.ex.finish()[key])
         return g
 
 
 class HaloHandle:
-    """A full halo exchange in flight (:meth:`Geometry.halo_start`)."""
+    """A full halo exchange in flight (:meth:`Geometry.halo_start`); faces device to device with a GPU engine, as
+    in :class:`ShiftHandle` (``f`` must not be written before :meth:`finish`)."""
 
     def __init__(self, geom: Geometry, f, depth: int, dims=None):
         self.geom = geom
         dims = [mu for mu in range(4) if geom.grid.partitioned[mu]] if dims is None else list(dims)
-        be = geom.backend
+        self.staging = _staging(geom)
         sends = {}
         for mu in dims:
             axis = site_axis(mu)
@@ -197,12 +226,23 @@ class HaloHandle:
             if not 1 <= depth <= n:
                 raise GeometryError(f"halo depth {depth} is not in 1..{n}, the local extent in direction {DIRS[mu]}")
             lo, hi = f[_slab(axis, 0, depth)], f[_slab(axis, n - depth, n)]
-            sends[(mu, 0)] = be.to_numpy(lo) if be.is_gpu else lo
-            sends[(mu, 1)] = be.to_numpy(hi) if be.is_gpu else hi
+            sends[(mu, 0)] = _send(lo, self.staging)
+            sends[(mu, 1)] = _send(hi, self.staging)
         self.ex = geom.grid.halo.start(sends)
 
-    def finish(self) -> dict:
+    def finish(self, out: dict | None = None) -> dict:
+        """{(mu, side): face} as :meth:`Geometry.halo`; ``out`` (optional) holds arrays of the fields' kind to
+        receive some faces in place (the GPU engine copies a contiguous one straight from its buffer)."""
+        if self.staging != "host":
+            return self.ex.finish(out)
         got = self.ex.finish()
-        if self.geom.backend.is_gpu:
-            return {k: self.geom.xp.asarray(v) for k, v in got.items()}
-        return got
+        xp = self.geom.xp
+        res = {}
+        for key, face in got.items():
+            dest = None if out is None else out.get(key)
+            if dest is None:
+                res[key] = xp.asarray(face)
+            else:
+                dest[...] = xp.asarray(face)
+                res[key] = dest
+        return res

@@ -12,11 +12,17 @@ index table:
 * :func:`block_apply`: out(h, s, c) = sum_{s', c'} X_h[(s, c), (s', c')] v(site(h, s'), c'), the 48x48 block of
   hypercube h applied in place of the (to_blocks, matmul, from_blocks) sequence.
 
-Both are used when the fields are CuPy arrays and no dimension of the lattice is partitioned (one rank; with
-halos the array path keeps the exchange through ``comms``). ``HMC_MG_KERNELS=0`` (or :func:`set_kernels`) turns
-them off. The index tables are built with NumPy (:func:`neighbour_table`, :func:`hypercube_table`);
-:func:`stencil_reference` and :func:`block_apply_reference` are the same contractions with NumPy fancy indexing,
-which the CPU tests compare with the array path (the tables are right) and the GPU test with the kernels.
+Both serve CuPy fields of complex128 on any process grid. X^-1 is site-local (the hypercubes tile the local
+volume). The stencil on a grid with partitioned dimensions reads an *extended* array: the local sites (flat, in
+order) followed by the faces received in ONE depth-1 halo exchange over the partitioned dimensions
+(:func:`extended`, through ``comms``: every transport, device to device with the GPU engine), with the
+neighbour table :class:`HaloTable` pointing into it (built once per lattice with NumPy) - the same kernel.
+``HMC_MG_KERNELS=0`` (or :func:`set_kernels`) turns them off. The index tables are built with NumPy
+(:func:`neighbour_table`, :func:`hypercube_table`, :class:`HaloTable`); :func:`stencil_reference` and
+:func:`block_apply_reference` are the same contractions with NumPy fancy indexing, which the CPU tests compare with
+the array path (the tables are right) and the GPU test with the kernels. :func:`set_emulation` (a testing hook)
+sends NumPy fields through the kernel path with the references in place of the kernels, so that CPU runs under
+mpiexec check the whole distributed route (tables, exchange, operator plumbing, timing) against the array path.
 """
 from __future__ import annotations
 
@@ -24,9 +30,12 @@ import os
 
 import numpy as np
 
+from lattice.geometry import HaloHandle, site_axis
+
+from . import timing
 from .lattice import to_blocks
 
-_STATE = {"on": os.environ.get("HMC_MG_KERNELS", "1") != "0"}
+_STATE = {"on": os.environ.get("HMC_MG_KERNELS", "1") != "0", "emulate": False}
 _MODULE = {}
 
 _SOURCE = r"""
@@ -80,9 +89,17 @@ def set_kernels(on: bool) -> bool:
     return old
 
 
+def set_emulation(on: bool) -> bool:
+    """Testing hook: NumPy fields take the kernel path too, with :func:`stencil_reference` and
+    :func:`block_apply_reference` in place of the kernels; returns the previous setting."""
+    old, _STATE["emulate"] = _STATE["emulate"], bool(on)
+    return old
+
+
 def applies(geom, *arrays) -> bool:
-    """Whether the kernels serve these fields: CuPy arrays of complex128, switched on, no partitioned dimension."""
-    if not _STATE["on"] or not geom.backend.is_gpu or any(geom.grid.partitioned):
+    """Whether the kernels serve these fields: switched on, CuPy arrays (NumPy ones under :func:`set_emulation`)
+    of complex128, on any process grid (partitioned dimensions: :func:`extended` and :class:`HaloTable`)."""
+    if not _STATE["on"] or not (geom.backend.is_gpu or _STATE["emulate"]):
         return False
     return all(a.dtype == np.complex128 for a in arrays)
 
@@ -123,6 +140,75 @@ def hypercube_table(geom) -> np.ndarray:
     return np.ascontiguousarray(to_blocks(ids, (2, 2, 2, 2))).astype(np.int64)
 
 
+class HaloTable:
+    """The neighbour table of the stencil on a grid with partitioned dimensions, into the *extended* array: rows
+    0..nsite-1 are the local sites (flat, x fastest), then for each partitioned mu (increasing) the face received
+    from the backward neighbour (its last slab, side 0) and the one from the forward neighbour (its first slab,
+    side 1), each in the C order of the face array (the local site shape with extent 1 along mu), as
+    :meth:`lattice.Geometry.halo` delivers them at depth 1.
+
+    ``nb`` (9, nsite): as :func:`neighbour_table`, except that x + mu of a site on the last local slab of a
+    partitioned mu is the row of that site's transverse position in the side-1 face, and x - mu of a site on the
+    first slab the row in the side-0 face (a local extent 1 sends both hops to faces). ``faces``: ((mu, side),
+    first row, face site shape) in extended order; ``rows``: nsite plus every face's sites. Built with NumPy."""
+
+    def __init__(self, geom):
+        shape = tuple(int(n) for n in geom.shape)
+        self.nsite = int(np.prod(shape))
+        self.dims = [mu for mu in range(4) if geom.grid.partitioned[mu]]
+        nb = neighbour_table(geom)
+        sites = nb.reshape((9,) + shape)                      # views: writing them writes nb
+        self.faces = []
+        row = self.nsite
+        for mu in self.dims:
+            axis = site_axis(mu)
+            n = shape[axis]
+            fshape = shape[:axis] + (1,) + shape[axis + 1:]
+            pos = np.arange(int(np.prod(fshape)), dtype=np.int64).reshape(fshape)
+            for side, d, first in ((0, 2 + 2 * mu, 0), (1, 1 + 2 * mu, n - 1)):
+                idx = (slice(None),) * axis + (slice(first, first + 1),)
+                sites[d][idx] = row + pos
+                self.faces.append(((mu, side), row, fshape))
+                row += pos.size
+        self.rows = row
+        self.nb = np.ascontiguousarray(nb)
+
+
+def tables(geom, xp, what: str):
+    """An index table of ``geom`` as an ``xp`` array, built once per lattice and process-grid layout (cached on
+    the geometry). ``what``: "stencil" -> (nb, HaloTable or None): :func:`neighbour_table` on a grid without
+    partitioned dimensions, else :class:`HaloTable` and its ``nb``; "hypercubes" -> :func:`hypercube_table`."""
+    part = tuple(bool(p) for p in geom.grid.partitioned)
+    key = (what, tuple(geom.shape), part if what == "stencil" else None, xp.__name__)
+    cache = geom.__dict__.setdefault("_mg_tables", {})
+    if key not in cache:
+        if what == "hypercubes":
+            cache[key] = xp.asarray(hypercube_table(geom))
+        elif any(part):
+            halo = HaloTable(geom)
+            cache[key] = (xp.asarray(halo.nb), halo)
+        else:
+            cache[key] = (xp.asarray(neighbour_table(geom)), None)
+    return cache[key]
+
+
+def extended(geom, table: HaloTable, w):
+    """The extended array of ``w`` (*sites, n[, k]) for :class:`HaloTable` ``table``: (rows, n[, k]), the local
+    sites copied first, then the faces of one depth-1 halo exchange over ``table.dims``
+    (:class:`lattice.geometry.HaloHandle`: comms, every transport; with the GPU engine device to device, each face
+    received straight into its rows). The exchange is charged to the active level clock as one halo exchange
+    (:mod:`.timing`; its clock readings synchronize the device while timing is on)."""
+    xp = geom.xp
+    rest = tuple(w.shape[4:])
+    ext = xp.empty((table.rows,) + rest, dtype=w.dtype)
+    ext[:table.nsite] = w.reshape((table.nsite,) + rest)
+    views = {key: ext[row:row + int(np.prod(fshape))].reshape(fshape + rest) for key, row, fshape in table.faces}
+    t0 = timing.now()
+    HaloHandle(geom, w, 1, table.dims).finish(views)
+    timing.charge_halo(timing.now() - t0)
+    return ext
+
+
 # ------------------------------------------------------------------------------------------------ the kernels
 def _columns(v, nsite, n):
     batched = v.ndim == 6
@@ -131,25 +217,31 @@ def _columns(v, nsite, n):
     return batched, k, w.reshape(nsite, n, k)
 
 
-def stencil(Y, v, nb):
+def stencil(Y, v, nb, ext=None):
     """The 9-point stencil by one kernel: Y (9, *sites, n, n), v (*sites, n[, k]), nb the device copy of
-    :func:`neighbour_table`."""
+    :func:`neighbour_table`; or, on partitioned grids, ``ext`` the :func:`extended` array of v and nb the device
+    copy of ``HaloTable.nb`` (the kernel reads the neighbours from ext). NumPy fields (:func:`set_emulation`):
+    :func:`stencil_reference`."""
+    if isinstance(v, np.ndarray):
+        return stencil_reference(Y, v, nb, ext)
     import cupy as cp
 
     nsite = int(nb.shape[1])
     n = int(Y.shape[-1])
     batched, k, w = _columns(v, nsite, n)
-    w = cp.ascontiguousarray(w)
+    src = cp.ascontiguousarray(w if ext is None else ext.reshape(-1, n, k))
     Yc = cp.ascontiguousarray(Y)
-    out = cp.empty_like(w)
+    out = cp.empty((nsite, n, k), dtype=src.dtype)
     total = nsite * n * k
-    _kernel("mg_stencil")(_grid(total), (BLOCK,), (Yc, w, nb, out, np.int64(nsite), np.int32(n), np.int32(k)))
+    _kernel("mg_stencil")(_grid(total), (BLOCK,), (Yc, src, nb, out, np.int64(nsite), np.int32(n), np.int32(k)))
     return out.reshape(v.shape)
 
 
 def block_apply(X, v, hc):
     """X_h applied to every hypercube h by one kernel: X (hypercubes, 48, 48), v (*sites, 3[, k]), hc the device
-    copy of :func:`hypercube_table`."""
+    copy of :func:`hypercube_table`. NumPy fields (:func:`set_emulation`): :func:`block_apply_reference`."""
+    if isinstance(v, np.ndarray):
+        return block_apply_reference(X, v, hc)
     import cupy as cp
 
     nhc = int(hc.shape[0])
@@ -164,15 +256,17 @@ def block_apply(X, v, hc):
 
 
 # ------------------------------------------------------------------------------------------------ references
-def stencil_reference(Y, v, nb):
-    """:func:`stencil` with array indexing (NumPy or CuPy): the same contraction, the same table."""
+def stencil_reference(Y, v, nb, ext=None):
+    """:func:`stencil` with array indexing (NumPy or CuPy): the same contraction, the same table (rows of ``ext``,
+    the :func:`extended` array, when given; else of v)."""
     nsite = int(nb.shape[1])
     n = int(Y.shape[-1])
     batched, k, w = _columns(v, nsite, n)
+    src = w if ext is None else ext.reshape(-1, n, k)
     Yf = Y.reshape(9, nsite, n, n)
     out = 0
     for d in range(9):
-        out = out + Yf[d] @ w[nb[d]]
+        out = out + Yf[d] @ src[nb[d]]
     return out.reshape(v.shape)
 
 

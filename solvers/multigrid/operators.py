@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from . import cuda as _cuda
+from . import timing
 from .lattice import bmm, from_blocks, to_blocks
 
 HYPERCUBE = (2, 2, 2, 2)
@@ -128,10 +129,8 @@ class KDBlocks:
         self.nhc = nhc
 
     def _blockwise(self, mats, v):
-        if _cuda.applies(self.geom, mats, v):                          # one kernel (solvers.multigrid.cuda)
-            if getattr(self, "_hc", None) is None:
-                self._hc = self.xp.asarray(_cuda.hypercube_table(self.geom))
-            return _cuda.block_apply(mats, v, self._hc)
+        if _cuda.applies(self.geom, mats, v):              # one kernel (solvers.multigrid.cuda); site-local: any grid
+            return _cuda.block_apply(mats, v, _cuda.tables(self.geom, self.xp, "hypercubes"))
         batched = v.ndim == 6
         g = to_blocks(_col(v, batched), HYPERCUBE)                    # (nhc, 16, 3, k)
         k = g.shape[-1]
@@ -162,6 +161,8 @@ class LevelOperator:
         self.dof = 3
         self.dtype = M.dtype
         self.flops_per_apply = M.flops + (0 if kd is None else 8 * 48 * 48 * kd.nhc)
+        if self.geom.backend.is_gpu:
+            timing.use_device(self.geom.backend.synchronize)      # the level clocks' readings (timing.now)
 
     @property
     def shape(self):
@@ -225,6 +226,8 @@ class CoarseOperator:
         self.level = level
         self._adj = None
         self.flops_per_apply = 9 * 8 * self.n * self.n * cgeom.volume
+        if cgeom.backend.is_gpu:
+            timing.use_device(cgeom.backend.synchronize)
 
     @property
     def shape(self):
@@ -237,9 +240,11 @@ class CoarseOperator:
     def _stencil(self, Y, v):
         geom = self.geom
         if _cuda.applies(geom, Y, v):                                 # one kernel (solvers.multigrid.cuda)
-            if getattr(self, "_nb", None) is None:
-                self._nb = self.xp.asarray(_cuda.neighbour_table(geom))
-            return _cuda.stencil(Y, v, self._nb)
+            nb, halo = _cuda.tables(geom, self.xp, "stencil")
+            if halo is None:
+                return _cuda.stencil(Y, v, nb)
+            ext = _cuda.extended(geom, halo, v)                       # one halo exchange, then the same kernel
+            return _cuda.stencil(Y, v, nb, ext)
         batched = v.ndim == 6
         w = _col(v, batched)
         xp = self.xp

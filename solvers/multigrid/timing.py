@@ -8,11 +8,21 @@ each level is reported split three ways. The solver makes the clock of the level
 * :meth:`lattice.CoarseGeometry.shift` on a partitioned dimension (the coarse stencil's halo exchange through
   ``comms``, whatever the transport): ``halo``.
 
+* :func:`cuda.extended` (the one exchange of the coarse stencil kernel on a partitioned grid): ``halo``.
+
 A level's compute time is its exclusive wall time less the two. The fine levels' halo exchange happens inside the
 staggered operator (its own overlapped exchange), so it is part of their compute time here.
+
+On the GPU, work is queued: a host clock read around an exchange would see the enqueue of a device-to-device
+transfer (event, stream_gated), and a reduction's copy to the host would absorb every kernel queued before it.
+While timing is on - a level clock is active and a GPU operator has registered its stream
+(:func:`use_device`) - :func:`now` therefore synchronizes the current stream before reading the clock, so that
+the time between two readings is that communication's own. ``HMC_MG_TIMING_SYNC=0`` (or :func:`set_sync`)
+skips the synchronizations (the split then shows host-side times).
 """
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 
@@ -63,4 +73,24 @@ def charge_reduce(seconds: float):
         c.reduce_count += 1
 
 
-now = time.perf_counter
+_SYNC = {"on": os.environ.get("HMC_MG_TIMING_SYNC", "1") != "0", "device": None}
+
+
+def use_device(synchronize):
+    """Register the device stream's ``synchronize`` (a GPU level operator does, once built)."""
+    _SYNC["device"] = synchronize
+
+
+def set_sync(on: bool) -> bool:
+    """Synchronize the device at clock readings while timing is on (True, the default) or never; returns the
+    previous setting."""
+    old, _SYNC["on"] = _SYNC["on"], bool(on)
+    return old
+
+
+def now() -> float:
+    """time.perf_counter(), after synchronizing the registered device stream while timing is on (see above)."""
+    sync = _SYNC["device"]
+    if sync is not None and _SYNC["on"] and current() is not None:
+        sync()
+    return time.perf_counter()
