@@ -2,6 +2,7 @@
 
     hmc scaling --lattice 16 16 16 16 --ranks 1 2 4 8 --transports mpi shm --what halo,dslash,cg -o study.h5
     hmc --backend cupy scaling --lattice 16^4 --ranks 1 2 4 --transports mpi event stream_gated --graph --mps ...
+    hmc --backend cupy scaling --lattice 32^4 --ranks 1 2 4 8 --transports event stream_gated --what rhmc ...
     hmc scaling report study.h5 [-o DIR]
 
 For every lattice, the study runs one 1-rank configuration (the serial baseline and the reference answers; no halo,
@@ -27,7 +28,8 @@ File layout (``format = "hmc-scaling/1"``):
 
 * ``/`` attributes: ``created``, ``updated``, ``git_commit``, ``git_dirty``, ``machine`` (JSON: host, CPU, cores,
   memory, GPU model and driver), ``launcher``, ``launcher_version``, ``versions`` (JSON), ``parameters`` (JSON:
-  what, repeats, cg_iters, mass, min_time, halo_sizes, traj_steps, backend, threads), ``transport_table`` (JSON:
+  what, repeats, cg_iters, mass, min_time, halo_sizes, traj_steps, backend, threads, rhmc_tau),
+  ``transport_table`` (JSON:
   what each transport of the study is: data path, completion signal, host in the loop), ``env_hooks`` (JSON:
   HMC_P2P_MASK, HMC_P2P_FAKE_CLIQUE, HMC_COMMS_TIMEOUT as set), ``command``, ``graph`` (bool), ``mps`` (JSON:
   asked, ran, why, servers, pipe_directory).
@@ -41,14 +43,16 @@ File layout (``format = "hmc-scaling/1"``):
   ``command``, ``answers`` (JSON), ``answers_agree`` (bool) and ``answers_note`` (against the 1-rank run of the
   lattice). String datasets ``transport_table`` (JSON rows: rank, coords, link, peer, transport, reason) and
   ``transport_table_text`` (as printed at start-up). One subgroup per operation (``halo``, ``dslash``, ``cg``,
-  ``trajectory``): dataset ``samples_s`` (seconds per operation, one per repeat), dataset ``phases`` (ranks x
-  phases, seconds per operation; attributes ``names``, ``clock``), on GPUs also ``wall_samples_s`` (host wall
-  time beside the device-event samples) and ``phases_host``; attributes ``median_s``, ``min_s``, ``max_s``, ``q1_s``,
-  ``q3_s``, ``reps``, ``repeats``, ``speedup`` and ``efficiency`` (against the 1-rank run) and the operation's own
-  (``flops``, ``bytes``, ``iterations``, ``depth``, ...). Dataset ``latency`` (compound rows: L, sites, bytes,
-  one_way_us, round_trip_us, host_us, bandwidth_MBps) when the latency sweep ran.
+  ``trajectory``, ``rhmc``): dataset ``samples_s`` (seconds per operation, one per repeat), dataset ``phases``
+  (ranks x phases, seconds per operation; attributes ``names``, ``clock``; for ``rhmc`` the trajectory's own phases:
+  solves GR/FA/MD, fermion links, fermion force, gauge force, link updates, other), on GPUs also
+  ``wall_samples_s`` (host wall time beside the device-event samples) and ``phases_host``; attributes
+  ``median_s``, ``min_s``, ``max_s``, ``q1_s``, ``q3_s``, ``reps``, ``repeats``, ``speedup`` and ``efficiency``
+  (against the 1-rank run) and the operation's own (``flops``, ``bytes``, ``iterations``, ``depth``, ...).
+  Dataset ``latency`` (compound rows: L, sites, bytes, one_way_us, round_trip_us, host_us, bandwidth_MBps) when the
+  latency sweep ran.
 * ``/summary``: one compound row per configuration (key, lattice, ranks, transport, status, grid, local, median
-  seconds per operation, dslash and CG efficiency, answers_agree), rebuilt at every write.
+  seconds per operation, dslash, CG and RHMC-trajectory efficiency, answers_agree), rebuilt at every write.
 """
 from __future__ import annotations
 
@@ -69,17 +73,20 @@ from pathlib import Path
 
 import numpy as np
 
+from .scaling_worker import RHMC_TAU
+
 ROOT = Path(__file__).resolve().parents[1]
 FORMAT = "hmc-scaling/1"
 CPU_TRANSPORTS = ("mpi", "shm")
 GPU_TRANSPORTS = ("event", "stream_gated")
 ALL_TRANSPORTS = CPU_TRANSPORTS + GPU_TRANSPORTS
-OPS = ("halo", "dslash", "cg", "mg", "trajectory")
+OPS = ("halo", "dslash", "cg", "mg", "trajectory", "rhmc")
+OP_NAMES = "halo, dslash, cg, trajectory, rhmc"          # what --what takes (mg: refused, see parse_what)
 DEFAULT_WHAT = ("halo", "dslash", "cg")
 PHASE_NAMES = ("halo_start", "halo_wait", "halo_finish", "local_shift", "reductions", "compute")
 # the parameters a resumed study must share with the file (they change what a number means)
 MEASUREMENT_KEYS = ("what", "repeats", "cg_iters", "mass", "min_time", "halo_sizes", "traj_steps", "backend",
-                    "threads")
+                    "threads", "rhmc_tau")
 
 TRANSPORT_TABLE = {
     "serial": {"data": "none (one process, no partitioned dimension)", "signal": "-", "host_in_loop": "-",
@@ -128,7 +135,8 @@ def add_parser(sub) -> None:
                    help="GPU ranks sharing a GPU: start the CUDA MPS control daemon for the study (private pipe "
                         "folder), stop it at the end, record whether it ran")
     p.add_argument("--what", nargs="+", default=[",".join(DEFAULT_WHAT)], metavar="OPS",
-                   help="operations, comma-separated: halo, dslash, cg, trajectory (mg: not yet); "
+                   help="operations, comma-separated: halo, dslash, cg, trajectory (pure-gauge HMC), rhmc (one "
+                        "short HISQ 2+1+1 RHMC trajectory, one per timed loop: slow) (mg: not yet); "
                         "default halo,dslash,cg")
     p.add_argument("--repeats", type=int, default=5, help="timed loops per operation (median and spread; default 5)")
     p.add_argument("--min-time", type=float, default=0.2,
@@ -138,7 +146,8 @@ def add_parser(sub) -> None:
     p.add_argument("--halo-sizes", type=int, nargs="*", default=[2, 4, 8, 16], metavar="L",
                    help="latency sweep: faces of L^3 sites (default 2 4 8 16; none: no sweep)")
     p.add_argument("--traj-steps", type=int, default=4,
-                   help="Omelyan steps (even) of the 'trajectory' operation (default 4)")
+                   help=f"integrator steps (even) of the 'trajectory' (Omelyan) and 'rhmc' (3G1F, tau {RHMC_TAU:g}) "
+                        "operations (default 4)")
     p.add_argument("--threads", type=int, default=1, help="threads per rank (OMP/OpenBLAS/MKL; default 1)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one configuration may take (default 1800)")
     p.add_argument("--launcher", help="launch command, '{n}' = rank count (default $HMC_MPIEXEC, else mpiexec; "
@@ -222,14 +231,14 @@ def parse_lattices(groups) -> list:
 def parse_what(values) -> list:
     names = [w.strip().lower() for v in values for w in v.replace(",", " ").split() if w.strip()]
     if not names:
-        raise ScalingError("--what is empty: give some of halo, dslash, cg, trajectory")
+        raise ScalingError(f"--what is empty: give some of {OP_NAMES}")
     for w in names:
         if w not in OPS:
-            raise ScalingError(f"--what {w!r}: unknown operation; use halo, dslash, cg, trajectory")
+            raise ScalingError(f"--what {w!r}: unknown operation; use {OP_NAMES}")
         if w == "mg":
             raise ScalingError("--what mg: hmc scaling does not time the multigrid solver yet (it needs a smooth "
-                               "gauge configuration, not the random links of the dslash and CG timings); use halo, "
-                               "dslash, cg, trajectory")
+                               f"gauge configuration, not the random links of the dslash and CG timings); use "
+                               f"{OP_NAMES}")
     return [w for w in OPS if w in names]
 
 
@@ -621,7 +630,8 @@ def compare_answers(ref: dict, ans: dict, bitwise: bool = True) -> tuple:
             target.append(what if same else what.replace("bitwise", "not bitwise"))
     for k, what, tol in (("dslash_norm2", "|D psi|^2", 0.0 if bitwise else 1e-12), ("cg_residual", "CG residual", 1e-8),
                          ("trajectory_H_end", "trajectory H", 1e-10),
-                         ("trajectory_plaquette", "trajectory plaquette", 1e-12)):
+                         ("trajectory_plaquette", "trajectory plaquette", 1e-12),
+                         ("rhmc_H_end", "RHMC H", RHMC_RTOL_H), ("rhmc_plaquette", "RHMC plaquette", 1e-12)):
         if k in ref and k in ans:
             r, a = float(ref[k]), float(ans[k])
             rel = abs(a - r) / max(abs(r), 1e-300)
@@ -629,6 +639,7 @@ def compare_answers(ref: dict, ans: dict, bitwise: bool = True) -> tuple:
     if "trajectory_sha256" in ref and "trajectory_sha256" in ans and ref["trajectory_sha256"] != ans[
             "trajectory_sha256"]:
         info.append("trajectory links equal to rounding, not bitwise")
+    _compare_rhmc(ref, ans, bitwise, checks, bad)
     if "halo_ok" in ans:
         (checks if ans["halo_ok"] else bad).append("halo slabs" + (" correct" if ans["halo_ok"] else " WRONG"))
     if bad:
@@ -636,6 +647,29 @@ def compare_answers(ref: dict, ans: dict, bitwise: bool = True) -> tuple:
     if not checks:
         return False, "unchecked: nothing to compare"
     return True, "agree: " + ", ".join(checks + info)
+
+
+# the RHMC trajectory across decompositions (tests/hmc/test_gpu_hmc_dist.py's tolerances: the ranks add their parts
+# of every sum in another order, and on a GPU the 1-rank run uses the fused kernels): H at the end to 1e-10
+# relative, dH to 1e-10 of H, the plaquette to 1e-12; the multishift CG iterations equal (GPU: within 2 + 1 %, a
+# rounding difference may move a stopping point)
+RHMC_RTOL_H = 1e-10
+
+
+def _compare_rhmc(ref: dict, ans: dict, bitwise: bool, checks: list, bad: list):
+    """dH against H and the CG iteration count of the rhmc operation (appends to ``checks`` / ``bad``)."""
+    if "rhmc_dH" in ref and "rhmc_dH" in ans:
+        h = max(abs(float(ref.get("rhmc_H_end", 1.0))), 1.0)
+        diff = abs(float(ans["rhmc_dH"]) - float(ref["rhmc_dH"]))
+        (checks if diff <= RHMC_RTOL_H * h else bad).append(f"RHMC dH diff {diff:.1e} (H {h:.3g})")
+    if "rhmc_cg_iterations" in ref and "rhmc_cg_iterations" in ans:
+        a, b = int(ref["rhmc_cg_iterations"]), int(ans["rhmc_cg_iterations"])
+        if a == b:
+            checks.append(f"RHMC CG iterations equal ({a})")
+        elif not bitwise and abs(a - b) <= 2 + 0.01 * a:
+            checks.append(f"RHMC CG iterations {b} vs {a} (GPU rounding)")
+        else:
+            bad.append(f"RHMC CG iterations {b} vs {a}")
 
 
 class Study:
@@ -829,8 +863,9 @@ def _refresh_derived(f):
 
 SUMMARY_DTYPE = np.dtype([("key", "S64"), ("lattice", "S24"), ("ranks", "i4"), ("transport", "S24"),
                           ("status", "S8"), ("grid", "S16"), ("local", "S24"), ("halo_s", "f8"),
-                          ("dslash_s", "f8"), ("cg_iteration_s", "f8"), ("trajectory_s", "f8"),
-                          ("dslash_efficiency", "f8"), ("cg_efficiency", "f8"), ("answers_agree", "?")])
+                          ("dslash_s", "f8"), ("cg_iteration_s", "f8"), ("trajectory_s", "f8"), ("rhmc_s", "f8"),
+                          ("dslash_efficiency", "f8"), ("cg_efficiency", "f8"), ("rhmc_efficiency", "f8"),
+                          ("answers_agree", "?")])
 
 
 def _write_summary(f):
@@ -842,8 +877,8 @@ def _write_summary(f):
         rows.append((key.encode(), lat_name(g.attrs["lattice"]).encode(), int(g.attrs["ranks"]),
                      str(g.attrs["label"]).encode(), str(g.attrs["status"]).encode(),
                      lat_name(g.attrs["grid"]).encode(), lat_name(g.attrs["local_dims"]).encode(), med("halo"),
-                     med("dslash"), med("cg"), med("trajectory"), med("dslash", "efficiency"),
-                     med("cg", "efficiency"), bool(g.attrs["answers_agree"])))
+                     med("dslash"), med("cg"), med("trajectory"), med("rhmc"), med("dslash", "efficiency"),
+                     med("cg", "efficiency"), med("rhmc", "efficiency"), bool(g.attrs["answers_agree"])))
     rows.sort(key=lambda r: (r[1], r[2], r[3]))
     if "summary" in f:
         del f["summary"]
@@ -868,8 +903,8 @@ def _result_text(res: dict, agree_note: str) -> str:
     if res.get("status") != "ok":
         return f"FAILED: {res.get('error', '?')}"
     parts = []
-    names = {"halo": "halo", "dslash": "dslash", "cg": "cg/it", "trajectory": "trajectory"}
-    for op in ("halo", "dslash", "cg", "trajectory"):
+    names = {"halo": "halo", "dslash": "dslash", "cg": "cg/it", "trajectory": "trajectory", "rhmc": "rhmc"}
+    for op in ("halo", "dslash", "cg", "trajectory", "rhmc"):
         d = res.get("ops", {}).get(op)
         if d and "samples_s" in d:
             parts.append(f"{names[op]} {_fmt_time(float(np.median(d['samples_s'])))}")
@@ -891,9 +926,9 @@ def run_study(args) -> int:
                     ("--traj-steps", args.traj_steps)):
         if v < 1:
             raise ScalingError(f"{name} must be at least 1")
-    if args.traj_steps % 2:
-        raise ScalingError(f"--traj-steps {args.traj_steps}: the Omelyan integrator takes two steps per cycle, give an "
-                           "even number")
+    if args.traj_steps % 2 and {"trajectory", "rhmc"} & set(what):
+        raise ScalingError(f"--traj-steps {args.traj_steps}: the Omelyan integrator takes two steps per cycle (and "
+                           "3G1F too), give an even number")
     if not args.timeout > 0 or not args.min_time >= 0:
         raise ScalingError("--timeout must be positive and --min-time not negative")
     if any(L < 1 for L in args.halo_sizes):
@@ -906,7 +941,7 @@ def run_study(args) -> int:
         raise ScalingError(f"backend {backend!r}: use numpy, cupy or auto")
     params = {"what": what, "repeats": args.repeats, "cg_iters": args.cg_iters, "mass": args.mass,
               "min_time": args.min_time, "halo_sizes": list(args.halo_sizes), "traj_steps": args.traj_steps,
-              "backend": backend, "threads": args.threads}
+              "backend": backend, "threads": args.threads, "rhmc_tau": RHMC_TAU}
     study = Study(args.output)
     done = {}
     if study.exists():

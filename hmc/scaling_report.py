@@ -4,14 +4,16 @@ Files written into the report folder (default: ``STUDY_report`` beside the resul
 
 * ``report.md``: machine, commit, method; per lattice a table (grid, local volume, transport, median times with
   their spread, GFLOP/s, speed-up and parallel efficiency against the 1-rank run, the halo share of the dslash,
-  whether the answers agree with the 1-rank run); the time ratios between transports at each point (and the
+  whether the answers agree with the 1-rank run; for the RHMC trajectory its speed-up, efficiency and the share of
+  its multishift solves); the time ratios between transports at each point (and the
   stream-gated gain against ``event`` and ``mpi`` when those ran); failed and skipped configurations;
 * ``time_vs_ranks.png``: time per operation against the rank count, one line per lattice and transport, with the
   spread over repeats and the ideal 1/n line from the 1-rank run;
 * ``speedup_efficiency.png``: speed-up and parallel efficiency against the rank count;
 * ``phases.png``: where the time goes (stacked bars per configuration; CPU, host clock: halo start/wait/finish,
   local shifts, reductions, compute; GPU, device events: pack, post, interior, wait, exterior, reductions, graph
-  replay, host overhead);
+  replay, host overhead; RHMC trajectory, its own timers: solves GR/FA/MD, fermion links, fermion force, gauge
+  force, link updates, other);
 * ``transport_ratios.png``: time of each transport over the time of ``mpi`` against the rank count;
 * ``stream_gated_gain.png``: T(event)/T(stream_gated) and T(mpi)/T(stream_gated) against the rank count (and for
   the CUDA-graph rows, of the graph replays and stream_gated over its replays);
@@ -28,19 +30,29 @@ import numpy as np
 from .scaling import FORMAT, PHASE_NAMES, ScalingError, lat_name
 
 OP_TITLES = {"halo": "halo exchange", "dslash": "dslash (one parity)", "cg": "CG iteration",
-             "trajectory": "gauge trajectory"}
+             "trajectory": "gauge trajectory", "rhmc": "RHMC trajectory (HISQ 2+1+1)"}
+SCALED_OPS = ("dslash", "cg", "trajectory", "rhmc")       # the operations with a speed-up and efficiency
 PHASE_LABELS = {"halo_start": "halo start (pack, send)", "halo_wait": "halo wait (signal / MPI)",
                 "halo_finish": "halo finish (unpack, MPI tests)", "local_shift": "local shifts (roll)",
                 "reductions": "global reductions (GPU: with the CG vector updates)", "compute": "compute",
                 # GPU (device events)
                 "pack": "pack (kernel)", "post": "post (transfer + signal enqueued)",
                 "interior": "interior kernel", "wait": "wait (transfer, signal/wait, unpack)",
-                "exterior": "exterior kernel", "graph": "graph replay (device)", "host_overhead": "host overhead"}
+                "exterior": "exterior kernel", "graph": "graph replay (device)", "host_overhead": "host overhead",
+                # RHMC trajectory (its own timers, host clock)
+                "solver_gr": "solves: heat bath (GR)", "solver_fa": "solves: actions (FA)",
+                "solver_md": "solves: force (MD)", "fermion_links": "fermion link smearing",
+                "fermion_force": "fermion force (outer products, chain rule)", "gauge_force": "gauge force",
+                "link_update": "link updates", "other": "other (momenta, actions, Metropolis)"}
 PHASE_COLOURS = {"halo_start": "#4C72B0", "halo_wait": "#DD8452", "halo_finish": "#8172B3",
                  "local_shift": "#937860", "reductions": "#C44E52", "compute": "#55A868",
                  "pack": "#4C72B0", "post": "#64B5CD", "interior": "#55A868", "wait": "#DD8452",
-                 "exterior": "#8C8C3C", "graph": "#8172B3", "host_overhead": "#B0B0B0"}
+                 "exterior": "#8C8C3C", "graph": "#8172B3", "host_overhead": "#B0B0B0",
+                 "solver_gr": "#9ECAE1", "solver_fa": "#4292C6", "solver_md": "#08519C", "fermion_links": "#FDAE6B",
+                 "fermion_force": "#E6550D", "gauge_force": "#74C476", "link_update": "#31A354", "other": "#BDBDBD"}
 GPU_PHASE_ORDER = ("pack", "post", "interior", "wait", "exterior", "reductions", "graph", "host_overhead")
+RHMC_PHASE_ORDER = ("solver_gr", "solver_fa", "solver_md", "fermion_links", "fermion_force", "gauge_force",
+                    "link_update", "other")
 HALO_PHASES = ("halo_start", "halo_wait", "halo_finish", "pack", "post", "wait")
 COLOURS = {"serial": "black", "mpi": "tab:blue", "shm": "tab:orange", "event": "tab:green",
            "stream_gated": "tab:red", "stream_gated+graph": "tab:purple"}
@@ -81,7 +93,7 @@ def load_study(path) -> dict:
             for k in ("transport_table", "transport_table_text"):
                 rec[k] = _s(g[k][()]) if k in g else ""
             rec["ops"] = {}
-            for op in ("halo", "dslash", "cg", "trajectory"):
+            for op in OP_TITLES:
                 if op in g and g[op].attrs.get("status") == "ok":
                     og = g[op]
                     d = {k: _s(v) for k, v in og.attrs.items()}
@@ -125,6 +137,14 @@ def phase_fractions(d) -> dict | None:
     return dict(zip(d.get("phase_names") or PHASE_NAMES, frac))
 
 
+def solver_share(d) -> float | None:
+    """The share of the multishift solves (GR, FA, MD) in an RHMC trajectory."""
+    fr = phase_fractions(d)
+    if fr is None:
+        return None
+    return sum(fr.get(p, 0.0) for p in ("solver_gr", "solver_fa", "solver_md"))
+
+
 def halo_share(d) -> float | None:
     """The share of the halo phases (CPU: start, wait, finish; GPU: pack, post, wait)."""
     fr = phase_fractions(d)
@@ -142,7 +162,7 @@ def phase_order(study, op) -> list:
             seen.update(d.get("phase_names") or PHASE_NAMES)
     gpu = bool(seen & {"pack", "interior", "graph"})
     order = GPU_PHASE_ORDER + tuple(PHASE_NAMES) if gpu else tuple(PHASE_NAMES) + GPU_PHASE_ORDER
-    return [p for p in dict.fromkeys(order) if p in seen]
+    return [p for p in dict.fromkeys(RHMC_PHASE_ORDER + order) if p in seen]
 
 
 def labels_of(study) -> list:
@@ -250,6 +270,37 @@ def gpu_sharing_notes(study) -> list:
     return out
 
 
+def hooks_text(meta) -> str:
+    """The study hooks the whole study ran under (COMMS.md 'Study hooks'), from the file's ``env_hooks``; empty when
+    none was set."""
+    env = meta.get("env_hooks") or {}
+    what = {"HMC_P2P_FAKE_CLIQUE": "links between cliques of that many consecutive ranks treated as unreachable: they "
+                                   "fall back to MPI", "HMC_P2P_MASK": "peer-to-peer off in the masked dimensions "
+                                   "(bits x=1, y=2, z=4, t=8): those links fall back to MPI"}
+    parts = [f"`{k}={env[k]}` ({v})" for k, v in what.items() if str(env.get(k, "0")).strip() not in ("", "0")]
+    return ("Study hooks set for every configuration: " + "; ".join(parts) + ". The resolved transport tables below "
+            "show each link's transport.") if parts else ""
+
+
+def rhmc_text(study) -> str:
+    """What the rhmc operation is, with its integrator and the CG work of the 1-rank run (from the file)."""
+    params = study["meta"].get("parameters") or {}
+    d = next((r["ops"]["rhmc"] for r in study["configs"] if "rhmc" in r["ops"]), {})
+    iters = d.get("cg_iterations")
+    if isinstance(iters, str) and iters:
+        iters = json.loads(iters)
+    work = (f"; multishift CG iterations per trajectory GR {iters['gr']}, FA {iters['fa']}, MD {iters['md']}"
+            if isinstance(iters, dict) else "")
+    return (f"The RHMC trajectory is one HISQ 2+1+1 trajectory (ml/ms/mc 0.013/0.065/0.838, 5 pseudofermions of "
+            f"runs/rationals/rationals.hisq211_b580; Symanzik beta 5.8 with the HISQ quark loops), 3G1F with "
+            f"{d.get('steps', params.get('traj_steps', '?'))} steps, tau {d.get('tau', params.get('rhmc_tau', '?'))}, "
+            f"tolerances MD 1e-8, FA/GR 1e-10, from a random near-unit start, Metropolis off{work}. One trajectory "
+            "per timed loop; its phases are the trajectory's own timers (host clock: the solves of the heat bath, "
+            "the actions and the force, the fermion link smearing, the fermion force without its solves, the gauge "
+            "force, the link updates, the rest). Answers: H at the end and dH to 1e-10 of H, the plaquette to "
+            "1e-12, the multishift CG iterations equal (GPU: within 2 + 1 %).")
+
+
 def markdown(study, plots: list) -> str:
     meta = study["meta"]
     machine = meta.get("machine") or {}
@@ -267,6 +318,9 @@ def markdown(study, plots: list) -> str:
                  f". Backend {params.get('backend', '?')}, {params.get('threads', 1)} thread(s) per rank.")
     if meta.get("command"):
         lines += ["", f"Command: `{meta['command']}`"]
+    hooks = hooks_text(meta)
+    if hooks:
+        lines += ["", hooks]
     lines.append("")
     tt = meta.get("transport_table") or {}
     if tt:
@@ -284,6 +338,9 @@ def markdown(study, plots: list) -> str:
                  "colour-vector field over all partitioned dimensions. Speed-up and efficiency are against the "
                  "1-rank run (no halo) of the same lattice: "
                  "speed-up = T(1)/T(n), efficiency = speed-up/n.")
+    if "rhmc" in what:
+        lines.append("")
+        lines.append(rhmc_text(study))
     lines.append("")
     for n in notes(study):
         lines.append(f"> Note: {n}.")
@@ -296,6 +353,7 @@ def markdown(study, plots: list) -> str:
         du = _unit([r["ops"]["dslash"]["median_s"] for r in ok if "dslash" in r["ops"]])
         cu = _unit([r["ops"]["cg"]["median_s"] for r in ok if "cg" in r["ops"]])
         tu = _unit([r["ops"]["trajectory"]["median_s"] for r in ok if "trajectory" in r["ops"]])
+        ru = _unit([r["ops"]["rhmc"]["median_s"] for r in ok if "rhmc" in r["ops"]])
         cols = ["ranks", "grid", "local", "transport", "links"]
         have = {op: any(op in r["ops"] for r in ok) for op in OP_TITLES}
         if have["halo"]:
@@ -306,6 +364,8 @@ def markdown(study, plots: list) -> str:
             cols += [f"CG it. {cu}", "CG speed-up", "CG eff."]
         if have["trajectory"]:
             cols += [f"trajectory {tu}", "traj. eff."]
+        if have["rhmc"]:
+            cols += [f"RHMC traj. {ru}", "RHMC speed-up", "RHMC eff.", "RHMC solver share"]
         cols += ["answers agree"]
         lines += ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
         for r in rows:
@@ -317,7 +377,8 @@ def markdown(study, plots: list) -> str:
             ops = r["ops"]
             if have["halo"]:
                 cells.append(_med(ops.get("halo"), hu))
-            for op, unit, extra in (("dslash", du, True), ("cg", cu, False), ("trajectory", tu, False)):
+            for op, unit, extra in (("dslash", du, True), ("cg", cu, False), ("trajectory", tu, False),
+                                    ("rhmc", ru, False)):
                 if not have[op]:
                     continue
                 d = ops.get(op)
@@ -332,6 +393,9 @@ def markdown(study, plots: list) -> str:
                 if extra:
                     hs = halo_share(d) if d else None
                     cells.append(f"{100 * hs:.0f}%" if hs is not None and r["ranks"] > 1 else "-")
+                if op == "rhmc":
+                    ss = solver_share(d) if d else None
+                    cells.append(f"{100 * ss:.0f}%" if ss is not None else "-")
             agree = r.get("answers_agree")
             cells.append(("yes" if str(agree) == "True" else "**no**") + ("" if str(agree) == "True" else
                                                                           f" ({r.get('answers_note', '')})"))
@@ -454,9 +518,11 @@ def ratio_rows(study, lat) -> list:
 
 
 def text_table(study) -> str:
-    """A terminal table: one line per configuration."""
+    """A terminal table: one line per configuration (RHMC trajectory columns when the study has them)."""
+    rh = any("rhmc" in r["ops"] for r in study["configs"])
     lines = [f"{'lattice':>12} {'ranks':>5} {'transport':<13} {'status':<8} {'halo':>10} {'dslash':>10} "
-             f"{'cg/it':>10} {'eff.dslash':>10} {'eff.cg':>7}  answers"]
+             f"{'cg/it':>10} {'eff.dslash':>10} {'eff.cg':>7}" + (f" {'rhmc':>10} {'eff.rhmc':>8}" if rh else "")
+             + "  answers"]
     for r in study["configs"]:
         def t(op):
             d = r["ops"].get(op)
@@ -472,7 +538,8 @@ def text_table(study) -> str:
         ans = "" if r["status"] != "ok" else ("agree" if str(r.get("answers_agree")) == "True" else
                                                r.get("answers_note", ""))
         lines.append(f"{lat_name(r['lattice']):>12} {r['ranks']:>5} {r['label']:<13} {r['status']:<8} "
-                     f"{t('halo'):>10} {t('dslash'):>10} {t('cg'):>10} {eff('dslash'):>10} {eff('cg'):>7}  {ans}")
+                     f"{t('halo'):>10} {t('dslash'):>10} {t('cg'):>10} {eff('dslash'):>10} {eff('cg'):>7}"
+                     + (f" {t('rhmc'):>10} {eff('rhmc'):>8}" if rh else "") + f"  {ans}")
     return "\n".join(lines)
 
 
@@ -585,7 +652,7 @@ def plot_time(study, path, plt):
 
 def plot_speedup(study, path, plt):
     lats, labels = lattices_of(study), labels_of(study)
-    ops = [op for op in ("dslash", "cg", "trajectory") if any(op in r["ops"] for r in study["configs"])]
+    ops = [op for op in SCALED_OPS if any(op in r["ops"] for r in study["configs"])]
     if not ops:
         return False
     ranks = sorted({r["ranks"] for r in study["configs"] if r["status"] == "ok"})
@@ -641,7 +708,7 @@ def plot_phases(study, path, plt):
                                          for r in study["configs"])]
     if not ops:
         return False
-    width = max(4.2, 1.0 + 0.7 * _max_bars(study))
+    width = max(4.2, 1.0 + 0.7 * _max_bars(study), 10.0 / len(ops))     # room for the title and the legend
     fig, axes = plt.subplots(len(lats), len(ops), figsize=(width * len(ops), 3.6 * len(lats) + 0.8),
                              squeeze=False)
     for i, lat in enumerate(lats):

@@ -17,6 +17,12 @@ Measured per operation (``spec["what"]``):
   time per iteration, the solve's set-up amortized over the iterations.
 * ``trajectory``: one pure-gauge HMC trajectory (one-loop Symanzik, Omelyan, ``traj_steps`` steps), the cost of
   the gauge part of an HMC update.
+* ``rhmc``: one short HISQ 2+1+1 RHMC trajectory (:func:`rhmc_deck`: the production masses 0.013 / 0.065 / 0.838
+  with the project's rational functions runs/rationals/rationals.hisq211_b580, Symanzik beta 5.8 u0 0.85535 with
+  the HISQ quark loops, 3G1F with ``traj_steps`` steps of a short ``RHMC_TAU``), built by the deck machinery
+  (hmc.deck.loads, hmc.assemble.make_monomials / make_schedule, as ``hmc run``) from a random near-unit start,
+  Metropolis off. One trajectory per timed loop (``reps`` 1: a trajectory is long); its phase split is the
+  trajectory's own timers (``RHMC_PHASES``), not the halo wrappers below.
 
 Times: ``repeats`` loops of ``reps`` operations (``reps`` chosen on rank 0 so that a loop lasts about ``min_time``
 seconds), each loop's time being the slowest rank's; the driver reports the median and the spread over loops.
@@ -51,7 +57,9 @@ split (``GPU_PHASES``, :meth:`Context.phases_device`): device events of ``PhaseP
 Answers (compared by the driver with the 1-rank run): SHA-256 of the gathered dslash output (bitwise), of the CG
 solution after the fixed iteration count with exact reductions (bitwise for any decomposition), the norm of the
 fast-reduction CG residual (to rounding), the halo check, and for the trajectory the final H and plaquette (to
-rounding: the link updates are not bitwise across decompositions) with the gathered links' hash for information.
+rounding: the link updates are not bitwise across decompositions) with the gathered links' hash for information;
+for the RHMC trajectory dH, the final H and the plaquette (to rounding) and the multishift CG iteration count
+(equal; on the GPU to a few iterations, as tests/hmc/test_gpu_hmc_dist.py allows).
 """
 from __future__ import annotations
 
@@ -72,6 +80,16 @@ PHASES = ("halo_start", "halo_wait", "halo_finish", "local_shift", "reductions",
 GPU_PHASES = ("pack", "post", "interior", "wait", "exterior", "reductions", "graph", "host_overhead")
 HOP_PHASES = ("pack", "post", "interior", "wait", "exterior")
 LOCAL_DEPTH = 3           # halo depth of the HISQ Naik term
+# RHMC trajectory phases (host clock; the fermion phases synchronize the device before reading it): the multishift
+# solves of the heat bath (GR), the two actions (FA) and the force (MD); the fermion link smearing (fat/long links,
+# every build); the fermion force without its solves (outer products + HISQ chain rule); the gauge force and the
+# link updates (exp(dt P) U, re-unitarization; these two are not synchronized: on a GPU part of their kernels' time
+# lands in the next phase); the rest (momenta, the actions' arithmetic, the Metropolis draw)
+RHMC_PHASES = ("solver_gr", "solver_fa", "solver_md", "fermion_links", "fermion_force", "gauge_force",
+               "link_update", "other")
+RHMC_TAU = 0.05           # trajectory length of the rhmc operation: short, so that dH stays modest from a rough start
+RHMC_SEED = 2911          # the Philox seed of its momenta and pseudofermions (the same numbers for any grid)
+RHMC_START = 0.3          # the near-unit start: U = exp(0.3 P) with P Gaussian (as the trajectory operation)
 
 
 class InjectedFault(RuntimeError):
@@ -161,18 +179,24 @@ class Context:
     def sync(self):
         self.backend.synchronize()
 
-    def measure(self, fn, ops_per_call=1.0):
-        """(samples in s per operation: the slowest rank's, per loop; reps; phases per rank (rank 0) or None)."""
+    def measure(self, fn, ops_per_call=1.0, reps=None, warmup=True, phase_loop=True):
+        """(samples in s per operation: the slowest rank's, per loop; reps; phases per rank (rank 0) or None).
+
+        ``reps`` fixes the operations per loop (else chosen from ``min_time`` by one timed call); ``warmup`` False
+        leaves out the warm-up call (the caller ran the operation already); ``phase_loop`` False leaves out the
+        instrumented loop (phases None)."""
         spec, grid = self.spec, self.grid
-        fn()                                   # warm up (buffers, caches, kernels)
-        self.sync()
-        grid.barrier()
-        t0 = time.perf_counter()
-        fn()
-        self.sync()
-        t1 = grid.max(time.perf_counter() - t0)
-        reps = max(1, min(100000, int(math.ceil(spec["min_time"] / max(t1, 1e-9)))))
-        reps = self.comm.bcast(reps, root=0)
+        if warmup:
+            fn()                               # warm up (buffers, caches, kernels)
+            self.sync()
+        if reps is None:
+            grid.barrier()
+            t0 = time.perf_counter()
+            fn()
+            self.sync()
+            t1 = grid.max(time.perf_counter() - t0)
+            reps = max(1, min(100000, int(math.ceil(spec["min_time"] / max(t1, 1e-9)))))
+        reps = self.comm.bcast(int(reps), root=0)
         samples = []
         for _ in range(spec["repeats"]):
             grid.barrier()
@@ -181,6 +205,8 @@ class Context:
                 fn()
             self.sync()
             samples.append(grid.max(time.perf_counter() - t0) / reps / ops_per_call)
+        if not phase_loop:
+            return samples, reps, None
         grid.barrier()
         with PhaseTimer() as timer:
             t0 = time.perf_counter()
@@ -603,6 +629,104 @@ def op_trajectory(ctx, res):
                                 "action": "symanzik (pure gauge), omelyan"}
 
 
+def rationals_file() -> str:
+    """The project's HISQ 2+1+1 rational functions (runs/rationals/rationals.hisq211_b580), found from this package
+    (the repository root is the folder above ``hmc``)."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "runs" / "rationals" / "rationals.hisq211_b580"
+    if not path.is_file():
+        raise FileNotFoundError(f"the rhmc operation needs the rational functions {path} (part of the repository)")
+    return str(path)
+
+
+def rhmc_deck(lattice, steps: int, tau: float = RHMC_TAU, seed: int = RHMC_SEED) -> str:
+    """The TOML deck of the ``rhmc`` operation: runs/hisq211_16.toml's physics (Symanzik beta 5.8, u0 0.85535, HISQ
+    quark loops with nf 4; HISQ 2+1+1 at ml/ms/mc 0.013/0.065/0.838, 5 pseudofermions of rationals.hisq211_b580) on
+    ``lattice``, 3G1F with ``steps`` steps of a short ``tau``, and the tolerances of the multi-rank tests' short deck
+    (tests/hmc/hisq211_decks.py: MD 1e-8, FA and GR 1e-10; taylor8 link exponential, re-unitarized every cycle,
+    Philox random numbers)."""
+    triples = "[" + ", ".join(["[1e-8, 1e-10, 1e-10]"] * 5) + "]"
+    return "\n".join([
+        "[run]", 'name = "hmc scaling: rhmc"', f"seed = {int(seed)}", 'rng = "philox"', 'start = "cold"',
+        "trajectories = 1",
+        "[lattice]", f"dims = [{', '.join(str(int(n)) for n in lattice)}]",
+        "[gauge]", 'action = "symanzik"', "beta = 5.8", "u0 = 0.85535", 'quark_loops = "hisq"', "nf = 4",
+        "[fermions]", 'action = "hisq"', f"rationals = {json.dumps(rationals_file())}",
+        "dyn_mass = [0.013, 0.065, 0.838]", "dyn_flavors = [2, 1, 1]", f"cgresid_md_fa_gr = {triples}",
+        "max_multicg = 5000",
+        "[integrator]", 'scheme = "3g1f"', f"steps = {int(steps)}", f"tau = {float(tau)!r}",
+        'link_exponential = "taylor8"', 'reunitarize = "cycle"', ""])
+
+
+def rhmc_phases(timers: dict, fermion_totals: dict, gauge_names) -> list:
+    """Seconds of one RHMC trajectory per phase of ``RHMC_PHASES`` from ``hmc_trajectory``'s timers (link updates,
+    force per monomial, total) and the fermion monomial's (``RHMCStats.totals``: link builds, solves per phase, outer
+    products, chain rule). The fermion monomial's force timer holds its links, MD solves, outer products and chain
+    rule, so those are not counted twice; ``other`` is the total less the named phases."""
+    t = fermion_totals
+    parts = {"solver_gr": t["time_fermion_solver_GR"], "solver_fa": t["time_fermion_solver_FA"],
+             "solver_md": t["time_fermion_solver_MD"], "fermion_links": t["time_fermion_links"],
+             "fermion_force": t["time_fermion_outer"] + t["time_fermion_force_chain"],
+             "gauge_force": sum(float(timers.get(f"force_{n}", 0.0)) for n in gauge_names),
+             "link_update": float(timers.get("links", 0.0))}
+    parts["other"] = max(0.0, float(timers["total"]) - sum(parts.values()))
+    return [float(parts[p]) for p in RHMC_PHASES]
+
+
+def op_rhmc(ctx, res):
+    """One short HISQ 2+1+1 RHMC trajectory (:func:`rhmc_deck`) from a random near-unit start, Metropolis off; every
+    call starts from the same links with a fresh Philox generator, so every call does the same work."""
+    from lattice import CounterRNG, GaugeField, su3
+    from lattice.gauge import plaquette
+
+    from . import deck as deckmod
+    from .assemble import make_monomials, make_schedule
+    from .momenta import random_momenta
+    from .rngs import make_rng
+    from .trajectory import hmc_trajectory, link_exponential
+
+    geom, spec = ctx.geom, ctx.spec
+    steps = spec["traj_steps"]
+    d = deckmod.loads(rhmc_deck(geom.dims, steps))
+    monomials = make_monomials(d)
+    schedule = make_schedule(d, monomials)
+    fermion = next(m for m in monomials if m.kind == "fermion")
+    gauge_names = [m.name for m in monomials if m.kind == "gauge"]
+    expm = link_exponential(d["integrator"]["link_exponential"])
+    reunit = d["integrator"]["reunitarize"]
+    u = GaugeField(geom, su3.expm_su3(RHMC_START * random_momenta(geom, CounterRNG(7))) @ GaugeField.unit(geom).links)
+    runs = []
+
+    def trajectory():
+        rng = make_rng(d["run"]["rng"], d["run"]["seed"], geom.dims)
+        v, tr = hmc_trajectory(u, rng, monomials, schedule, expm, reunit, metropolis=False)
+        runs.append((tr, fermion.stats.totals()))
+        return v, tr
+
+    v, tr = trajectory()                        # the answers; also the warm-up (kernels, buffers)
+    ctx.sync()
+    totals = runs[0][1]
+    iters = {ph: int(totals[f"cg_{ph}"]) for ph in ("gr", "fa", "md")}
+    res["answers"]["rhmc_dH"] = tr.delta_h
+    res["answers"]["rhmc_H_end"] = tr.end.total
+    res["answers"]["rhmc_plaquette"] = float(sum(plaquette(v)))
+    res["answers"]["rhmc_cg_iterations"] = sum(iters.values())
+    samples, reps, _ = ctx.measure(trajectory, reps=1, warmup=False, phase_loop=False)
+    timed = runs[1:]
+    mine = np.mean([rhmc_phases(t.timers, tot, gauge_names) for t, tot in timed], axis=0).tolist()
+    phases = ctx.comm.gather(mine, root=0)
+    same = all(sum(tot[f"cg_{ph}"] for ph in ("gr", "fa", "md")) == sum(iters.values()) for _, tot in timed)
+    res["ops"]["rhmc"] = {"samples_s": samples, "reps": reps, "phases": phases, "phase_names": list(RHMC_PHASES),
+                          "clock": "host perf_counter (trajectory timers)", "steps": steps,
+                          "tau": d["integrator"]["tau"], "scheme": "3g1f", "cg_iterations": iters,
+                          "solves": {ph: int(totals[f"solves_{ph}"]) for ph in ("gr", "fa", "md")},
+                          "link_builds": int(totals["fermion_link_builds"]), "dH": tr.delta_h,
+                          "repeatable": bool(same),
+                          "action": "HISQ 2+1+1 RHMC, ml/ms/mc 0.013/0.065/0.838, symanzik beta 5.8 (hisq loops), "
+                                    "3g1f, metropolis off"}
+
+
 # ------------------------------------------------------------------------------------------------------------
 
 def _gpu_info(backend) -> dict:
@@ -679,7 +803,7 @@ def run(spec) -> dict:
         res["phase_clock"] = "device events" if why is None else "host perf_counter"
     else:
         res["phase_clock"] = "host perf_counter"
-    if graph and why is not None:
+    if graph and why is not None and {"dslash", "cg"} & set(what):
         raise RuntimeError(f"--graph: {why}")
     if "halo" in what:
         if graph:
@@ -717,6 +841,12 @@ def run(spec) -> dict:
             close_graph_mode(geom)
     if "trajectory" in what:
         op_trajectory(ctx, res)
+    if "rhmc" in what:
+        if graph:
+            res["ops"]["rhmc"] = {"status": "n/a", "note": "graph rows time the dslash and CG (the RHMC trajectory "
+                                  "is the uncaptured row's)"}
+        else:
+            op_rhmc(ctx, res)
     grid.close()
     res["wall_s"] = time.perf_counter() - t_start
     return res
