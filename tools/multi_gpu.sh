@@ -18,8 +18,9 @@
 # Each device call may last at most 600 s: the script stops starting stages when less than MIN_STAGE seconds of
 # BUDGET are left, gives each stage min(its limit T_<STAGE>, what is left), and keeps its files in WORK; a stage cut
 # off at its limit is resumed (hmc scaling --resume) by the next call on the same (warm) machine, a finished stage is
-# skipped (FRESH=1 redoes the named stages). Files into $OUT: log.txt and multi_gpu.tar.gz (all of WORK: *.h5,
-# reports, plots, halo_*.json, stages.txt).
+# skipped (FRESH=1 redoes the named stages; needed too after a change of a setting that changes the measurement).
+# The study's progress lines (times, answers) go to stdout, everything to the log. Files into $OUT: log.txt and
+# multi_gpu.tar.gz (all of WORK: *.h5, reports, plots, halo_*.json, stages.txt).
 #
 #   usage (repository root, on the device):  bash tools/multi_gpu.sh                (all stages, priority order)
 #            STAGES="r32 s48" bash tools/multi_gpu.sh      STAGES=halo,s32 ...       (some stages)
@@ -110,11 +111,13 @@ scaling() {
   local name=$1 limit=$2 cfg_t=$3; shift 3
   local envs=() t0; t0=$(date +%s)
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-  local h5=$WORK/$name.h5 rep=$WORK/$name flag=()
+  local h5=$WORK/$name.h5 rep=$WORK/$name flag=() from
   [ -f "$h5" ] && flag=(--resume)
+  from=$(($(wc -l <"$LOG") + 1))
   run_limited "$limit" env "${envs[@]}" "$PY" -m hmc --backend "$BACKEND" scaling "$@" --timeout "$cfg_t" \
     -o "$h5" --report-dir "$rep" "${flag[@]}"
   local rc=$?
+  tail -n +"$from" "$LOG" | grep -E '^\[ *[0-9]+/[0-9]+\]'          # the study's progress lines: times, answers
   if [ "$DRY" != 1 ] && [ -f "$h5" ]; then
     "$PY" -m hmc scaling report "$h5" -o "$rep" >>"$LOG" 2>&1
   fi
