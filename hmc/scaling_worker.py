@@ -708,8 +708,8 @@ def op_rhmc(ctx, res):
     ctx.sync()
     totals = runs[0][1]
     iters = {ph: int(totals[f"cg_{ph}"]) for ph in ("gr", "fa", "md")}
-    res["answers"]["rhmc_dH"] = tr.delta_h
-    res["answers"]["rhmc_H_end"] = tr.end.total
+    res["answers"]["rhmc_dH"] = float(tr.delta_h)          # plain floats: the result travels as JSON
+    res["answers"]["rhmc_H_end"] = float(tr.end.total)
     res["answers"]["rhmc_plaquette"] = float(sum(plaquette(v)))
     res["answers"]["rhmc_cg_iterations"] = sum(iters.values())
     samples, reps, _ = ctx.measure(trajectory, reps=1, warmup=False, phase_loop=False)
@@ -721,7 +721,7 @@ def op_rhmc(ctx, res):
                           "clock": "host perf_counter (trajectory timers)", "steps": steps,
                           "tau": d["integrator"]["tau"], "scheme": "3g1f", "cg_iterations": iters,
                           "solves": {ph: int(totals[f"solves_{ph}"]) for ph in ("gr", "fa", "md")},
-                          "link_builds": int(totals["fermion_link_builds"]), "dH": tr.delta_h,
+                          "link_builds": int(totals["fermion_link_builds"]), "dH": float(tr.delta_h),
                           "repeatable": bool(same),
                           "action": "HISQ 2+1+1 RHMC, ml/ms/mc 0.013/0.065/0.838, symanzik beta 5.8 (hisq loops), "
                                     "3g1f, metropolis off"}
