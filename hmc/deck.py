@@ -123,6 +123,7 @@ SCHEMA = {
         "smoother_steps": Key(list, [0, 4], lambda v: bool(v) and all(isinstance(n, int) and n >= 0 for n in v),
                               "a list of GCR smoother steps per level, e.g. [0, 4]"),
         "coarsest": Key(str, "auto", None, "", ("auto", "lu", "gcr")),
+        "precision": Key(str, "double", None, "", ("double", "single")),
         "pbp": Key(bool, False, None, "true to solve the PBP measurements ([fermions] pbp_masses) by multigrid"),
         "light_shifts": Key(int, 0, _nonneg, "a number >= 0 of the smallest shifts of the light pseudofermion's "
                             "heat-bath and action solves to solve by multigrid (0: all multishift CG)"),
@@ -211,7 +212,8 @@ def multigrid_options(mg: dict) -> dict:
     """The :func:`solvers.multigrid.multigrid` keyword arguments of a validated [multigrid] section."""
     return {"levels": mg["levels"], "blocks": [tuple(b) for b in mg["blocks"]], "nv": mg["nv"],
             "setup_iters": mg["setup_iters"], "refresh_iters": mg["refresh_iters"],
-            "smoother_steps": tuple(mg["smoother_steps"]), "coarsest": mg["coarsest"]}
+            "smoother_steps": tuple(mg["smoother_steps"]), "coarsest": mg["coarsest"],
+            "precision": mg["precision"]}
 
 
 def _check_multigrid(d):

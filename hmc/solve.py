@@ -4,7 +4,8 @@
               [--source FILE | --point X Y Z T [--color C] | --random SEED]
               [--operator M|MdagM] [--solver cg|mixed|mg] [--tol T] [--maxiter N]
               [--mg-levels L] [--mg-block BX BY BZ BT ...] [--mg-nv N ...] [--mg-setup-iters N ...]
-              [--mg-smoother-steps N ...] [--mg-coarsest auto|lu|gcr] [--no-mg-compare]
+              [--mg-smoother-steps N ...] [--mg-coarsest auto|lu|gcr] [--mg-precision double|single]
+              [--no-mg-compare]
               [--time-bc antiperiodic|periodic] [--reunitarize | --no-reunitarize]
               [--out FILE [--out-precision 32|64]] [--check REFERENCE] [--json]
 
@@ -132,6 +133,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="GCR post-smoothing steps on level 0, 1, ... (default 0 4: a smoother on M itself does not pay)")
     g.add_argument("--mg-coarsest", choices=("auto", "lu", "gcr"), default="auto",
                    help="coarsest solve: sparse LU, GCR, or auto (LU on one rank)")
+    g.add_argument("--mg-precision", choices=("double", "single"), default="double",
+                   help="precision of the preconditioner (K-cycle, smoothers, coarse operators, coarsest solve); the "
+                        "outer GCR and its true residual stay double (default double)")
     g.add_argument("--no-mg-compare", dest="mg_compare", action="store_false",
                    help="do not run the even-odd CG solve next to the multigrid one")
     return p
@@ -372,7 +376,8 @@ def mg_options(args) -> dict:
     return {"levels": getattr(args, "mg_levels", 3), "blocks": [tuple(b) for b in blocks] if blocks else (),
             "nv": list(getattr(args, "mg_nv", [48])), "setup_iters": list(getattr(args, "mg_setup_iters", [50])),
             "smoother_steps": list(getattr(args, "mg_smoother_steps", [0, 4])),
-            "coarsest": getattr(args, "mg_coarsest", "auto"), "compare": getattr(args, "mg_compare", True)}
+            "coarsest": getattr(args, "mg_coarsest", "auto"), "precision": getattr(args, "mg_precision", "double"),
+            "compare": getattr(args, "mg_compare", True)}
 
 
 def solve_field_mg(D, mass, b, operator, tol, maxiter, mg):
@@ -394,7 +399,7 @@ def solve_field_mg(D, mass, b, operator, tol, maxiter, mg):
     bb = norm2(geom, b)
     full = math.sqrt(norm2(geom, b - D.matrix(mass)(x)) / bb) if bb > 0 else 0.0
     res = {"iters": st.iters, "milc_iters": st.iters, "true_residual": st.true_residual, "converged": st.converged,
-           "flops": st.flops, "time_s": st.time, "full_residual": full, "precision": "double",
+           "flops": st.flops, "time_s": st.time, "full_residual": full, "precision": st.precision,
            "gflops": st.flops / st.time / 1e9 if st.time > 0 else 0.0,
            "solves": [{"solver": st.solver, "converged": bool(st.converged), "iters": st.iters,
                        "true_residual": st.true_residual, "time_s": st.time}],
@@ -405,7 +410,8 @@ def solve_field_mg(D, mass, b, operator, tol, maxiter, mg):
                   "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in
                              (("levels", inv.params.levels), ("blocks", [list(b) for b in inv.params.blocks]),
                               ("nv", inv.params.nv), ("setup_iters", inv.params.setup_iters),
-                              ("smoother_steps", inv.params.smoother_steps))}}}
+                              ("smoother_steps", inv.params.smoother_steps),
+                              ("precision", inv.params.precision))}}}
     if compare:
         xc, sc = even_odd_inverse(D.even_odd(mass), cg(tol, 100000), check_residual=True).solve(b)
         res["cg_compare"] = {"iters": sc.iters, "fine_applies": sc.matvecs + 1, "time_s": sc.time,

@@ -32,7 +32,9 @@ The multigrid hierarchy by default: 4^4 aggregates of the fine lattice, then 2^4
 lattice until it is 2^4 (8^4: 3 levels, 16^4: 4, 32^4: 5), so the coarsest solve is an exact LU of 16 x 2 Nv
 unknowns (a sparse LU of a larger 4-d stencil fills in and takes minutes on the host; with ``--mg-coarsest auto``
 a coarsest lattice of more than 5000 unknowns is solved by GCR instead); Nv 48 on every level,
-50 set-up iterations (more do not help: solvers/multigrid's notes), smoothers (0, 4) (none on M itself).
+50 set-up iterations (more do not help: solvers/multigrid's notes), smoothers (0, 4) (none on M itself), the
+preconditioner in double precision (``--mg-precision single``: K-cycle, smoothers, coarse operators and coarsest
+solve in complex64, the outer GCR in double).
 ``--mg-*`` options (or the environment variables of tools/mg_bench.sh) change them.
 """
 from __future__ import annotations
@@ -85,6 +87,9 @@ def parse(argv=None):
     g.add_argument("--mg-smoother-steps", default=env("MG_SMOOTHER_STEPS", "0 4"), help="GCR smoother steps")
     g.add_argument("--mg-coarsest", default=env("MG_COARSEST", "auto"), choices=("auto", "lu", "gcr"))
     g.add_argument("--mg-maxiter", type=int, default=300, help="most outer iterations (default 300)")
+    g.add_argument("--mg-precision", default=env("MG_PRECISION", "double"), choices=("double", "single"),
+                   help="precision of the preconditioner (K-cycle, smoothers, coarse operators, coarsest solve); "
+                        "the outer GCR and its true residual stay double (default double, env MG_PRECISION)")
     a = p.parse_args(argv)
     if a.mg_levels is None and env("MG_LEVELS"):
         a.mg_levels = int(env("MG_LEVELS"))
@@ -114,7 +119,7 @@ def hierarchy_params(args, dims) -> dict:
     if coarsest == "auto" and coarse * 2 * nv[min(len(blocks), len(nv)) - 1] > LU_MAX_UNKNOWNS:
         coarsest = "gcr"        # a host sparse LU of a larger 4-d stencil fills in: minutes, not seconds
     return {"levels": len(blocks) + 2, "blocks": blocks, "nv": nv, "setup_iters": ints(args.mg_setup_iters),
-            "smoother_steps": ints(args.mg_smoother_steps), "coarsest": coarsest}
+            "smoother_steps": ints(args.mg_smoother_steps), "coarsest": coarsest, "precision": args.mg_precision}
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -241,7 +246,8 @@ def markdown(r: dict) -> str:
     if mg and mg.get("params"):
         p = mg["params"]
         lines += ["", f"Multigrid: {p['levels']} levels, blocks {p['blocks']}, Nv {p['nv']}, set-up iterations "
-                      f"{p['setup_iters']}, smoothers {p['smoother_steps']}, coarsest {mg.get('coarsest', '?')}."]
+                      f"{p['setup_iters']}, smoothers {p['smoother_steps']}, coarsest {mg.get('coarsest', '?')}, "
+                      f"preconditioner in {p.get('precision', 'double')} precision."]
     if s and s.get("level_lines"):
         lines += ["", "Per level (compared solve):", "", "```"] + s["level_lines"] + ["```"]
     if r.get("phases_s"):

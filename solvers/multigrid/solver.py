@@ -16,6 +16,10 @@ Coarsest level: sparse LU (scipy, on the host; on several ranks the coarse stenc
 every rank, each solve gathers the right-hand side, solves redundantly and keeps its block) or unpreconditioned GCR
 to ``coarsest_tol``.
 
+Precision (:mod:`.precision`): the outer flexible GCR and its true residual are double; the preconditioner (every
+level >= 1, the KD step, the level-0 smoother) runs in ``precision`` ("double" or "single", QUDA's mixed-precision
+multigrid) on single-precision copies of the hierarchy made after each set-up or rebuild.
+
 Distributed: every level lives on the fine lattice's process grid (a coarse site belongs to the rank holding its
 aggregate); coarse shifts go through the halo exchange of ``comms`` (every transport) and reductions through the
 grid. Each level's time is split into compute, coarse halo exchange and reductions (:mod:`.timing`).
@@ -36,6 +40,7 @@ from .krylov import fgcr, gcr_smooth, norm2
 from .lattice import MultigridError, check_blocks, check_hypercubes
 from . import timing
 from .operators import Counter, FineStencil, KDBlocks, LevelOperator
+from .precision import PRECISIONS, CycleLevels, FineOp
 from .transfer import Transfer, galerkin, relax_null_vectors
 
 COARSEST = ("auto", "lu", "gcr")
@@ -63,6 +68,7 @@ class MultigridParams:
     kd: bool = True
     seed: int = 2024
     raise_on_fail: bool = True
+    precision: str = "double"
 
     def per_level(self, values, l: int, what: str):
         """The value of a per-aggregation-level parameter for aggregation level l (2, 3, ...): the last entry
@@ -93,6 +99,9 @@ def validate(params: MultigridParams, geom, naik: bool) -> MultigridParams:
         raise MultigridError(f"maxiter = {p.maxiter!r}: at least 1")
     if p.coarsest not in COARSEST:
         raise MultigridError(f"coarsest = {p.coarsest!r}: use one of {', '.join(COARSEST)}")
+    if p.precision not in PRECISIONS:
+        raise MultigridError(f"precision = {p.precision!r}: the preconditioner's precision is one of "
+                             f"{', '.join(PRECISIONS)} (the outer solve is always double)")
     nagg = p.levels - 2
     blocks = tuple(tuple(b) for b in p.blocks) if p.blocks else _default_blocks(p.levels)[:nagg]
     if len(blocks) != nagg:
@@ -118,7 +127,8 @@ def validate(params: MultigridParams, geom, naik: bool) -> MultigridParams:
 def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks=(), nv=48, setup_iters=50,
               refresh_iters: int = 10, smoother_steps=(0, 4), kcycle_tol: float = 0.05, kcycle_maxiter: int = 20,
               coarsest: str = "auto", coarsest_tol: float = 0.25, coarsest_maxiter: int = 100, nkrylov: int = 32,
-              kd: bool = True, seed: int = 2024, raise_on_fail: bool = True, subspace=None):
+              kd: bool = True, seed: int = 2024, raise_on_fail: bool = True, precision: str = "double",
+              subspace=None):
     """``multigrid(tol, ...)(M)``: M^-1 for a :class:`solvers.StaggeredMatrix` M = 2m + D, as an operator
     (:class:`MultigridInverse`): ``x = inv(b)``, ``x, stats = inv.solve(b)``.
 
@@ -138,6 +148,8 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
       ``coarsest_tol``), or "auto" (LU up to 200 000 coarsest unknowns);
     * ``nkrylov``: restart length of the outer flexible GCR (32: 12^4 needs 53 outer iterations against 56 with 16);
     * ``kd=False``: aggregate M itself, without the Kahler-Dirac step (the negative control);
+    * ``precision``: of the preconditioner, "double" or "single" (complex64 copies of X^-1, the near-null vectors,
+      the coarse stencils and M's links; the outer GCR and the true residual stay double: :mod:`.precision`);
     * ``subspace``: a :class:`Subspace` to share (near-null vectors of another mass: ``inv.subspace``).
     """
     params = MultigridParams(tol=tol, maxiter=maxiter, levels=levels, blocks=tuple(blocks),
@@ -149,7 +161,7 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
                              else (smoother_steps,),
                              kcycle_tol=kcycle_tol, kcycle_maxiter=kcycle_maxiter, coarsest=coarsest,
                              coarsest_tol=coarsest_tol, coarsest_maxiter=coarsest_maxiter, nkrylov=nkrylov, kd=kd,
-                             seed=seed, raise_on_fail=raise_on_fail)
+                             seed=seed, raise_on_fail=raise_on_fail, precision=precision)
     return lambda M: MultigridInverse(M, params, subspace)
 
 
@@ -227,6 +239,7 @@ class Hierarchy:
         self.ops = [None, LevelOperator(M, stencil, self.kd, self.counters[1])]
         self.transfers = []
         self.lu = None
+        self.cycle: CycleLevels | None = None
         self.version = -1
 
     def add_level(self, transfer: Transfer):
@@ -245,12 +258,11 @@ class Hierarchy:
         return "gcr"
 
     def factorize(self):
-        if self.coarsest_mode() == "lu":
-            from scipy.sparse.linalg import splu
-
-            self.lu = splu(self.ops[-1].sparse_matrix().tocsc())
-        else:
-            self.lu = None
+        """The levels in the preconditioner's precision (:class:`.precision.CycleLevels`) and the coarsest LU in
+        that precision (``lu``)."""
+        self.cycle = CycleLevels(self, self.params.precision)
+        self.cycle.factorize(self.coarsest_mode())
+        self.lu = self.cycle.lu
 
 
 class MultigridInverse(InverseOperator):
@@ -268,7 +280,8 @@ class MultigridInverse(InverseOperator):
         if M.dagger:
             raise MultigridError("multigrid inverts M = 2m + D; for M^dag = eps M eps use eps inv(eps b)")
         if np.dtype(M.dtype) != np.complex128:
-            raise MultigridError("multigrid runs in double precision (complex128)")
+            raise MultigridError("multigrid's outer solve runs in double precision: M must be complex128 "
+                                 "(precision=\"single\" makes the preconditioner single)")
         self.params = validate(params, M.geom, M.dslash.naik)
         super().__init__(M, f"multigrid (KD{'' if self.params.kd else ' off'}, {self.params.levels} levels)")
         self.hermitian = False
@@ -379,19 +392,19 @@ class MultigridInverse(InverseOperator):
     def _coarsest_solve(self, f):
         h = self.hierarchy
         L = len(h.ops) - 1
-        op = h.ops[L]
+        op = h.cycle.ops[L]
         st = self._lstats[L]
         t0 = time.perf_counter()
         with timing.active(h.clocks[L]):
-            if h.lu is not None:
+            if h.cycle.lu is not None:
                 geom = op.geom
                 t1 = timing.now()
                 rhs = geom.gather_all(f)                     # the whole right-hand side on every rank
                 dt = timing.now() - t1
                 if geom.grid.active_comm.size > 1:
                     timing.charge_halo(dt)                   # the gather is the coarsest level's communication
-                y = h.lu.solve(rhs.ravel()).reshape(rhs.shape)
-                y = op.xp.asarray(np.ascontiguousarray(geom.local_part(y)))
+                y = h.cycle.lu.solve(rhs.ravel()).reshape(rhs.shape)
+                y = op.xp.asarray(np.ascontiguousarray(geom.local_part(y)), dtype=op.dtype)
                 st["direct_solves"] += 1
             else:
                 p = self.params
@@ -403,20 +416,21 @@ class MultigridInverse(InverseOperator):
         return y
 
     def _cycle(self, l, f):
-        """K-cycle on level l: approximately A_l^-1 f."""
+        """K-cycle on level l: approximately A_l^-1 f (in the cycle's precision)."""
         h, p = self.hierarchy, self.params
+        cyc = h.cycle
         L = len(h.ops) - 1
         if l == L:
             return self._coarsest_solve(f)
         st = self._lstats[l]
         t0 = time.perf_counter()         # (the time of levels >= 2 is taken around their GCR, by the caller)
         st["cycles"] += 1
-        tr = h.transfers[l - 1]
+        tr = cyc.transfers[l - 1]
         fc = tr.restrict(f)
         if l + 1 == L:
             y = self._coarsest_solve(fc)
         else:
-            opc = h.ops[l + 1]
+            opc = cyc.ops[l + 1]
             t1 = time.perf_counter()
             with timing.active(h.clocks[l + 1]):
                 y, res = fgcr(opc.apply, lambda r: self._cycle(l + 1, r), opc.geom, fc, p.kcycle_tol,
@@ -427,23 +441,25 @@ class MultigridInverse(InverseOperator):
         x = tr.prolong(y)
         steps = p.steps(l)
         with timing.active(h.clocks[l]):
-            x = gcr_smooth(h.ops[l], f, x, steps)
+            x = gcr_smooth(cyc.ops[l], f, x, steps)
         st["smoother_steps"] += steps
         if l == 1:
             st["time_incl"] += time.perf_counter() - t0
         return x
 
     def _precondition(self, r):
-        """Level 0: e = smooth_M(r, K_1(X^-1 r))."""
+        """Level 0: e = smooth_M(r, K_1(X^-1 r)), in the cycle's precision (r rounded to it, e promoted back)."""
         h, p = self.hierarchy, self.params
-        f = r if h.kd is None else h.kd.apply_inv(r)
+        cyc = h.cycle
+        rc = cyc.to_cycle(r)
+        f = rc if cyc.kd is None else cyc.kd.apply_inv(rc)
         e = self._cycle(1, f)
         steps = p.steps(0)
         if steps > 0:
             with timing.active(h.clocks[0]):
-                e = gcr_smooth(self._fine, r, e, steps)
+                e = gcr_smooth(cyc.fine, rc, e, steps)
             self._lstats[0]["smoother_steps"] += steps
-        return e
+        return cyc.to_outer(e, r.dtype)
 
     # ----------------------------------------------------------------------------------------------- solve
     def _solve(self, b, x0):
@@ -457,7 +473,7 @@ class MultigridInverse(InverseOperator):
             c.reset()
         for c in h.clocks:
             c.reset()
-        self._fine = _FineOp(self.op, h.counters[0])
+        self._fine = FineOp(self.op, h.counters[0])
         self._lstats = [dict(cycles=0, krylov_iters=0, solves=0, direct_solves=0, smoother_steps=0, time_incl=0.0)
                         for _ in h.ops]
         t0 = time.perf_counter()
@@ -472,7 +488,8 @@ class MultigridInverse(InverseOperator):
         true_res = math.sqrt(norm2(geom, b - self.op(x)) / bb) if bb > 0 else 0.0
         st = MultigridStats(self.name, p.tol, converged=true_res <= p.tol, iters=res.iters, milc_iters=res.iters,
                             restarts=res.restarts, residual=res.residual, true_residual=true_res,
-                            precision="double", maxiter=p.maxiter)
+                            precision="double" if p.precision == "double" else f"{p.precision}/double",
+                            maxiter=p.maxiter)
         st.setup_time = setup_time
         st.solve_time = solve_time
         st.time = setup_time + solve_time
@@ -482,7 +499,7 @@ class MultigridInverse(InverseOperator):
         st.fine_applies = h.counters[0].applies + h.counters[1].applies
         st.matvecs = st.fine_applies
         st.flops = float(sum(d.get("flops", 0.0) for d in st.levels))
-        st.extra.update(mass=self.mass, kd=p.kd, coarsest=h.coarsest_mode())
+        st.extra.update(mass=self.mass, kd=p.kd, coarsest=h.coarsest_mode(), cycle_precision=p.precision)
         if not st.converged and p.raise_on_fail:
             raise SolverConvergenceError(
                 f"{self.name} did not converge: {res.iters} outer iterations (maxiter {p.maxiter}), true residual "
@@ -529,17 +546,3 @@ class MultigridInverse(InverseOperator):
         return FunctionOperator(self.geom, lambda b: eps * self(eps * b), self, dtype=self.dtype,
                                 name=f"({self.name})^dag")
 
-
-class _FineOp:
-    """M with an application counter (level 0 of the statistics)."""
-
-    def __init__(self, M, counter):
-        self.M, self.counter = M, counter
-        self.geom, self.xp = M.geom, M.xp
-
-    def apply(self, v):
-        t0 = time.perf_counter()
-        out = self.M(v)
-        self.counter.applies += 1
-        self.counter.time += time.perf_counter() - t0
-        return out

@@ -41,7 +41,8 @@ def test_end_to_end_4x4(bench, tmp_path):
     assert r["gauge"]["trajectories"] == 3 and not r["gauge"]["thermalized_in_plaquette"]
     assert r["cg"]["true_residual"] <= 1e-10 and r["mg"]["solve"]["true_residual"] <= 1e-10
     assert r["mg"]["solve"]["fine_applies"] > r["mg"]["solve"]["outer_iters"] > 0
-    assert r["mg"]["setup_fine_applies"] == 4 * (2 * 5 + 2) + 2 * 4          # relaxation + Galerkin probes
+    assert r["mg"]["setup_fine_applies"] == 4 * (2 * 5 + 3) + 2 * 4          # relaxation + Galerkin probes
+    assert r["mg"]["params"]["precision"] == "double"                           # --mg-precision's default
     c = r["comparison"]
     assert c["applications_ratio"] == pytest.approx(r["cg"]["fine_applies"] / r["mg"]["solve"]["fine_applies"])
     assert c["rel_diff_mg_cg"] < 1e-6

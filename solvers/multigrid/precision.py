@@ -1,0 +1,120 @@
+"""The precision of the multigrid preconditioner (``multigrid(..., precision=...)``), as QUDA runs it.
+
+The outer flexible GCR, its true residual and the solution stay in double precision (complex128); the
+preconditioner it calls (X^-1 of the Kahler-Dirac step, the K-cycle with its smoothers, transfers and coarse
+operators, the coarsest solve) runs in ``precision``: with "single" the residual is rounded to complex64 on the way
+in and the correction promoted back on the way out. Flexible GCR lets the preconditioner change from one iteration
+to the next (the K-cycle's inner GCR already makes it do), so single's rounding (6e-8) costs outer iterations only
+where it is comparable to the cycle's own error (the coarse space's, kcycle_tol 0.05): measured, none (the
+solver's notes in :mod:`solvers.multigrid`).
+
+The set-up (near-null vectors, orthonormalization, Galerkin probes, adjoint stencils) runs in double; the single
+hierarchy holds copies, made once per hierarchy (per mass and link update), of: the fine links of M
+(``StaggeredMatrix.converted``, as mixed_cg's single-precision iteration), the batched fine stencil's links, the
+48x48 blocks X and X^-1, the near-null vectors V (P and R = V^dag), the coarse stencils Y, and a sparse LU of the
+coarsest single stencil (SuperLU in single).
+
+On the GPU the batched kernels of :mod:`.cuda` take complex128 only; their dispatch (``cuda.applies``) checks the
+dtype of every array, so single-precision fields take the array path (CuPy matmul and rolls) there.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .operators import CoarseOperator, FineStencil, KDBlocks, LevelOperator
+
+PRECISIONS = {"double": np.complex128, "single": np.complex64}
+
+
+def cycle_dtype(precision: str):
+    """complex128 or complex64 for "double" or "single"."""
+    return np.dtype(PRECISIONS[precision])
+
+
+def converted_stencil(stencil: FineStencil, dtype) -> FineStencil:
+    """The batched fine stencil with its links in ``dtype`` (the same hops, mass and sign)."""
+    if stencil.links.dtype == dtype:
+        return stencil
+    s = FineStencil.__new__(FineStencil)
+    s.__dict__.update(stencil.__dict__)
+    s.links = stencil.links.astype(dtype)
+    return s
+
+
+def converted_kd(kd: KDBlocks | None, dtype) -> KDBlocks | None:
+    """The KD blocks X, X^-1 and X^-dag in ``dtype``: rounded from the double-precision inverse (not inverted in
+    single)."""
+    if kd is None or kd.X.dtype == dtype:
+        return kd
+    k = KDBlocks.__new__(KDBlocks)
+    k.__dict__.update(kd.__dict__)
+    k.X = kd.X.astype(dtype)
+    k.Xinv = kd.Xinv.astype(dtype)
+    k.Xinv_dag = kd.Xinv_dag.astype(dtype)
+    return k
+
+
+def converted_coarse(op: CoarseOperator, dtype) -> CoarseOperator:
+    """The coarse stencil Y in ``dtype`` (same lattice, counter and level)."""
+    if op.Y.dtype == dtype:
+        return op
+    return CoarseOperator(op.geom, op.Y.astype(dtype), op.counter, op.level)
+
+
+class FineOp:
+    """M (any precision) with an application counter (level 0 of the statistics)."""
+
+    def __init__(self, M, counter):
+        self.M, self.counter = M, counter
+        self.geom, self.xp = M.geom, M.xp
+
+    def apply(self, v):
+        t0 = time.perf_counter()
+        out = self.M(v)
+        self.counter.applies += 1
+        self.counter.time += time.perf_counter() - t0
+        return out
+
+
+class CycleLevels:
+    """What the preconditioner applies, in one precision: ``fine`` (M, for the level-0 smoother), ``kd`` (X^-1 or
+    None), ``ops`` (None, A = X^-1 M, then the coarse stencils), ``transfers`` and ``lu`` (the coarsest factor or
+    None). In double these are the hierarchy's own objects; in single, copies (see the module docstring). The
+    counters are the hierarchy's, so the statistics count applications in either precision."""
+
+    def __init__(self, hierarchy, precision: str):
+        dtype = cycle_dtype(precision)
+        h = self.hierarchy = hierarchy
+        self.precision, self.dtype = precision, dtype
+        self.double = dtype == np.complex128
+        M = h.M if self.double else h.M.converted(dtype)
+        self.fine = FineOp(M, h.counters[0])
+        self.kd = converted_kd(h.kd, dtype)
+        if self.double:
+            self.ops = list(h.ops)
+            self.transfers = list(h.transfers)
+        else:
+            lvl = h.ops[1]
+            self.ops = [None, LevelOperator(M, converted_stencil(lvl.stencil, dtype), self.kd, lvl.counter)]
+            self.ops += [converted_coarse(op, dtype) for op in h.ops[2:]]
+            self.transfers = [tr.converted(dtype) for tr in h.transfers]
+        self.lu = None
+
+    def factorize(self, mode: str):
+        """The coarsest sparse LU in this precision (``mode`` "lu"), or none ("gcr")."""
+        if mode == "lu":
+            from scipy.sparse.linalg import splu
+
+            self.lu = splu(self.ops[-1].sparse_matrix().tocsc())
+        else:
+            self.lu = None
+
+    def to_cycle(self, v):
+        """A double-precision field rounded to the cycle's precision (no copy in double)."""
+        return v if self.double else v.astype(self.dtype)
+
+    def to_outer(self, v, dtype):
+        """A correction of the cycle promoted to the outer precision ``dtype``."""
+        return v if v.dtype == dtype else v.astype(dtype)
