@@ -59,26 +59,26 @@ CG = mixed-precision even-odd CG, M-equivalent applications; scratch scripts, no
     16^4    4      50     48 (0, 4)    0.05 / 20    26    158   458   (the defaults now, but nkrylov 16)
 
 What grows, and what does not: (1) the two-grid method itself (the coarse problem solved exactly) needs 40 to 42
-outer iterations on 8^4 and 54 to 56 on 12^4 and 16^4: flat from 12^4 on (8^4, a 2^4 coarse lattice, is small);
-(2) the inexact K-cycle adds to it and the loss grows with depth (four levels: +5% on 8^4, +11% on 16^4; the
-five-level 32^4 run on the H200 needed 141): GCR to 0.25 in 2 to 3 iterations removes the coarse residual's large
-components and leaves the smallest-eigenvalue error of the coarse operator, which is what the coarse correction is
-for, and the coarse operators' smallest eigenvalues fall with the volume. Hence kcycle_tol 0.05, kcycle_maxiter 20
-(16^4: 53 outer iterations, exact 55). (3) Not the near-null vectors' set-up: CG on A^dag A x = 0 from random
-vectors converges to x = 0 (on 8^4 |x| falls 1e12-fold in 300 iterations while |A x|/|x| stays at 0.12 to 0.2, the
-bottom of the spectrum; its recursive residual then drifts from the true one), so past ~50 iterations the vectors
-improve nothing (above) and "a few hundred" (MULTIGRID.md) end in rounding noise (12^4: |A v|/|v| 0.083 after 50,
-0.149 after 150). Nor does bootstrapping them by the cycle's error propagation help (8^4: |A v|/|v| 0.57, 60 outer
-iterations): the slow modes of the cycle are the smoother-resistant ones near |z - 1| = 1, not low modes. (4) The
-fine-level smoother (GCR on M, spectrum on the line 2m + i y) costs 3 applications of M per outer iteration and saves
-none: smoothers (0, 4). (5) What works is a richer coarse space: with Nv 48 the outer count is the same on 8^4,
-12^4 and 16^4 (28, 29, 26 with the defaults now; Nv 24: 45, 56, 57), 169, 175, 158 applications of M: 1.5, 1.9,
-2.9 times fewer than CG, the gain growing with the volume (Nv 24, 32, 48 on 8^4: 273 (four levels), 231, 176):
-Nv 48 by default (MULTIGRID.md: 16 to 32 on small lattices, 64 in production), at twice the set-up work of Nv 24
-and with 96x96 coarse blocks. Also
-fixed: the outer GCR's |r|^2 recurrence stalled at its rounding floor (1.85e-8 relative), so a long Krylov cycle ran
-on to its restart (nkrylov 64: 64 outer iterations instead of 40); nkrylov 32 now (12^4: 53 against 56). Not
-verified here: 32^4 (five levels) with the new defaults (no device time was left).
+outer iterations on 8^4 and 54 to 56 on 12^4 and 16^4: flat from 12^4 on (8^4, a 2^4 coarse lattice, is small); (2)
+the inexact K-cycle adds to it and the loss grows with depth (four levels: +5% on 8^4, +11% on 16^4; the five-level
+32^4 run on the H200 needed 141): GCR to 0.25 in 2 to 3 iterations removes the coarse residual's large components
+and leaves the smallest-eigenvalue error of the coarse operator, which is what the coarse correction is for, and the
+coarse operators' smallest eigenvalues fall with the volume. Hence kcycle_tol 0.05, kcycle_maxiter 20 (16^4: 53
+outer iterations, exact 55). (3) Not the near-null vectors' set-up: CG on A^dag A x = 0 from random vectors
+converges to x = 0 (on 8^4 |x| falls 1e12-fold in 300 iterations while |A x|/|x| stays at 0.12 to 0.2, the bottom of
+the spectrum; its recursive residual then drifts from the true one), so past ~50 iterations the vectors improve
+nothing (above) and "a few hundred" (MULTIGRID.md) ended in rounding noise (12^4: |A v|/|v| 0.083 after 50, 0.149
+after 150; now restarted and guarded, below). Nor does bootstrapping them by the cycle's error propagation help
+(8^4: |A v|/|v| 0.57, 60 outer iterations): the slow modes of the cycle are the smoother-resistant ones near
+|z - 1| = 1, not low modes. (4) The fine-level smoother (GCR on M, spectrum on the line 2m + i y) costs 3
+applications of M per outer iteration and saves none: smoothers (0, 4). (5) What works is a richer coarse space:
+with Nv 48 the outer count is the same on 8^4, 12^4 and 16^4 (28, 29, 26 with the defaults now; Nv 24: 45, 56, 57),
+169, 175, 158 applications of M: 1.5, 1.9, 2.9 times fewer than CG, the gain growing with the volume (Nv 24, 32, 48
+on 8^4: 273 (four levels), 231, 176): Nv 48 by default (MULTIGRID.md: 16 to 32 on small lattices, 64 in production),
+at twice the set-up work of Nv 24 and with 96x96 coarse blocks. Also fixed: the outer GCR's |r|^2 recurrence stalled
+at its rounding floor (1.85e-8 relative), so a long Krylov cycle ran on to its restart (nkrylov 64: 64 outer
+iterations instead of 40); nkrylov 32 now (12^4: 53 against 56). Not verified here: 32^4 (five levels) with the new
+defaults (no device time was left).
 
 Distributed (tests/solvers/test_multigrid_mpi.py): every level lives on the fine lattice's process grid; coarse
 shifts go through the halo exchange of ``comms`` (every transport), the coarsest LU is gathered to every rank and
@@ -91,7 +91,48 @@ pseudofermion's heat-bath and action solves as masses sqrt(p)/2 (deck ``[multigr
 ``hmc run`` by multigrid (``[multigrid] pbp``). GPU (:mod:`.cuda`): the coarse stencil and X^-1 as one kernel
 each on one rank.
 
-Not done here: mixed precision; exact (decomposition-independent) reductions in the batched set-up (``grid.sum``:
+Mixed precision (:mod:`.precision`, ``multigrid(..., precision="single")``, ``--mg-precision``, deck
+``[multigrid] precision``), as QUDA: the outer flexible GCR, its true residual and the solution in double; the
+whole preconditioner (X^-1, the K-cycle's GCR and smoothers, P and R, the coarse stencils, the coarsest LU:
+SuperLU in single) in complex64, on copies of the double hierarchy made once per mass or link update (the set-up
+itself stays double). Measured (CPU, NumPy, tools/mg_bench.py's field as above, m = 0.001, tol 1e-10, the
+defaults: 3 levels, Nv 48, 50 set-up iterations, smoothers (0, 4), coarsest LU; one set-up, then the preconditioner
+alternated double, single, double, single (two runs; in run 1 single first), solve time the best of 2 or 3
+repeats; per-level times and the rebuild (X^-1, Galerkin, single copies, LU) over all; a 2-core machine shared
+with other jobs, so the times scatter by 20%, run 1 under more load; a scratch script, not kept):
+
+    lattice  preconditioner  outer  fine  solve (run 1; run 2)      level 1      coarsest LU  rebuild      true res.
+    8^4      double           28    169   1.31, 1.32; 1.15, 1.36 s  0.84-1.20 s  0.12-0.15 s  1.3-1.8 s    8.5e-11
+    8^4      single           28    169   1.30, 1.29; 0.97, 1.00 s  0.66-0.92 s  0.11-0.12 s  1.2-1.8 s    8.5e-11
+    12^4     double           29    175   9.75, 14.5; 10.4, 7.58 s  4.39-6.27 s  2.06-2.90 s  35.5-55.6 s  4.8e-11
+    12^4     single           29    175   9.46, 8.52; 6.29, 6.78 s  3.30-4.91 s  2.45-3.67 s  22.2-35.9 s  4.8e-11
+
+The single-precision cycle costs no outer iteration: the same counts on both lattices, also with the coarsest
+solve by GCR on 12^4 (31 and 31, the same 643 coarse GCR iterations) and on l8888 with Nv 16 (46 and 46 at
+m = 0.01 and 0.001). Flexible GCR lets the preconditioner change between iterations, and the cycle's own error
+(the coarse space's, kcycle_tol) is far above single's rounding: its corrections differ from the double cycle's by
+~1e-5 relative (l8888, m = 0.001), the solutions by ~1e-14 (l8888, Nv 8, m = 0.01). The gain on the CPU is modest:
+per solve 16% (best against best: 8^4 0.97 against 1.15 s, 12^4 6.29 against 7.58 s), level 1 about 25%; the
+outer level stays double, SuperLU's single solve is not faster (its factorization is: the 12^4 rebuild), and
+NumPy's complex64 shifts, gathers and small batched products are not twice as fast as complex128. On the GPU the
+batched kernels of :mod:`.cuda` take complex128 only, so a single cycle runs the array path there (many launches
+on the latency-bound coarse levels) instead of one kernel per stencil: not measured here (no device), likely slower
+until the kernels get complex64 versions. Hence ``precision="double"`` stays the default: single is as good in
+iterations and accuracy, but its one clear gain here is within this machine's scatter and the GPU, where the
+production solves run, is unmeasured.
+
+Near-null relaxation (:func:`.transfer.relax_null_vectors`): the recursive residual of CG on A^dag A x = 0 left the
+true one (no restart, l8888 m = 0.001: |A v|/|v| 0.24 after 50 iterations, 0.41 after 200, 0.90 after 300). CG now
+restarts every 50 iterations (or when a vector's |r|^2 has fallen 1e-14-fold), each vector scaled to unit norm and
+its residual recomputed. That alone does not make more iterations better: CG minimizes |A x|, not |A x|/|x|, and
+once the lowest modes dominate it removes them too (12^4, restarted: 0.080..0.087 after 50, 0.106..0.142 after
+150, 0.100..0.121 after 200). So each vector's quotient is measured at each restart and a vector whose cycle did not
+lower it keeps its best iterate and stops: now l8888 (four vectors) 0.232..0.245 after 50, 0.220..0.240 after 100
+and the same after 150, 200, 300; 12^4 0.080..0.087 after 50, 150 and 200 (the second cycle lowered none, so
+they stop after 100). The defaults (50 iterations: one cycle) give the same vectors as before to rounding; a
+refresh after a gauge update now never returns a worse vector than it started from.
+
+Not done here: exact (decomposition-independent) reductions in the batched set-up (``grid.sum``:
 results across rank counts agree to rounding, not bitwise); the coarse LU is gathered and solved on every rank (no
 distributed direct solve; fine for the small coarsest lattices here); GPU kernels with several ranks (the array
 path and host-staged halos then).
@@ -99,7 +140,8 @@ path and host-staged halos then).
 Modules: :mod:`.lattice` (coarse lattices, blocking, parameter checks), :mod:`.operators` (batched M, the KD
 blocks X and X^-1, the level and coarse operators), :mod:`.transfer` (near-null vectors, P and R, Galerkin),
 :mod:`.krylov` (GCR smoother, flexible GCR), :mod:`.solver` (parameters, set-up reuse, K-cycle, statistics),
-:mod:`.timing` (per-level clocks), :mod:`.split` (split-grid solves), :mod:`.shifts` (RHMC shifts), :mod:`.cuda`
+:mod:`.timing` (per-level clocks), :mod:`.precision` (the preconditioner's single-precision copies),
+:mod:`.split` (split-grid solves), :mod:`.shifts` (RHMC shifts), :mod:`.cuda`
 (GPU kernels).
 """
 from .lattice import CoarseGeometry, MultigridError
