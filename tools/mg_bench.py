@@ -86,6 +86,9 @@ def parse(argv=None):
     g.add_argument("--mg-setup-iters", default=env("MG_SETUP_ITERS", "50"), help="set-up CG iterations per level")
     g.add_argument("--mg-smoother-steps", default=env("MG_SMOOTHER_STEPS", "0 4"), help="GCR smoother steps")
     g.add_argument("--mg-coarsest", default=env("MG_COARSEST", "auto"), choices=("auto", "lu", "gcr"))
+    p.add_argument("--scan-masses", type=float, nargs="*", default=[float(x) for x in env("MG_SCAN", "").split()],
+                   help="after the comparison, multigrid (same near-null vectors) and CG at these masses too: "
+                        "the flat-in-mass check (env MG_SCAN, e.g. \"0.1 0.01\")")
     g.add_argument("--mg-maxiter", type=int, default=300, help="most outer iterations (default 300)")
     g.add_argument("--mg-precision", default=env("MG_PRECISION", "double"), choices=("double", "single"),
                    help="precision of the preconditioner (K-cycle, smoothers, coarse operators, coarsest solve); "
@@ -243,6 +246,20 @@ def markdown(r: dict) -> str:
                 lines.append(f"| {label} | {fmt(v, spec) if not isinstance(v, str) else v} |")
         if "goal_12_rhs" in c:
             lines.append(f"| wall-clock win over 12 right-hand sides | {c['goal_12_rhs']} |")
+    if r.get("mass_scan"):
+        lines += ["", "Flat in mass (the same near-null vectors at every mass; MULTIGRID.md: MG outer iterations within "
+                      "30 % from m = 0.1 to 0.001 while CG's grow):", "",
+                  "| m | CG iterations | CG applications | MG outer | MG applications | CG/MG applications | "
+                  "MG rebuild (X^-1, coarse ops) | MG solve | CG solve |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for q in r["mass_scan"]:
+            if "mg_outer" not in q:
+                lines.append(f"| {q['mass']:g} | {q.get('skipped', '-')} | | | | | | | |")
+                continue
+            lines.append(f"| {q['mass']:g} | {q['cg_iters']} | {q['cg_applies']} | {q['mg_outer']} | {q['mg_applies']} | "
+                         f"{q['cg_applies'] / max(q['mg_applies'], 1):.2f} | {fmt(q['mg_rebuild_s'])} s | "
+                         f"{fmt(q['mg_time_s'])} s | {fmt(q['cg_time_s'])} s |")
+        if "mass_scan_spread" in r:
+            lines.append(f"\nMG outer iterations: largest / smallest - 1 = {r['mass_scan_spread']:.2f} (goal <= 0.30).")
     if mg and mg.get("params"):
         p = mg["params"]
         lines += ["", f"Multigrid: {p['levels']} levels, blocks {p['blocks']}, Nv {p['nv']}, set-up iterations "
@@ -324,17 +341,12 @@ def true_residual(geom, M, x, b) -> float:
     return math.sqrt(norm2(geom, b - M(x)) / norm2(geom, b))
 
 
-def run_cg(args, D, b, rep):
-    """Mixed-precision even-odd CG with the full-system tolerance of multigrid."""
+def cg_solve(args, D, b, m):
+    """Mixed-precision even-odd CG at mass m with the full-system tolerance of multigrid: (x, result dict)."""
     from solvers import even_odd_inverse, mixed_cg, norm2
 
-    geom, m = D.geom, args.mass
+    geom = D.geom
     M_eo = D.even_odd(m)
-    rep.start("cg")
-    t0 = time.perf_counter()
-    even_odd_inverse(M_eo, mixed_cg(1e-2, 20, raise_on_fail=False), check_residual=False).solve(b)   # compile
-    geom.backend.synchronize()
-    warm = time.perf_counter() - t0
     src = M_eo.prepare(b)
     tol_even = args.tol * 2 * m * math.sqrt(norm2(geom, b) / norm2(geom, src))
     tol_even = max(tol_even, 1e-15)
@@ -344,15 +356,78 @@ def run_cg(args, D, b, rep):
     geom.backend.synchronize()
     t = time.perf_counter() - t0
     res = true_residual(geom, D.matrix(m), x, b)
-    rep.r["cg"] = {"solver": "mixed-precision CG (complex64 iteration, reliable updates), even-odd",
-                   "tol_even": tol_even, "iters": st.iters, "matvecs": st.matvecs, "restarts": st.restarts,
-                   "fine_applies": st.matvecs + 1, "time_s": t, "warmup_s": warm, "true_residual": res,
-                   "even_residual": st.true_residual, "converged": bool(res <= args.tol * 1.0001),
-                   "cg_converged_flag": bool(st.converged), "precision": st.precision}
+    return x, {"solver": "mixed-precision CG (complex64 iteration, reliable updates), even-odd",
+               "tol_even": tol_even, "iters": st.iters, "matvecs": st.matvecs, "restarts": st.restarts,
+               "fine_applies": st.matvecs + 1, "time_s": t, "true_residual": res,
+               "even_residual": st.true_residual, "converged": bool(res <= args.tol * 1.0001),
+               "cg_converged_flag": bool(st.converged), "precision": st.precision}
+
+
+def run_cg(args, D, b, rep):
+    """Mixed-precision even-odd CG at the benchmark's mass, after a short warm-up solve (kernel compilation)."""
+    from solvers import even_odd_inverse, mixed_cg
+
+    geom, m = D.geom, args.mass
+    rep.start("cg")
+    t0 = time.perf_counter()
+    even_odd_inverse(D.even_odd(m), mixed_cg(1e-2, 20, raise_on_fail=False), check_residual=False).solve(b)
+    geom.backend.synchronize()
+    warm = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    x, rep.r["cg"] = cg_solve(args, D, b, m)
+    rep.r["cg"]["warmup_s"] = warm
     rep.phase("cg", t0)
-    print(f"[{elapsed():6.1f} s] mixed CG: {st.iters} iterations, {t:.3f} s, true residual {res:.2e} "
-          f"(even tol {tol_even:.2e})", flush=True)
+    c = rep.r["cg"]
+    print(f"[{elapsed():6.1f} s] mixed CG: {c['iters']} iterations, {c['time_s']:.3f} s, true residual "
+          f"{c['true_residual']:.2e} (even tol {c['tol_even']:.2e})", flush=True)
     return x
+
+
+def run_mass_scan(args, D, b, rep):
+    """MULTIGRID.md's flat-in-mass check: multigrid (the same near-null vectors, ``with_mass``: new X^-1, coarse
+    operators and LU) against mixed CG at every mass of ``--scan-masses``; the benchmark's own mass is taken from
+    the comparison above."""
+    inv = getattr(rep, "inverse", None)
+    if inv is None or not args.scan_masses:
+        return
+    scan = rep.r["mass_scan"] = []
+    cg0, s0 = rep.r["cg"], rep.r["mg"]["solves"][0]       # the first multigrid source is CG's b
+    for m in sorted(set(args.scan_masses) | {args.mass}, reverse=True):
+        if m == args.mass:
+            row = {"mass": m, "cg_iters": cg0["iters"], "cg_applies": cg0["fine_applies"], "cg_time_s": cg0["time_s"],
+                   "mg_outer": s0["outer_iters"], "mg_applies": s0["fine_applies"],
+                   "mg_time_s": rep.r["mg"]["solve"]["time_s"],
+                   "mg_rebuild_s": 0.0, "mg_true_residual": s0["true_residual"]}
+        else:
+            if elapsed() + 20 > args.budget:
+                row = {"mass": m, "skipped": f"budget ({elapsed():.0f} s used of {args.budget:g})"}
+                scan.append(row)
+                rep.write()
+                continue
+            rep.start(f"scan_{m:g}")
+            t0 = time.perf_counter()
+            _, c = cg_solve(args, D, b, m)
+            t1 = time.perf_counter()
+            im = inv.with_mass(m)
+            im.setup()
+            D.geom.backend.synchronize()
+            rebuild = time.perf_counter() - t1
+            t2 = time.perf_counter()
+            x, st = im.solve(b)
+            D.geom.backend.synchronize()
+            t_mg = time.perf_counter() - t2
+            row = {"mass": m, "cg_iters": c["iters"], "cg_applies": c["fine_applies"], "cg_time_s": c["time_s"],
+                   "mg_outer": st.iters, "mg_applies": st.fine_applies, "mg_time_s": t_mg, "mg_rebuild_s": rebuild,
+                   "mg_true_residual": true_residual(D.geom, D.matrix(m), x, b)}
+            rep.phase(f"scan_{m:g}", t0)
+        scan.append(row)
+        rep.write()
+        print(f"[{elapsed():6.1f} s] mass scan m = {m:g}: CG {row['cg_iters']} iterations, MG {row['mg_outer']} "
+              f"outer ({row['mg_applies']} applications)", flush=True)
+    done = [r for r in scan if "mg_outer" in r]
+    if len(done) > 1:
+        outer = [r["mg_outer"] for r in done]
+        rep.r["mass_scan_spread"] = max(outer) / min(outer) - 1.0
 
 
 def run_mg(args, D, b, b2, rep, x_cg):
@@ -363,6 +438,7 @@ def run_mg(args, D, b, b2, rep, x_cg):
     hp = hierarchy_params(args, geom.dims)
     mg = rep.r["mg"] = {"params": dict(hp), "solves": []}
     inv = multigrid(args.tol, args.mg_maxiter, raise_on_fail=False, **hp)(D.matrix(m))
+    rep.inverse = inv                                       # the mass scan reuses its near-null vectors
     mg["coarsest"] = inv.hierarchy.coarsest_mode() if inv.hierarchy else None
     rep.start("mg_setup")
     t0 = time.perf_counter()
@@ -446,6 +522,7 @@ def main(argv=None) -> int:
         x_cg = run_cg(args, D, b, rep)
         run_mg(args, D, b, b2, rep, x_cg)
         compare(args, rep)
+        run_mass_scan(args, D, b, rep)
         ok = rep.r["cg"]["converged"] and rep.r["mg"]["solve"]["converged"]
         rep.r["status"] = "complete" if ok else "complete, but a solver did not reach the tolerance"
         rep.r["elapsed_s"] = round(elapsed(), 3)

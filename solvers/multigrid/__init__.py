@@ -115,11 +115,9 @@ m = 0.01 and 0.001). Flexible GCR lets the preconditioner change between iterati
 per solve 16% (best against best: 8^4 0.97 against 1.15 s, 12^4 6.29 against 7.58 s), level 1 about 25%; the
 outer level stays double, SuperLU's single solve is not faster (its factorization is: the 12^4 rebuild), and
 NumPy's complex64 shifts, gathers and small batched products are not twice as fast as complex128. On the GPU the
-batched kernels of :mod:`.cuda` take complex128 only, so a single cycle runs the array path there (many launches
-on the latency-bound coarse levels) instead of one kernel per stencil: not measured here (no device), likely slower
-until the kernels get complex64 versions. Hence ``precision="double"`` stays the default: single is as good in
-iterations and accuracy, but its one clear gain here is within this machine's scatter and the GPU, where the
-production solves run, is unmeasured.
+batched kernels of :mod:`.cuda` come in complex64 too (session 3), so a single cycle keeps one kernel per stencil
+there and halves the bytes of Y, the coarse levels' main traffic. ``precision="double"`` stays the default until
+the GPU comparison (tools/mg_bench.py --mg-precision single) says otherwise.
 
 Near-null relaxation (:func:`.transfer.relax_null_vectors`): the recursive residual of CG on A^dag A x = 0 left the
 true one (no restart, l8888 m = 0.001: |A v|/|v| 0.24 after 50 iterations, 0.41 after 200, 0.90 after 300). CG now

@@ -396,15 +396,19 @@ class MultigridInverse(InverseOperator):
         st = self._lstats[L]
         t0 = time.perf_counter()
         with timing.active(h.clocks[L]):
-            if h.cycle.lu is not None:
+            lu = h.cycle.lu
+            if lu is not None and getattr(lu, "on_device", False) and op.geom.grid.active_comm.size == 1:
+                y = lu.solve(f.reshape(-1)).reshape(f.shape)  # one rank, GPU: no host round trip
+                st["direct_solves"] += 1
+            elif lu is not None:
                 geom = op.geom
                 t1 = timing.now()
                 rhs = geom.gather_all(f)                     # the whole right-hand side on every rank
                 dt = timing.now() - t1
                 if geom.grid.active_comm.size > 1:
                     timing.charge_halo(dt)                   # the gather is the coarsest level's communication
-                y = h.cycle.lu.solve(rhs.ravel()).reshape(rhs.shape)
-                y = op.xp.asarray(np.ascontiguousarray(geom.local_part(y)), dtype=op.dtype)
+                y = lu.solve(rhs.ravel()).reshape(rhs.shape)
+                y = op.xp.ascontiguousarray(op.xp.asarray(geom.local_part(y), dtype=op.dtype))
                 st["direct_solves"] += 1
             else:
                 p = self.params

@@ -120,3 +120,23 @@ def test_gpu_multigrid_solve_equals_numpy_and_times_the_kernels():
         mgcuda.set_kernels(old)
     print(f"\ncoarse stencil {op.geom.dims} n={op.n}: kernel {times[True] * 1e6:.1f} us, array path "
           f"{times[False] * 1e6:.1f} us per application")
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
+def test_dense_coarsest_inverse_equals_sparse_lu(dtype):
+    """The GPU's coarsest solve (precision.DenseInverse: the explicit inverse, made in double and rounded to the
+    cycle's precision) equals SuperLU's solve of the same coarse operator, here with NumPy in place of CuPy."""
+    import scipy.sparse as sp
+    from scipy.sparse.linalg import splu
+
+    from solvers.multigrid.precision import DenseInverse
+
+    g = np.random.default_rng(5)
+    n = 200
+    A = (sp.random(n, n, density=0.05, random_state=7, dtype=np.float64) * (1 + 1j) + 4 * sp.eye(n)).astype(dtype)
+    b = (g.normal(size=n) + 1j * g.normal(size=n)).astype(dtype)
+    dense = DenseInverse(np, A.toarray())
+    assert dense.inv.dtype == dtype and dense.on_device
+    ref = splu(A.tocsc()).solve(b)
+    tol = 1e-13 if dtype == np.complex128 else 1e-5
+    assert np.linalg.norm(dense.solve(b) - ref) <= tol * np.linalg.norm(ref)
