@@ -46,15 +46,19 @@ changes with such small footprints (GR, FA or non-light MD solves made exact, al
 cgresid_md_fa_gr entries set to 1e-10/1e-12) scatter delta S over -0.097128 .. -0.097012 (12 runs with the last-bit
 momenta changes: mean -0.0970751, standard deviation 3.4e-5); MILC's values sit 3.1 and 3.9 standard deviations above
 that mean (4.4e-5 and 7.0e-5 beyond our largest). With GR and FA solved exactly the start action is 9744.17128215306,
-2.0e-8 from MILC's May value (the deck's tolerances: 1.9e-7; all of it the light FA solve): MILC's solves may have
-been tighter than their stated tolerances. Per 1e-4 of delta S, PLAQ (ss, st) moves by:
+2.0e-8 from MILC's May value (the deck's tolerances: 1.9e-7; all of it the light FA solve). That is no sign of tighter
+MILC solves: f_start's truncation error is at the rounding floor (g x (1 + 1e-15) moves it by 2.4e-7), and MILC's
+same-day total_iters match ours (tools/milc_f211_hisq2_2009.py). Per 1e-4 of delta S, PLAQ (ss, st) moves by:
   charm epsilon terms scaled (onelink=naik=1.01): -4e-9, -3e-9     (1.00024-1.00030 needed; disfavoured by st)
   discrete epsilon bugs (table above):             2e-9 .. 4e-8     (in size; they move delta S by 0.19-0.61: excluded)
   gauge force or its rectangle coefficient:        4e-8             (excluded)
   every fermion force (fermion=):                  -1.5e-9, -1.9e-9 (-1.2e-6 of itself needed; st 2.5 sd off)
   the last fermion force only (lastfermion=):      -7e-10, -6e-10   (-1.3e-5 of itself needed; compatible)
-No epsilon variant matches MILC on both outputs with PLAQ kept: the Naik-epsilon force is not the cause. Both MILC runs
-print eps_naik -0.168750, and the start action, which fixes the action's epsilon, matches to 2e-7.
+No epsilon variant matches MILC on both outputs with PLAQ kept: the Naik-epsilon force is not the cause.
+A common rescaling of the epsilon terms fails the f2111 control (three Naik groups, MILC -0.1272906, ours -0.1273191):
+onelink=1.0003+naik=1.0003 gives f211 -0.09696190 but f2111 -0.12721453 (overshoots by 7.6e-5); naik=1.001 gives
+f211 -0.09691230, f2111 -0.12696646. Both MILC runs print eps_naik -0.168750. (The start action does not test the
+epsilon: it is sum |g|^2 up to the solvers' truncation, unchanged to 1e-9 by eps -0.16876.)
 """
 from __future__ import annotations
 
