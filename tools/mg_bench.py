@@ -183,8 +183,11 @@ def machine() -> dict:
 
 
 def commit() -> str:
+    """HMC_GIT_COMMIT when set (the device copy of the tree may carry a stale .git), else git's HEAD."""
     import subprocess
 
+    if os.environ.get("HMC_GIT_COMMIT"):
+        return os.environ["HMC_GIT_COMMIT"]
     try:
         c = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
