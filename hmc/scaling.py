@@ -550,10 +550,10 @@ def git_info() -> dict:
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
+    if os.environ.get("HMC_GIT_COMMIT"):       # a copy of the tree (device machines): its .git, if any, may be stale
+        return {"commit": os.environ["HMC_GIT_COMMIT"].strip(), "dirty": False}
     commit = git("rev-parse", "HEAD")
     dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if commit else False
-    if not commit and os.environ.get("HMC_GIT_COMMIT"):       # a copy of the tree without .git (device machines)
-        return {"commit": os.environ["HMC_GIT_COMMIT"].strip(), "dirty": False}
     return {"commit": commit or "unknown", "dirty": dirty}
 
 
