@@ -76,3 +76,14 @@ def launch_env(extra=None) -> dict:
                 "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1"})
     env.update(extra or {})
     return env
+
+
+def keep_gpu_report(name: str, data) -> None:
+    """Keep a GPU test's report for the device log: ``data`` (JSON-able) as HMC_GPU_REPORT_DIR/``name`` when that
+    variable is set (tools/gpu_transports.sh, tools/mg_gpu_dist.sh and the device scripts set it)."""
+    rdir = os.environ.get("HMC_GPU_REPORT_DIR")
+    if rdir:
+        import json
+
+        Path(rdir).mkdir(parents=True, exist_ok=True)
+        Path(rdir, name).write_text(json.dumps(data, indent=1))

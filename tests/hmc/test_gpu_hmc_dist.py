@@ -24,16 +24,14 @@ each case writes its table and differences there (hmc_dist_<backend>_<ranks>_<tr
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, keep_gpu_report
 from tests.hmc.hisq211_decks import short_hisq211_deck
 
 try:
@@ -173,11 +171,7 @@ def test_short_rhmc_trajectory_on_ranks_equals_one_rank(tmp_path, tmp_path_facto
     assert f"({backend}, " in out, out[-3000:]                  # the backend asked for ran
     st = runfile.load(path)
     diff = differences(ref, st)
-    rdir = os.environ.get("HMC_GPU_REPORT_DIR")
-    if rdir:
-        Path(rdir).mkdir(parents=True, exist_ok=True)
-        Path(rdir, f"hmc_dist_{backend}_{n}_{transport}.json").write_text(
-            json.dumps({"transport_table": st.comms, "differences": diff}, indent=1))
+    keep_gpu_report(f"hmc_dist_{backend}_{n}_{transport}.json", {"transport_table": st.comms, "differences": diff})
     print(f"{backend} {n} ranks {transport}: {json.dumps(diff)}")
     check_transport(st, out, n, grid, transport, backend)
     compare(ref, st, diff)

@@ -13,7 +13,6 @@ engine's ``host_in`` is False) and the staging is "device"; with mpi it is "host
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -23,6 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from tests.conftest import keep_gpu_report  # noqa: E402
 
 try:
     from tests.comms.test_gpu_transports import launch, mps, needs_mpi  # noqa: F401
@@ -80,10 +81,7 @@ TRANSPORTS = ("mpi", "event", "stream_gated")
 def test_gpu_shifts_and_halos_device_to_device(tmp_path, mps, n, grid, lattice):  # noqa: F811
     launch(n, [str(Path(__file__)), "halo", str(tmp_path), grid, lattice], mps)
     rep = json.loads(Path(tmp_path, "halo.json").read_text())
-    rdir = os.environ.get("HMC_GPU_REPORT_DIR")
-    if rdir:
-        Path(rdir).mkdir(parents=True, exist_ok=True)
-        Path(rdir, f"geometry_halo_{n}.json").write_text(json.dumps(rep, indent=1))
+    keep_gpu_report(f"geometry_halo_{n}.json", rep)
     assert rep["fails"] == [], rep["fails"]
     for tr in TRANSPORTS:
         r = rep["transports"][tr]

@@ -9,14 +9,13 @@ the single-rank GPU results it computes itself from the same global fields.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, keep_gpu_report
 
 try:
     from tests.comms.test_gpu_transports import launch, mps, needs_mpi  # noqa: F401  (fixture)
@@ -82,10 +81,7 @@ def test_distributed_dslash_and_cg(tmp_path, mps, n, grid, lattice):  # noqa: F8
     1000 times equals the uncaptured D each time; the captured CG iteration equals the uncaptured one."""
     launch(n, [str(Path(__file__)), "dist", str(tmp_path), grid, lattice], mps)
     rep = json.loads(Path(tmp_path, "dist.json").read_text())
-    rdir = os.environ.get("HMC_GPU_REPORT_DIR")
-    if rdir:
-        Path(rdir).mkdir(parents=True, exist_ok=True)
-        Path(rdir, f"dist_{n}.json").write_text(json.dumps(rep, indent=1))
+    keep_gpu_report(f"dist_{n}.json", rep)
     for tr in ("mpi", "event", "stream_gated"):
         r = rep["transports"][tr]
         assert r["halo_bitwise"] == {"1": True, "3": True}, (tr, r)

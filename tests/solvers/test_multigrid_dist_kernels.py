@@ -20,7 +20,6 @@ per-level split charges the coarse exchange to "halo".
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -35,7 +34,7 @@ for p in (str(ROOT), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from tests.conftest import launch_env  # noqa: E402
+from tests.conftest import keep_gpu_report, launch_env  # noqa: E402
 
 try:
     from tests.comms.test_gpu_transports import launch as gpu_launch, mps, needs_mpi  # noqa: F401,E402
@@ -308,10 +307,7 @@ TRANSPORTS = ("mpi", "event", "stream_gated")
 def test_gpu_multigrid_on_several_ranks_equals_one_rank(tmp_path, mps, n, grid):  # noqa: F811
     gpu_launch(n, [str(Path(__file__)), "gpu", str(tmp_path), grid], mps)
     rep = json.loads(Path(tmp_path, "gpu.json").read_text())
-    rdir = os.environ.get("HMC_GPU_REPORT_DIR")
-    if rdir:
-        Path(rdir).mkdir(parents=True, exist_ok=True)
-        Path(rdir, f"mg_dist_{n}.json").write_text(json.dumps(rep, indent=1))
+    keep_gpu_report(f"mg_dist_{n}.json", rep)
     assert rep["fails"] == [], rep["fails"]
     ref = rep["reference"]
     assert ref["true_residual"] <= 1e-10 and ref["stencil_calls"] > 0 and ref["extended_calls"] == 0
