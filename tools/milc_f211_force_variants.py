@@ -55,10 +55,11 @@ same-day total_iters match ours (tools/milc_f211_hisq2_2009.py). Per 1e-4 of del
   every fermion force (fermion=):                  -1.5e-9, -1.9e-9 (-1.2e-6 of itself needed; st 2.5 sd off)
   the last fermion force only (lastfermion=):      -7e-10, -6e-10   (-1.3e-5 of itself needed; compatible)
 No epsilon variant matches MILC on both outputs with PLAQ kept: the Naik-epsilon force is not the cause.
-A common rescaling of the epsilon terms fails the f2111 control (three Naik groups, MILC -0.1272906, ours -0.1273191):
-onelink=1.0003+naik=1.0003 gives f211 -0.09696190 but f2111 -0.12721453 (overshoots by 7.6e-5); naik=1.001 gives
-f211 -0.09691230, f2111 -0.12696646. Both MILC runs print eps_naik -0.168750. (The start action does not test the
-epsilon: it is sum |g|^2 up to the solvers' truncation, unchanged to 1e-9 by eps -0.16876.)
+A rescaling of the epsilon terms fails the f2111 control (three Naik groups, MILC -0.1272906, ours -0.1273191, inside
+its spread -0.1273503 .. -0.1272646): onelink=1.0003+naik=1.0003 gives f211 -0.09696190 but f2111 -0.12721453 (7.6e-5
+beyond MILC); naik=1.001 gives f211 -0.09691230, f2111 -0.12696646 (tools/milc_f211_hisq2_2009.py). Both MILC runs
+print eps_naik -0.168750. (The start action does not test the epsilon: it is sum |g|^2 up to the solvers'
+truncation, unchanged to 1e-9 by eps -0.16876.)
 """
 from __future__ import annotations
 

@@ -18,8 +18,10 @@ The change does not grow with s from 1e-15 to 1e-10: it is a noise floor, not a 
 trajectories (base included) delta S is -0.0970713 +- 1.9e-5 (range -0.0971006 .. -0.0970290); g_end, h_end and
 f_end scatter by 1e-5 each. MILC's May 2009 value (-0.09694168) is 6.9 standard deviations above that mean.
 The same momenta scalings leave the 2+1 control of tools/milc_f211_hisq2_2009.py unchanged to 4e-12 in delta S.
-Perturbing every force evaluation instead (tools/milc_f211_force_variants.py fermion=1e-13, -1e-13, 1e-15,
-gauge=1e-13, -1e-14) gives -0.09707215 -0.09710072 -0.09708819 -0.09704584 -0.09706731: the same spread.
+Perturbing every force evaluation instead (tools/milc_f211_force_variants.py fermion=1e-13, -1e-13, 1e-15, -1e-15,
+3e-14, gauge=1e-13, -1e-13, 1e-15, -1e-14) gives -0.09707215 -0.09710072 -0.09708819 -0.09711495 -0.09706540
+-0.09704584 -0.09708659 -0.09703103 -0.09706731: the same spread (for f2111 these perturbations widen its spread
+tenfold, which puts MILC inside it; for f211 they do not).
 
 f_start is no check of MILC's solver precision: it is sum |g|^2 plus the truncation error of the GR and FA solves,
 and that truncation error is itself at the rounding floor: g x (1 + 1e-15) moves f_start by -2.4e-7, the fat links
