@@ -116,6 +116,31 @@ class Geometry(SiteLattice):
     def halo_start(self, f, depth: int = 1, dims=None) -> "HaloHandle":
         return HaloHandle(self, f, depth, dims)
 
+    def padded(self, f, depth: int):
+        """The local site array ``f`` (site axes first) extended by ``depth`` sites on both sides of every
+        partitioned dimension: ``padded(f, d)[i] = f_global[(offset + i - pad) mod dims]`` with pad = d on
+        partitioned dimensions and 0 elsewhere (unpartitioned dimensions are not padded: periodic wrap stays
+        valid there, as the kernels that read the result do it).
+
+        One halo exchange per partitioned dimension, in turn, each sending slabs of the array padded so far:
+        the slabs exchanged along mu already carry the pads of the dimensions before it, so the edge and corner
+        regions (x + a mu + b nu with mu and nu partitioned) arrive too. Pure data movement: bitwise the global
+        field. NumPy or CuPy (with a GPU engine the faces move device to device, as in :meth:`halo`). Returns
+        ``f`` itself when no dimension is partitioned. Collective over the grid."""
+        dims = [mu for mu in range(4) if self.grid.partitioned[mu]]
+        for mu in dims:      # all ranks have the same local extents: they fail together, before any exchange
+            n = self.local_dims[mu]
+            if not 1 <= depth <= n:
+                raise GeometryError(f"padding depth {depth} is not in 1..{n}, the local extent in direction "
+                                    f"{DIRS[mu]}")
+        if tuple(f.shape[:4]) != self.shape:
+            raise GeometryError(f"padded: site axes {tuple(f.shape[:4])} are not the local shape {self.shape}")
+        xp = self.xp
+        for mu in dims:
+            faces = self.halo(f, depth, dims=(mu,))
+            f = xp.concatenate((faces[(mu, 0)], f, faces[(mu, 1)]), axis=site_axis(mu))
+        return f
+
     def sum(self, a):
         """Global sum of a local array (a Python float or complex): the correctly rounded sum of every element,
         bitwise the same for every decomposition and rank count."""
