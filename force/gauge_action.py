@@ -77,6 +77,13 @@ def _whole_lattice_on_gpu(geom) -> bool:
     return geom.backend.is_gpu and geom.grid.comm.size == 1 and not any(geom.grid.partitioned)
 
 
+def _padded_on_gpu(geom, depth: int) -> bool:
+    """The kernels on halo-padded links: a GPU with a partitioned grid whose local extents hold the padding depth
+    (an extent below it, e.g. 1, keeps the array path)."""
+    parts = [mu for mu in range(4) if geom.grid.partitioned[mu]]
+    return geom.backend.is_gpu and bool(parts) and all(geom.local_dims[mu] >= depth for mu in parts)
+
+
 def _shift_by(geom, f, disp):
     """The field at x + disp, at x."""
     for mu, d in enumerate(disp):
@@ -186,6 +193,8 @@ class GaugeAction:
         """sum_i c_i sum_loops (3 - ReTr W) at every local site (one CUDA kernel on a GPU holding the lattice)."""
         if _whole_lattice_on_gpu(u.geom):
             return self._cuda_kernel(u.geom.backend, "action")(u.links, u.geom.local_dims)
+        if _padded_on_gpu(u.geom, self.halo_depth):
+            return self._cuda_kernel(u.geom.backend, "action")(*self._padded_links(u))
         return self.weighted_deficit_reference(u)
 
     def weighted_deficit_reference(self, u: GaugeField):
@@ -274,16 +283,44 @@ class GaugeAction:
     def force(self, u: GaugeField):
         """Pdot_mu(x) = TA[U_mu(x) G_mu(x)^dag] = -(beta/3) TA[A_mu(x)], shape (4, nt, nz, ny, nx, 3, 3).
 
-        On a GPU holding the whole lattice this is one CUDA kernel (:mod:`force.gauge_force_cuda`), whose NumPy
-        twin is :meth:`force_reference`."""
+        On a GPU this is one CUDA kernel (:mod:`force.gauge_force_cuda`), whose NumPy twin is
+        :meth:`force_reference`: on the links as they are when the GPU holds the whole lattice, on halo-padded
+        links (:meth:`_padded_links`) when the grid is partitioned."""
         if _whole_lattice_on_gpu(u.geom):
             return self._cuda_kernel(u.geom.backend, "force")(u.links, self.beta, u.geom.local_dims)
+        if _padded_on_gpu(u.geom, self.halo_depth):
+            links, dims, box, offset = self._padded_links(u)
+            return self._cuda_kernel(u.geom.backend, "force")(links, self.beta, dims, box, offset)
         return self.force_reference(u)
 
     def force_reference(self, u: GaugeField):
         """The force from array operations on ``geom.xp`` (the twin of the CUDA kernel)."""
         a = self.loop_derivative(u)
         return su3.traceless_antihermitian((-self.beta / 3.0) * a)
+
+    @property
+    def halo_depth(self) -> int:
+        """The padding the kernels need on a partitioned grid: the largest excursion of the loops (2 for
+        Symanzik's rectangles and parallelograms, 1 for the plaquette)."""
+        from .gauge_force_cuda import halo_depth
+
+        d = self.__dict__.get("_halo_depth")
+        if d is None:
+            d = self.__dict__["_halo_depth"] = halo_depth(self.shapes)
+        return d
+
+    def _padded_links(self, u: GaugeField):
+        """(links on the padded box (4, pt, pz, py, px, 3, 3), the local extents, the box extents, the local sites'
+        offset in the box): ``Geometry.padded`` of depth :attr:`halo_depth` over the partitioned dimensions (one
+        exchange per dimension, edges and corners included), the direction axis moved behind the site axes for
+        the exchange and back to the front for the kernels."""
+        geom, xp = u.geom, u.xp
+        d = self.halo_depth
+        box = geom.padded(xp.moveaxis(u.links, 0, 4), d)
+        links = xp.ascontiguousarray(xp.moveaxis(box, 4, 0))
+        offset = tuple(d if geom.grid.partitioned[mu] else 0 for mu in range(4))
+        dims = geom.local_dims
+        return links, dims, tuple(n + 2 * o for n, o in zip(dims, offset)), offset
 
     def _cuda_kernel(self, backend, which: str):
         """The compiled force or action kernel for this action's loops, built on first use."""
