@@ -21,7 +21,8 @@ The same momenta scalings leave the 2+1 control of tools/milc_f211_hisq2_2009.py
 Perturbing every force evaluation instead (tools/milc_f211_force_variants.py fermion=1e-13, -1e-13, 1e-15, -1e-15,
 3e-14, gauge=1e-13, -1e-13, 1e-15, -1e-14) gives -0.09707215 -0.09710072 -0.09708819 -0.09711495 -0.09706540
 -0.09704584 -0.09708659 -0.09703103 -0.09706731: the same spread (for f2111 these perturbations widen its spread
-tenfold, which puts MILC inside it; for f211 they do not).
+tenfold, which puts MILC inside it; for f211 they do not). Summing the Dslash's 16 hops in reverse order, as another
+implementation might, gives -0.09703769.
 
 f_start is no check of MILC's solver precision: it is sum |g|^2 plus the truncation error of the GR and FA solves,
 and that truncation error is itself at the rounding floor: g x (1 + 1e-15) moves f_start by -2.4e-7, the fat links
