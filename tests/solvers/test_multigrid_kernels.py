@@ -51,10 +51,17 @@ def test_reference_contractions_equal_the_array_path(cpu_hierarchy):
         assert rel(mgcuda.block_apply_reference(kd.X, v, hc), kd.apply_X(v)) < 1e-14
 
 
-def test_kernels_only_without_partitioned_dimensions(cpu_hierarchy):
+def test_kernels_serve_gpu_fields_of_one_precision_only(cpu_hierarchy):
     _, _, inv = cpu_hierarchy
     op = inv.hierarchy.ops[2]
     assert not mgcuda.applies(op.geom, op.Y)              # NumPy fields: the array path
+    old = mgcuda.set_emulation(True)                      # NumPy standing in for CuPy
+    try:
+        assert mgcuda.applies(op.geom, op.Y) and mgcuda.applies(op.geom, op.Y.astype(np.complex64))
+        assert not mgcuda.applies(op.geom, op.Y, op.Y.astype(np.complex64))     # mixed precisions
+        assert not mgcuda.applies(op.geom, op.Y.real)                           # not complex
+    finally:
+        mgcuda.set_emulation(old)
 
 
 @pytest.mark.gpu
