@@ -92,7 +92,7 @@ bench() {   # backend L deck
 }
 
 {
-  echo "bench_rhmc: $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null), TRAJ=$TRAJ"
+  echo "bench_rhmc: $(date -u +%FT%TZ), ${HMC_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}, TRAJ=$TRAJ"
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   if [ -z "${SKIP_GPU:-}" ]; then
     for L in $GPU_SIZES; do bench cupy "$L" runs/hisq211_16.toml; done
