@@ -29,12 +29,19 @@ in every direction, so only for a lattice that is not partitioned over ranks: :f
 * ``outer_acc``: the outer products of the RHMC force, F_mu(x) += sum_l c_l z_l(x+mu) z_l(x)^dag and the same
   with z_l(x+3mu) (:func:`force.hisq_force.add_outer_products`).
 
+On a partitioned lattice the forward smearing (``staple_fwd``, ``naik_fwd``: :func:`fat_link`, :func:`naik_link`)
+runs on halo-padded links (:func:`pad`: ``Geometry.padded`` of depth :func:`fat_depth` / :func:`naik_depth`, the
+largest distance from x at which a path of the level reads a link): the threads cover the interior sites, or the
+interior grown by one site where an intermediate (A_nu, inner_nu) is read, in padded coordinates, and only the
+unpadded dimensions wrap (:func:`padded_active`). The chain-rule kernels serve unpartitioned lattices only.
+
 Each kernel equals its twin to rounding (tests/force/test_hisq_gpu.py). ``HMC_HISQ_KERNELS=0`` switches them off
 (the twins then run on CuPy), e.g. to time the difference.
 """
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 import numpy as np
 
@@ -133,29 +140,48 @@ __device__ __forceinline__ void axpy(M3 &y, double a, const M3 &x) {  // y += a 
     for (int i = 0; i < 9; ++i) { y.e[i].x += a * x.e[i].x; y.e[i].y += a * x.e[i].y; }
 }
 
+// The sites the threads cover (the region: extents n, vol of them) at the origin o of the box the fields live on
+// (extents p, pvol sites; neighbours wrap modulo p). One GPU, whole lattice: region = box, o = 0, periodic. On a
+// partitioned lattice the box is the halo-padded local array (Geometry.padded) and the region its interior, or the
+// interior grown by the sites an intermediate is read at; the padding is deep enough that the walks of the
+// interior's paths never wrap on a padded dimension.
 struct Lat {
     int n[4];
     long vol;
+    int p[4];
+    long pvol;
+    int o[4];
 };
-__device__ __forceinline__ Lat make_lat(int nx, int ny, int nz, int nt) {
+__device__ __forceinline__ Lat make_box(int nx, int ny, int nz, int nt, int px, int py, int pz, int pt,
+                                        int ox, int oy, int oz, int ot) {
     Lat L;
     L.n[0] = nx; L.n[1] = ny; L.n[2] = nz; L.n[3] = nt;
     L.vol = (long)nx * ny * nz * nt;
+    L.p[0] = px; L.p[1] = py; L.p[2] = pz; L.p[3] = pt;
+    L.pvol = (long)px * py * pz * pt;
+    L.o[0] = ox; L.o[1] = oy; L.o[2] = oz; L.o[3] = ot;
     return L;
 }
+__device__ __forceinline__ Lat make_lat(int nx, int ny, int nz, int nt) {
+    return make_box(nx, ny, nz, nt, nx, ny, nz, nt, 0, 0, 0, 0);
+}
+// the box coordinates of region site number `site` (x fastest)
 __device__ __forceinline__ void coords(const Lat &L, long site, int c[4]) {
     long r = site;
-    c[0] = r % L.n[0]; r /= L.n[0];
-    c[1] = r % L.n[1]; r /= L.n[1];
-    c[2] = r % L.n[2]; c[3] = r / L.n[2];
+    c[0] = r % L.n[0] + L.o[0]; r /= L.n[0];
+    c[1] = r % L.n[1] + L.o[1]; r /= L.n[1];
+    c[2] = r % L.n[2] + L.o[2]; c[3] = r / L.n[2] + L.o[3];
+}
+__device__ __forceinline__ long box_index(const Lat &L, const int q[4]) {
+    return q[0] + (long)L.p[0] * (q[1] + (long)L.p[1] * (q[2] + (long)L.p[2] * q[3]));
 }
 __device__ __forceinline__ int wrap(int v, int n) { v %= n; return v < 0 ? v + n : v; }
-// the site x + s1 d1_hat + s2 d2_hat (periodic)
+// the site x + s1 d1_hat + s2 d2_hat (modulo the box)
 __device__ __forceinline__ long hop(const Lat &L, const int c[4], int d1, int s1, int d2, int s2) {
     int q[4] = {c[0], c[1], c[2], c[3]};
-    q[d1] = wrap(q[d1] + s1, L.n[d1]);
-    q[d2] = wrap(q[d2] + s2, L.n[d2]);
-    return q[0] + (long)L.n[0] * (q[1] + (long)L.n[1] * (q[2] + (long)L.n[2] * q[3]));
+    q[d1] = wrap(q[d1] + s1, L.p[d1]);
+    q[d2] = wrap(q[d2] + s2, L.p[d2]);
+    return box_index(L, q);
 }
 // a1 A1 + a2 A2 at a site (A2 only when has2)
 __device__ __forceinline__ M3 comb(const double2 *__restrict__ A1, double a1, const double2 *__restrict__ A2,
@@ -167,19 +193,21 @@ __device__ __forceinline__ M3 comb(const double2 *__restrict__ A1, double a1, co
     return m;
 }
 
-// out(x) = [b1 B1(x) + b2 B2(x)] + S_nu[a1 A1 + a2 A2]_mu(x); U: the four link directions, the rest one-direction
-// fields. out may be B1 or B2 (read and written at x only), never A1 or A2.
+// out(x) = [b1 B1(x) + b2 B2(x)] + S_nu[a1 A1 + a2 A2]_mu(x) at the region's sites; U: the four link directions,
+// the rest one-direction fields, all on the box. out may be B1 or B2 (read and written at x only), never A1 or A2.
 extern "C" __global__ void staple_fwd(const double2 *__restrict__ U, const double2 *A1, double a1,
                                       const double2 *A2, double a2, int has_a2,
                                       const double2 *B1, double b1, int has_b1,
                                       const double2 *B2, double b2, int has_b2,
-                                      double2 *out, int nu, int mu, int nx, int ny, int nz, int nt) {
-    const Lat L = make_lat(nx, ny, nz, nt);
-    long x = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (x >= L.vol) return;
+                                      double2 *out, int nu, int mu, int nx, int ny, int nz, int nt,
+                                      int px, int py, int pz, int pt, int ox, int oy, int oz, int ot) {
+    const Lat L = make_box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
+    long t = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (t >= L.vol) return;
     int c[4];
-    coords(L, x, c);
-    const double2 *Un = U + 9 * (long)nu * L.vol;
+    coords(L, t, c);
+    const long x = box_index(L, c);
+    const double2 *Un = U + 9 * (long)nu * L.pvol;
     const long xpn = hop(L, c, nu, 1, mu, 0), xpm = hop(L, c, mu, 1, nu, 0);
     const long xmn = hop(L, c, nu, -1, mu, 0), xmnpm = hop(L, c, nu, -1, mu, 1);
     M3 r = mul_nd(mul_nn(load(Un, x), comb(A1, a1, A2, a2, has_a2, xpn)), load(Un, xpm));
@@ -225,19 +253,22 @@ extern "C" __global__ void staple_vjp(const double2 *__restrict__ U, const doubl
     update(DU + 9 * (long)nu * L.vol, x, g, 1.0, 1);
 }
 
-// out_mu(x) = (acc ? out_mu(x) : 0) + coef W_mu(x) W_mu(x+mu) W_mu(x+2mu), one thread per link
+// out_mu(x) = (acc ? out_mu(x) : 0) + coef W_mu(x) W_mu(x+mu) W_mu(x+2mu), one thread per link of the region; W
+// and out on the box
 extern "C" __global__ void naik_fwd(const double2 *__restrict__ W, double2 *out, double coef, int acc,
-                                    int nx, int ny, int nz, int nt) {
-    const Lat L = make_lat(nx, ny, nz, nt);
+                                    int nx, int ny, int nz, int nt, int px, int py, int pz, int pt,
+                                    int ox, int oy, int oz, int ot) {
+    const Lat L = make_box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
     long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (gid >= 4 * L.vol) return;
     const int mu = gid / L.vol;
-    const long x = gid - mu * L.vol;
+    const long t = gid - mu * L.vol;
     int c[4];
-    coords(L, x, c);
-    const double2 *Wm = W + 9 * (long)mu * L.vol;
+    coords(L, t, c);
+    const long x = box_index(L, c);
+    const double2 *Wm = W + 9 * (long)mu * L.pvol;
     M3 r = mul_nn(mul_nn(load(Wm, x), load(Wm, hop(L, c, mu, 1, mu, 0))), load(Wm, hop(L, c, mu, 2, mu, 0)));
-    update(out + 9 * (long)mu * L.vol, x, r, coef, acc);
+    update(out + 9 * (long)mu * L.pvol, x, r, coef, acc);
 }
 
 // out_mu(x) = (acc ? out_mu(x) : 0) + coef [W(x+mu) W(x+2mu) D(x) + W(x+mu) D(x-mu) W(x-mu)
@@ -490,6 +521,124 @@ def active(geom) -> bool:
     return ENABLED and geom.backend.is_gpu and not any(geom.grid.partitioned)
 
 
+def padded_active(geom, depth: int) -> bool:
+    """Whether the forward kernels serve ``geom`` on halo-padded links (:func:`pad`): a CuPy backend, a partitioned
+    grid whose local extents hold ``depth`` (a thinner one keeps the array code), and ENABLED."""
+    parts = [mu for mu in range(4) if geom.grid.partitioned[mu]]
+    return (ENABLED and geom.backend.is_gpu and bool(parts)
+            and all(geom.local_dims[mu] >= depth for mu in parts))
+
+
+def read_depth(paths) -> int:
+    """The farthest from x, along one axis, at which a walk of ``paths`` (signed steps, :mod:`force.loops`) reads a
+    link or passes: max |y - x|_inf over its sites before the last step, and the end too when the last step is
+    backward (a forward step reads U at the site it leaves, a backward one at the site it reaches). The Horner
+    intermediates of :func:`fat_link` are evaluated at such sites, so this is the halo depth the padded kernels
+    need (compare :func:`force.gauge_force_cuda.excursion`, which counts the end of the walk as well)."""
+    far = 0
+    for p in paths:
+        pos = [0, 0, 0, 0]
+        for k, s in enumerate(p):
+            far = max(far, max(abs(v) for v in pos))
+            pos[abs(s) - 1] += 1 if s > 0 else -1
+            if k == len(p) - 1 and s < 0:
+                far = max(far, max(abs(v) for v in pos))
+    return far
+
+
+def fat_paths(c) -> list:
+    """The paths F[U; c] sums (:mod:`force.smearing`), for every mu, those with a non-zero coefficient: the link,
+    the 3-, 5- and 7-staples (S_nu nested over distinct unsigned directions, both orientations) and the Lepage
+    terms S_nu[S_nu[U]] (retraced ones included, as the Horner form evaluates them)."""
+    def wrap(p, s):
+        return (s,) + p + (-s,)
+
+    out = []
+    for mu in range(4):
+        link = (mu + 1,)
+        out.append(link)
+        others = [d for d in range(4) if d != mu]
+        signed = {d: (d + 1, -(d + 1)) for d in others}
+        for nu in others:
+            for s1 in signed[nu]:
+                three = wrap(link, s1)
+                if c.three_staple != 0.0:
+                    out.append(three)
+                if c.lepage != 0.0:
+                    out += [wrap(three, s2) for s2 in signed[nu]]
+                for rho in others:
+                    if rho == nu:
+                        continue
+                    for s2 in signed[rho]:
+                        five = wrap(three, s2)
+                        if c.five_staple != 0.0:
+                            out.append(five)
+                        if c.seven_staple != 0.0:
+                            (sigma,) = [d for d in others if d not in (nu, rho)]
+                            out += [wrap(five, s3) for s3 in signed[sigma]]
+    return out
+
+
+@lru_cache(maxsize=None)
+def fat_depth(c) -> int:
+    """The halo depth of :func:`fat_link` on padded links: 1 for fat7, 2 with a Lepage term (S_nu S_nu reaches
+    x + 2 nu)."""
+    return max(read_depth(fat_paths(c)), 1)
+
+
+def naik_depth() -> int:
+    """The halo depth of :func:`naik_link`: W_mu(x) W_mu(x+mu) W_mu(x+2mu) reads up to x + 2 mu."""
+    return read_depth([(mu + 1,) * 3 for mu in range(4)])
+
+
+class Box:
+    """Links (4, pt, pz, py, px, 3, 3) on a box holding the local lattice (extents ``dims``, x first) at ``offset``:
+    the halo-padded array of :func:`pad` (offset = the depth on partitioned dimensions, 0 elsewhere), or the lattice
+    itself (:meth:`whole`: offset 0, the single-GPU case)."""
+
+    def __init__(self, links, dims, offset):
+        self.links = links
+        self.dims = tuple(int(n) for n in dims)
+        self.offset = tuple(int(o) for o in offset)
+        self.box = tuple(n + 2 * o for n, o in zip(self.dims, self.offset))
+        if tuple(links.shape[1:5]) != self.box[::-1]:
+            raise ValueError(f"links of site shape {tuple(links.shape[1:5])} on the box {self.box[::-1]}")
+
+    @classmethod
+    def whole(cls, links, dims):
+        return cls(links, dims, (0, 0, 0, 0))
+
+    @property
+    def padded(self) -> bool:
+        return any(self.offset)
+
+    def region(self, grow: int = 0) -> tuple:
+        """(extents, number of sites) of the interior grown by ``grow`` sites on each side of every padded
+        dimension (at most its padding), and the kernels' arguments for it: region extents, box extents, the
+        region's origin in the box (int32)."""
+        g = [min(grow, o) for o in self.offset]
+        ext = tuple(n + 2 * k for n, k in zip(self.dims, g))
+        org = tuple(o - k for o, k in zip(self.offset, g))
+        return int(np.prod(ext)), tuple(np.int32(v) for v in ext + self.box + org)
+
+    def interior(self, f):
+        """The interior sites of a (4, box..., 3, 3) field, C-contiguous (``f`` itself when nothing is padded)."""
+        if not self.padded:
+            return f
+        (nx, ny, nz, nt), (ox, oy, oz, ot) = self.dims, self.offset
+        part = f[:, ot:ot + nt, oz:oz + nz, oy:oy + ny, ox:ox + nx]
+        return part.copy(order="C")
+
+
+def pad(geom, links, depth: int) -> Box:
+    """The links halo-padded by ``depth`` on every partitioned dimension (``Geometry.padded``: one exchange per
+    dimension, edges and corners included; the direction axis moved behind the site axes for it). Collective."""
+    xp = geom.xp
+    padded = geom.padded(xp.moveaxis(links, 0, 4), depth)
+    box = xp.ascontiguousarray(xp.moveaxis(padded, 4, 0))
+    return Box(box, geom.local_dims, tuple(depth if geom.grid.partitioned[mu] else 0 for mu in range(4)))
+
+
 def _module(backend):
     cp = backend.xp
     return backend.kernel(("hisq_cuda_module",), lambda: cp.RawModule(code=SOURCE, options=("--std=c++14",)))
@@ -512,26 +661,30 @@ def _contig(cp, a):
 
 
 class Staples:
-    """The staple kernels for one link field ``links`` (4, nt, nz, ny, nx, 3, 3) of a :func:`active` geometry."""
+    """The staple kernels for one link field ``links`` (4, nt, nz, ny, nx, 3, 3) of a :func:`active` geometry, or
+    (forward only) for the padded links of a :class:`Box` (``box``; ``links`` is then ``box.links``)."""
 
-    def __init__(self, geom, links):
+    def __init__(self, geom, links, box=None):
         self.geom = geom
         self.cp = geom.xp
         self.links = _contig(self.cp, links)
+        self.box = Box.whole(self.links, geom.local_dims) if box is None else box
         self.vol = geom.local_volume
         self.dims = _dims(geom)
         self._fwd = _fn(geom.backend, "staple_fwd")
         self._vjp = _fn(geom.backend, "staple_vjp")
 
-    def forward(self, out, nu, mu, a1, c1=1.0, a2=None, c2=0.0, b1=None, k1=0.0, b2=None, k2=0.0):
-        """out = k1 b1 + k2 b2 + S_nu[c1 a1 + c2 a2]_mu (absent terms skipped); one-direction fields."""
+    def forward(self, out, nu, mu, a1, c1=1.0, a2=None, c2=0.0, b1=None, k1=0.0, b2=None, k2=0.0, grow=0):
+        """out = k1 b1 + k2 b2 + S_nu[c1 a1 + c2 a2]_mu (absent terms skipped); one-direction fields on the box,
+        at the interior sites grown by ``grow`` on the padded dimensions (:meth:`Box.region`)."""
         u = self.links
         f64, i32 = np.float64, np.int32
-        self._fwd(_grid(self.vol), (BLOCK,),
+        n, ext = self.box.region(grow)
+        self._fwd(_grid(n), (BLOCK,),
                   (u, a1, f64(c1), u if a2 is None else a2, f64(c2), i32(a2 is not None),
                    u if b1 is None else b1, f64(k1), i32(b1 is not None),
                    u if b2 is None else b2, f64(k2), i32(b2 is not None),
-                   out, i32(nu), i32(mu)) + self.dims)
+                   out, i32(nu), i32(mu)) + ext)
         return out
 
     def vjp(self, d_links, d_t, nu, mu, a1, c1=1.0, a2=None, c2=0.0, outs=()):
@@ -565,21 +718,27 @@ def _sigma(mu, nu, rho):
     return s
 
 
-def fat_link(geom, links, c):
+def fat_link(geom, links, c, box=None):
     """F[U; c] (:func:`force.smearing.fat_link`) with the staple kernel: 12 launches per direction. Needs a
-    non-zero 5- or 7-staple coefficient (every table of the project has one)."""
+    non-zero 5- or 7-staple coefficient (every table of the project has one).
+
+    ``box``: the links halo-padded (:func:`pad`, depth >= :func:`fat_depth`; ``links`` is then unused) on a
+    partitioned lattice. A_nu and inner_nu are formed on the interior grown by one site (where the next level
+    reads them: inner at x +- nu, A at x +- nu +- rho), the result on the interior; A starts at zero, so the few
+    values read outside its region (at the rim, feeding only unused rim values) are defined. Without ``box`` the
+    whole lattice is the region: the single-GPU launches as before."""
     cp = geom.xp
-    st = Staples(geom, links)
+    st = Staples(geom, links, None) if box is None else Staples(geom, box.links, box)
     u_all = st.links
     out = cp.empty_like(u_all)
     c1, c3, c5, c7, cl = c.one_link, c.three_staple, c.five_staple, c.seven_staple, c.lepage
-    a = cp.empty((3,) + u_all.shape[1:], dtype=u_all.dtype)
+    a = (cp.zeros if st.box.padded else cp.empty)((3,) + u_all.shape[1:], dtype=u_all.dtype)
     inner = cp.empty_like(a[0])
     for mu in range(4):
         u = u_all[mu]
         others = _others(mu)
         for i, nu in enumerate(others):
-            st.forward(a[i], nu, mu, u)
+            st.forward(a[i], nu, mu, u, grow=1)
         for j, nu in enumerate(others):
             first = True
             for rho in others:
@@ -587,15 +746,15 @@ def fat_link(geom, links, c):
                     continue
                 s = others.index(_sigma(mu, nu, rho))
                 if first:
-                    st.forward(inner, rho, mu, u, c5, a[s], c7, b1=u, k1=c3, b2=a[j], k2=cl)
+                    st.forward(inner, rho, mu, u, c5, a[s], c7, b1=u, k1=c3, b2=a[j], k2=cl, grow=1)
                     first = False
                 else:
-                    st.forward(inner, rho, mu, u, c5, a[s], c7, b1=inner, k1=1.0)
+                    st.forward(inner, rho, mu, u, c5, a[s], c7, b1=inner, k1=1.0, grow=1)
             if j == 0:
                 st.forward(out[mu], nu, mu, inner, 1.0, b1=u, k1=c1 - 6.0 * cl)
             else:
                 st.forward(out[mu], nu, mu, inner, 1.0, b1=out[mu], k1=1.0)
-    return out
+    return st.box.interior(out)
 
 
 def fat_link_vjp(geom, links, c, d_fat):
@@ -644,14 +803,17 @@ def fat_link_vjp(geom, links, c, d_fat):
     return out
 
 
-def naik_link(geom, links, coeff):
-    """coeff W_mu(x) W_mu(x+mu) W_mu(x+2mu) (:func:`force.smearing.naik_link`), one launch."""
+def naik_link(geom, links, coeff, box=None):
+    """coeff W_mu(x) W_mu(x+mu) W_mu(x+2mu) (:func:`force.smearing.naik_link`), one launch; on the padded links of
+    ``box`` (:func:`pad`, depth >= :func:`naik_depth`; ``links`` unused) on a partitioned lattice."""
     cp = geom.xp
-    w = _contig(cp, links)
+    if box is None:
+        box = Box.whole(_contig(cp, links), geom.local_dims)
+    w = box.links
     out = cp.empty_like(w)
-    _fn(geom.backend, "naik_fwd")(_grid(w.size // 9), (BLOCK,),
-                                  (w, out, np.float64(coeff), np.int32(0)) + _dims(geom))
-    return out
+    n, ext = box.region(0)
+    _fn(geom.backend, "naik_fwd")(_grid(4 * n), (BLOCK,), (w, out, np.float64(coeff), np.int32(0)) + ext)
+    return box.interior(out)
 
 
 def naik_link_vjp(geom, links, coeff, d_long, out=None):

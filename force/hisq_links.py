@@ -33,7 +33,7 @@ from lattice.gauge import GaugeField
 
 from . import phases as _phases
 from .smearing import (FAT7, HISQ_EPS_CORRECTION, HISQ_LEVEL2, PathCoefficients, asqtad_coefficients, fat_link,
-                       hisq_level2_coefficients, naik_link)
+                       hisq_level2_coefficients, smear)
 from .unitarize import SVD_ABS_ERROR, SVD_REL_ERROR, UnitarizeInfo, u3_unitarize
 
 
@@ -106,8 +106,7 @@ def hisq_links_multi(u: GaugeField, eps_list=(0.0,), time_bc: str = "antiperiodi
     geom = u.geom
     eps_list = [float(e) for e in eps_list]
     v, w, info = hisq_level1(u, **unitarize_options)
-    x0 = fat_link(geom, w, HISQ_LEVEL2)
-    l0 = naik_link(geom, w, HISQ_LEVEL2.naik)
+    x0, l0 = smear(geom, w, HISQ_LEVEL2)   # L_0 = -1/24 W W W; W padded once for both on a GPU grid
     eta = _phases.staggered_phases(geom, time_bc)
     eta_long = _phases.naik_phases(geom, time_bc)
     out = []
@@ -140,8 +139,7 @@ def asqtad_links(u: GaugeField, u0: float, time_bc: str = "antiperiodic") -> Fer
     _phases.check_time_bc(time_bc)
     geom = u.geom
     c = asqtad_coefficients(u0)
-    x = fat_link(geom, u.links, c)
-    l = naik_link(geom, u.links, c.naik)
+    x, l = smear(geom, u.links, c)
     eta = _phases.staggered_phases(geom, time_bc)
     eta_long = _phases.naik_phases(geom, time_bc)
     return FermionLinks(fat=_phases.apply_phases(x, eta), long=_phases.apply_phases(l, eta_long), geom=geom,
