@@ -87,3 +87,34 @@ def keep_gpu_report(name: str, data) -> None:
 
         Path(rdir).mkdir(parents=True, exist_ok=True)
         Path(rdir, name).write_text(json.dumps(data, indent=1))
+
+
+def run_mpi_worker(script, mode: str, out, n: int, grid: str, report: str, timeout: int = 300) -> dict:
+    """Run ``script`` (a test file's worker: ``python script MODE OUT GRID``) on ``n`` ranks under mpiexec with one
+    thread each and a timeout; return its report ``OUT/report`` (JSON), asserting the run and every rank passed
+    (the report's ``fails``, written by :func:`write_worker_report`). Skips without mpiexec."""
+    import json
+    import shutil
+    import subprocess
+
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("mpiexec is not on PATH")
+    cmd = [mpiexec, "--oversubscribe", "-n", str(n), sys.executable, str(script), mode, str(out), grid]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                       env=launch_env({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "HMC_COMMS_TIMEOUT": "60"}))
+    assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    rep = json.loads(Path(out, report).read_text())
+    assert rep["fails"] == [], rep["fails"]
+    return rep
+
+
+def write_worker_report(comm, out, report: str, rep: dict, fails: list) -> None:
+    """A worker's end (collective): every rank's ``fails`` gathered into ``rep["fails"]`` and the report written
+    as ``out/report`` by rank 0."""
+    import json
+
+    allf = comm.allgather(fails)
+    if comm.rank == 0:
+        rep["fails"] = [f"rank {k}: {f}" for k, fs in enumerate(allf) for f in fs]
+        Path(out, report).write_text(json.dumps(rep, indent=1, default=str))

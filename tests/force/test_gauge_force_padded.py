@@ -11,8 +11,6 @@ event and stream_gated, the force equals the single-rank GPU force (the unpadded
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +22,7 @@ ROOT = HERE.parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.conftest import keep_gpu_report, launch_env  # noqa: E402
+from tests.conftest import keep_gpu_report, run_mpi_worker, write_worker_report  # noqa: E402
 from tests.force.cuda_host import FakeCuPy, compiler_available  # noqa: E402
 
 try:
@@ -33,7 +31,6 @@ except Exception:  # pragma: no cover - the GPU test module always imports
     gpu_launch = mps = None
     needs_mpi = pytest.mark.skip(reason="tests.comms.test_gpu_transports is unavailable")
 
-MPIEXEC = shutil.which("mpiexec")
 needs_gxx = pytest.mark.skipif(not compiler_available(), reason="needs g++ to compile the kernels for the host")
 DIMS = (4, 4, 4, 8)
 TOL = 1e-13
@@ -151,15 +148,7 @@ CASES = [(2, "1x1x1x2"), (4, "1x1x2x2"), (4, "2x1x1x2")]
 @pytest.mark.mpi
 @pytest.mark.parametrize("n,grid", CASES)
 def test_padded_host_kernels_under_mpiexec(tmp_path, n, grid):
-    if MPIEXEC is None:
-        pytest.skip("mpiexec is not on PATH")
-    cmd = [MPIEXEC, "--oversubscribe", "-n", str(n), sys.executable, str(Path(__file__)), "cpu", str(tmp_path), grid]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
-                       env=launch_env({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-                                       "HMC_COMMS_TIMEOUT": "60"}))
-    assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    rep = json.loads(Path(tmp_path, "force.json").read_text())
-    assert rep["fails"] == [], rep["fails"]
+    rep = run_mpi_worker(__file__, "cpu", tmp_path, n, grid, "force.json")
     assert rep["ranks"] == n and set(rep["actions"]) == {"wilson", "symanzik"}
 
 
@@ -185,10 +174,7 @@ def test_padded_gpu_force_equals_one_rank(tmp_path, mps, n, grid):  # noqa: F811
 # script mode: one worker per rank
 
 def _finish(comm, out, rep, fails):
-    allf = comm.allgather(fails)
-    if comm.rank == 0:
-        rep["fails"] = [f"rank {k}: {f}" for k, fs in enumerate(allf) for f in fs]
-        Path(out, "force.json").write_text(json.dumps(rep, indent=1))
+    write_worker_report(comm, out, "force.json", rep, fails)
     print(f"rank {comm.rank}: {json.dumps(rep)}", flush=True)
 
 

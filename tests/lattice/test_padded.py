@@ -10,8 +10,6 @@ stream_gated (device to device).
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +21,7 @@ ROOT = HERE.parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.conftest import keep_gpu_report, launch_env  # noqa: E402
+from tests.conftest import keep_gpu_report, run_mpi_worker, write_worker_report  # noqa: E402
 
 try:
     from tests.comms.test_gpu_transports import launch as gpu_launch, mps, needs_mpi  # noqa: F401,E402
@@ -31,7 +29,6 @@ except Exception:  # pragma: no cover - the GPU test module always imports
     gpu_launch = mps = None
     needs_mpi = pytest.mark.skip(reason="tests.comms.test_gpu_transports is unavailable")
 
-MPIEXEC = shutil.which("mpiexec")
 
 
 def expected(geom, glob, depth):
@@ -120,15 +117,7 @@ DIMS = (4, 4, 4, 8)
 @pytest.mark.mpi
 @pytest.mark.parametrize("n,grid", CPU_CASES)
 def test_padded_under_mpiexec(tmp_path, n, grid):
-    if MPIEXEC is None:
-        pytest.skip("mpiexec is not on PATH")
-    cmd = [MPIEXEC, "--oversubscribe", "-n", str(n), sys.executable, str(Path(__file__)), "cpu", str(tmp_path), grid]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
-                       env=launch_env({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-                                       "HMC_COMMS_TIMEOUT": "60"}))
-    assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    rep = json.loads(Path(tmp_path, "padded.json").read_text())
-    assert rep["fails"] == [], rep["fails"]
+    rep = run_mpi_worker(__file__, "cpu", tmp_path, n, grid, "padded.json")
     assert rep["ranks"] == n and set(rep["transports"]) == {"mpi", "shm"}
     for tr, res in rep["transports"].items():
         assert len(res) >= 4 and all(res.values()), (tr, res)
@@ -178,10 +167,7 @@ def _worker(kind, out, grid_text):
         fails += [f"{tr}: {k}" for k, ok in res.items() if not ok]
         rep["transports"][tr] = res
         grid.close()
-    allf = comm.allgather(fails)
-    if comm.rank == 0:
-        rep["fails"] = [f"rank {k}: {f}" for k, fs in enumerate(allf) for f in fs]
-        Path(out, "padded.json").write_text(json.dumps(rep, indent=1))
+    write_worker_report(comm, out, "padded.json", rep, fails)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ per-level split charges the coarse exchange to "halo".
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +33,7 @@ for p in (str(ROOT), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from tests.conftest import keep_gpu_report, launch_env  # noqa: E402
+from tests.conftest import keep_gpu_report, launch_env, run_mpi_worker, write_worker_report  # noqa: E402
 
 try:
     from tests.comms.test_gpu_transports import launch as gpu_launch, mps, needs_mpi  # noqa: F401,E402
@@ -42,7 +41,6 @@ except Exception:  # pragma: no cover - the GPU test module always imports
     gpu_launch = mps = None
     needs_mpi = pytest.mark.skip(reason="tests.comms.test_gpu_transports is unavailable")
 
-MPIEXEC = shutil.which("mpiexec")
 MASS = 0.5                       # Haar-random links: a heavy mass, so that the solve converges (~30 iterations)
 SOLVE = dict(levels=3, blocks=[(4, 4, 4, 4)], nv=8, setup_iters=10, coarsest="gcr", raise_on_fail=False)
 DIMS = (8, 8, 8, 8)
@@ -241,15 +239,7 @@ CPU_CASES = [(2, "1x1x1x2"), (4, "1x1x2x2")]
 @pytest.mark.mpi
 @pytest.mark.parametrize("n,grid", CPU_CASES)
 def test_distributed_tables_under_mpiexec(tmp_path, n, grid):
-    if MPIEXEC is None:
-        pytest.skip("mpiexec is not on PATH")
-    cmd = [MPIEXEC, "--oversubscribe", "-n", str(n), sys.executable, str(Path(__file__)), "cpu", str(tmp_path), grid]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
-                       env=launch_env({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-                                       "HMC_COMMS_TIMEOUT": "60"}))
-    assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    rep = json.loads(Path(tmp_path, "cpu.json").read_text())
-    assert rep["fails"] == [], rep["fails"]
+    rep = run_mpi_worker(__file__, "cpu", tmp_path, n, grid, "cpu.json")
     for tr in ("mpi", "shm"):
         t = rep["transports"][tr]
         assert t["rows_are_shifts"] and t["emulated_bitwise"] and t["global_bitwise"], (tr, t)
@@ -287,10 +277,7 @@ def _cpu_worker(out, grid_text):
                 fails.append(f"{tr}: {k}")
         rep["transports"][tr] = r
         grid.close()
-    allf = comm.allgather(fails)
-    if comm.rank == 0:
-        rep["fails"] = [f"rank {k}: {f}" for k, fs in enumerate(allf) for f in fs]
-        Path(out, "cpu.json").write_text(json.dumps(rep, indent=1))
+    write_worker_report(comm, out, "cpu.json", rep, fails)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -410,10 +397,8 @@ def _gpu_worker(out, grid_text):
             lv["applies"] = d.get("applies", 0)
         rep["transports"][tr] = r
         grid.close()
-    allf = comm.allgather(fails)
+    write_worker_report(comm, out, "gpu.json", rep, fails)
     if comm.rank == 0:
-        rep["fails"] = [f"rank {k}: {f}" for k, fs in enumerate(allf) for f in fs]
-        Path(out, "gpu.json").write_text(json.dumps(rep, indent=1, default=str))
         for tr in TRANSPORTS:
             print(f"{comm.size} ranks, {tr}:", *rep["transports"][tr]["lines"], sep="\n  ", flush=True)
 
