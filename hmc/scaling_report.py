@@ -329,15 +329,21 @@ def markdown(study, plots: list) -> str:
             lines.append(f"| `{t}` | {d['data']} | {d['signal']} | {d['host_in_loop']} |")
         lines.append("")
     what = params.get("what", [])
+    described = {
+        "dslash": "the dslash is one parity of the HISQ operator (16 hops)",
+        "cg": (f"the CG iteration is on the even-odd normal operator at m = {params.get('mass', '?')}, "
+               f"{params.get('cg_iters', '?')} iterations per solve, the set-up amortized"),
+        "halo": ("the halo exchange is one depth-3 exchange (less where the local extent is smaller) of a "
+                 "colour-vector field over all partitioned dimensions"),
+        "trajectory": "the trajectory is one pure-gauge HMC trajectory (Symanzik, Omelyan)",
+    }
+    ran = "; ".join(described[op] for op in what if op in described)
     lines.append(f"Operations: {', '.join(what)}. Each time is the median over {params.get('repeats', '?')} timed "
                  f"loops (± half the spread max-min over loops, in % of the median) of the slowest rank's time per "
-                 f"operation; a loop lasts at least {params.get('min_time', '?')} s. The dslash is one parity of "
-                 f"the HISQ operator (16 hops); the CG iteration is on the even-odd normal operator at m = "
-                 f"{params.get('mass', '?')}, {params.get('cg_iters', '?')} iterations per solve, the set-up "
-                 "amortized; the halo exchange is one depth-3 exchange (less where the local extent is smaller) of a "
-                 "colour-vector field over all partitioned dimensions. Speed-up and efficiency are against the "
-                 "1-rank run (no halo) of the same lattice: "
-                 "speed-up = T(1)/T(n), efficiency = speed-up/n.")
+                 f"operation; a loop lasts at least {params.get('min_time', '?')} s."
+                 + (f" {ran[0].upper()}{ran[1:]}." if ran else "")
+                 + " Speed-up and efficiency are against the 1-rank run (no halo) of the same lattice: "
+                   "speed-up = T(1)/T(n), efficiency = speed-up/n.")
     if "rhmc" in what:
         lines.append("")
         lines.append(rhmc_text(study))
