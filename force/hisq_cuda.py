@@ -718,6 +718,31 @@ def _sigma(mu, nu, rho):
     return s
 
 
+def _inner_staples(st, u, mu, c, a, dest, grow=0):
+    """The forward intermediates of F[U; c] for direction mu, as MILC's fat7 builds them: A_nu = S_nu[U]_mu for the
+    three nu != mu (into ``a``), then for each nu in turn (index j) inner_nu = c3 U + cl A_nu + sum_{rho != nu}
+    S_rho[c5 U + c7 A_sigma]_mu (sigma the fourth direction) into ``dest(j)``, yielding (j, nu, inner_nu) after each,
+    so that a caller may consume an inner before the next one overwrites a shared buffer. ``grow``: the region of
+    :meth:`Staples.forward`."""
+    others = _others(mu)
+    c3, c5, c7, cl = c.three_staple, c.five_staple, c.seven_staple, c.lepage
+    for i, nu in enumerate(others):
+        st.forward(a[i], nu, mu, u, grow=grow)
+    for j, nu in enumerate(others):
+        inner = dest(j)
+        first = True
+        for rho in others:
+            if rho == nu:
+                continue
+            s = others.index(_sigma(mu, nu, rho))
+            if first:
+                st.forward(inner, rho, mu, u, c5, a[s], c7, b1=u, k1=c3, b2=a[j], k2=cl, grow=grow)
+                first = False
+            else:
+                st.forward(inner, rho, mu, u, c5, a[s], c7, b1=inner, k1=1.0, grow=grow)
+        yield j, nu, inner
+
+
 def fat_link(geom, links, c, box=None):
     """F[U; c] (:func:`force.smearing.fat_link`) with the staple kernel: 12 launches per direction. Needs a
     non-zero 5- or 7-staple coefficient (every table of the project has one).
@@ -731,27 +756,13 @@ def fat_link(geom, links, c, box=None):
     st = Staples(geom, links, None) if box is None else Staples(geom, box.links, box)
     u_all = st.links
     out = cp.empty_like(u_all)
-    c1, c3, c5, c7, cl = c.one_link, c.three_staple, c.five_staple, c.seven_staple, c.lepage
     a = (cp.zeros if st.box.padded else cp.empty)((3,) + u_all.shape[1:], dtype=u_all.dtype)
     inner = cp.empty_like(a[0])
     for mu in range(4):
         u = u_all[mu]
-        others = _others(mu)
-        for i, nu in enumerate(others):
-            st.forward(a[i], nu, mu, u, grow=1)
-        for j, nu in enumerate(others):
-            first = True
-            for rho in others:
-                if rho == nu:
-                    continue
-                s = others.index(_sigma(mu, nu, rho))
-                if first:
-                    st.forward(inner, rho, mu, u, c5, a[s], c7, b1=u, k1=c3, b2=a[j], k2=cl, grow=1)
-                    first = False
-                else:
-                    st.forward(inner, rho, mu, u, c5, a[s], c7, b1=inner, k1=1.0, grow=1)
+        for j, nu, _ in _inner_staples(st, u, mu, c, a, lambda j: inner, grow=1):
             if j == 0:
-                st.forward(out[mu], nu, mu, inner, 1.0, b1=u, k1=c1 - 6.0 * cl)
+                st.forward(out[mu], nu, mu, inner, 1.0, b1=u, k1=c.one_link - 6.0 * c.lepage)
             else:
                 st.forward(out[mu], nu, mu, inner, 1.0, b1=out[mu], k1=1.0)
     return st.box.interior(out)
@@ -774,19 +785,8 @@ def fat_link_vjp(geom, links, c, d_fat):
     for mu in range(4):
         u = u_all[mu]
         others = _others(mu)
-        for i, nu in enumerate(others):
-            st.forward(a[i], nu, mu, u)
-        for j, nu in enumerate(others):
-            first = True
-            for rho in others:
-                if rho == nu:
-                    continue
-                s = others.index(_sigma(mu, nu, rho))
-                if first:
-                    st.forward(inners[j], rho, mu, u, c5, a[s], c7, b1=u, k1=c3, b2=a[j], k2=cl)
-                    first = False
-                else:
-                    st.forward(inners[j], rho, mu, u, c5, a[s], c7, b1=inners[j], k1=1.0)
+        for _ in _inner_staples(st, u, mu, c, a, lambda j: inners[j]):
+            pass                                       # every inner_nu kept for the backward pass
         d_f = d_fat[mu]
         out[mu] += (c1 - 6.0 * cl) * d_f
         d_a.fill(0)
