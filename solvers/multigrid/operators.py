@@ -68,6 +68,15 @@ class FineStencil:
             full[:, D._sites[p]] = D._links[p]
         return full.reshape((nh,) + tuple(geom.shape) + (3, 3))
 
+    def converted(self, dtype) -> "FineStencil":
+        """The same hops, mass and sign with the links in ``dtype`` (the single-precision cycle's copy)."""
+        if self.links.dtype == dtype:
+            return self
+        s = FineStencil.__new__(FineStencil)
+        s.__dict__.update(self.__dict__)
+        s.links = self.links.astype(dtype)
+        return s
+
     def with_mass(self, mass):
         s = FineStencil.__new__(FineStencil)
         s.__dict__.update(self.__dict__)
@@ -137,6 +146,15 @@ class KDBlocks:
         g = bmm(self.xp, mats, g.reshape(self.nhc, 48, k))
         out = from_blocks(g.reshape(self.nhc, 16, 3, k), HYPERCUBE, self.geom.shape)
         return out if batched else out[..., 0]
+
+    def converted(self, dtype) -> "KDBlocks":
+        """X, X^-1 and X^-dag in ``dtype``: rounded from the double-precision inverse (not inverted in single)."""
+        if self.X.dtype == dtype:
+            return self
+        k = KDBlocks.__new__(KDBlocks)
+        k.__dict__.update(self.__dict__)
+        k.X, k.Xinv, k.Xinv_dag = self.X.astype(dtype), self.Xinv.astype(dtype), self.Xinv_dag.astype(dtype)
+        return k
 
     def apply_X(self, v):
         return self._blockwise(self.X, v)
@@ -228,6 +246,12 @@ class CoarseOperator:
         self.flops_per_apply = 9 * 8 * self.n * self.n * cgeom.volume
         if cgeom.backend.is_gpu:
             timing.use_device(cgeom.backend.synchronize)
+
+    def converted(self, dtype) -> "CoarseOperator":
+        """The stencil Y in ``dtype`` (same lattice, counter and level)."""
+        if self.Y.dtype == dtype:
+            return self
+        return CoarseOperator(self.geom, self.Y.astype(dtype), self.counter, self.level)
 
     @property
     def shape(self):

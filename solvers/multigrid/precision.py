@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from .operators import CoarseOperator, FineStencil, KDBlocks, LevelOperator
+from .operators import LevelOperator
 
 PRECISIONS = {"double": np.complex128, "single": np.complex64}
 
@@ -31,36 +31,6 @@ PRECISIONS = {"double": np.complex128, "single": np.complex64}
 def cycle_dtype(precision: str):
     """complex128 or complex64 for "double" or "single"."""
     return np.dtype(PRECISIONS[precision])
-
-
-def converted_stencil(stencil: FineStencil, dtype) -> FineStencil:
-    """The batched fine stencil with its links in ``dtype`` (the same hops, mass and sign)."""
-    if stencil.links.dtype == dtype:
-        return stencil
-    s = FineStencil.__new__(FineStencil)
-    s.__dict__.update(stencil.__dict__)
-    s.links = stencil.links.astype(dtype)
-    return s
-
-
-def converted_kd(kd: KDBlocks | None, dtype) -> KDBlocks | None:
-    """The KD blocks X, X^-1 and X^-dag in ``dtype``: rounded from the double-precision inverse (not inverted in
-    single)."""
-    if kd is None or kd.X.dtype == dtype:
-        return kd
-    k = KDBlocks.__new__(KDBlocks)
-    k.__dict__.update(kd.__dict__)
-    k.X = kd.X.astype(dtype)
-    k.Xinv = kd.Xinv.astype(dtype)
-    k.Xinv_dag = kd.Xinv_dag.astype(dtype)
-    return k
-
-
-def converted_coarse(op: CoarseOperator, dtype) -> CoarseOperator:
-    """The coarse stencil Y in ``dtype`` (same lattice, counter and level)."""
-    if op.Y.dtype == dtype:
-        return op
-    return CoarseOperator(op.geom, op.Y.astype(dtype), op.counter, op.level)
 
 
 class FineOp:
@@ -112,14 +82,14 @@ class CycleLevels:
         self.double = dtype == np.complex128
         M = h.M if self.double else h.M.converted(dtype)
         self.fine = FineOp(M, h.counters[0])
-        self.kd = converted_kd(h.kd, dtype)
+        self.kd = None if h.kd is None else h.kd.converted(dtype)
         if self.double:
             self.ops = list(h.ops)
             self.transfers = list(h.transfers)
         else:
             lvl = h.ops[1]
-            self.ops = [None, LevelOperator(M, converted_stencil(lvl.stencil, dtype), self.kd, lvl.counter)]
-            self.ops += [converted_coarse(op, dtype) for op in h.ops[2:]]
+            self.ops = [None, LevelOperator(M, lvl.stencil.converted(dtype), self.kd, lvl.counter)]
+            self.ops += [op.converted(dtype) for op in h.ops[2:]]
             self.transfers = [tr.converted(dtype) for tr in h.transfers]
         self.lu = None
 
