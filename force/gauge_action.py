@@ -25,6 +25,7 @@ import math
 
 from lattice import su3
 from lattice.gauge import GaugeField
+from lattice.padded import pad_links, pads_on_gpu
 
 from . import loops as _loops
 
@@ -75,13 +76,6 @@ def symanzik_coefficients(u0: float, nf: int = 0, quark_loops: str = "hisq") -> 
 def _whole_lattice_on_gpu(geom) -> bool:
     """The CUDA kernels index the whole lattice with periodic wrap: only for one rank with no halo dimensions."""
     return geom.backend.is_gpu and geom.grid.comm.size == 1 and not any(geom.grid.partitioned)
-
-
-def _padded_on_gpu(geom, depth: int) -> bool:
-    """The kernels on halo-padded links: a GPU with a partitioned grid whose local extents hold the padding depth
-    (an extent below it, e.g. 1, keeps the array path)."""
-    parts = [mu for mu in range(4) if geom.grid.partitioned[mu]]
-    return geom.backend.is_gpu and bool(parts) and all(geom.local_dims[mu] >= depth for mu in parts)
 
 
 def _shift_by(geom, f, disp):
@@ -193,7 +187,7 @@ class GaugeAction:
         """sum_i c_i sum_loops (3 - ReTr W) at every local site (one CUDA kernel on a GPU holding the lattice)."""
         if _whole_lattice_on_gpu(u.geom):
             return self._cuda_kernel(u.geom.backend, "action")(u.links, u.geom.local_dims)
-        if _padded_on_gpu(u.geom, self.halo_depth):
+        if pads_on_gpu(u.geom, self.halo_depth):
             return self._cuda_kernel(u.geom.backend, "action")(*self._padded_links(u))
         return self.weighted_deficit_reference(u)
 
@@ -288,7 +282,7 @@ class GaugeAction:
         links (:meth:`_padded_links`) when the grid is partitioned."""
         if _whole_lattice_on_gpu(u.geom):
             return self._cuda_kernel(u.geom.backend, "force")(u.links, self.beta, u.geom.local_dims)
-        if _padded_on_gpu(u.geom, self.halo_depth):
+        if pads_on_gpu(u.geom, self.halo_depth):
             links, dims, box, offset = self._padded_links(u)
             return self._cuda_kernel(u.geom.backend, "force")(links, self.beta, dims, box, offset)
         return self.force_reference(u)
@@ -311,16 +305,9 @@ class GaugeAction:
 
     def _padded_links(self, u: GaugeField):
         """(links on the padded box (4, pt, pz, py, px, 3, 3), the local extents, the box extents, the local sites'
-        offset in the box): ``Geometry.padded`` of depth :attr:`halo_depth` over the partitioned dimensions (one
-        exchange per dimension, edges and corners included), the direction axis moved behind the site axes for
-        the exchange and back to the front for the kernels."""
-        geom, xp = u.geom, u.xp
-        d = self.halo_depth
-        box = geom.padded(xp.moveaxis(u.links, 0, 4), d)
-        links = xp.ascontiguousarray(xp.moveaxis(box, 4, 0))
-        offset = tuple(d if geom.grid.partitioned[mu] else 0 for mu in range(4))
-        dims = geom.local_dims
-        return links, dims, tuple(n + 2 * o for n, o in zip(dims, offset)), offset
+        offset in the box): :func:`lattice.padded.pad_links` of depth :attr:`halo_depth`."""
+        b = pad_links(u.geom, u.links, self.halo_depth)
+        return b.links, b.dims, b.box, b.offset
 
     def _cuda_kernel(self, backend, which: str):
         """The compiled force or action kernel for this action's loops, built on first use."""

@@ -45,6 +45,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from lattice.padded import PaddedLinks, pad_links, pads_on_gpu
+
 #: False: use the array-code twins on the GPU as well (tests and timings flip it; env HMC_HISQ_KERNELS=0).
 ENABLED = os.environ.get("HMC_HISQ_KERNELS", "1") != "0"
 
@@ -522,11 +524,9 @@ def active(geom) -> bool:
 
 
 def padded_active(geom, depth: int) -> bool:
-    """Whether the forward kernels serve ``geom`` on halo-padded links (:func:`pad`): a CuPy backend, a partitioned
-    grid whose local extents hold ``depth`` (a thinner one keeps the array code), and ENABLED."""
-    parts = [mu for mu in range(4) if geom.grid.partitioned[mu]]
-    return (ENABLED and geom.backend.is_gpu and bool(parts)
-            and all(geom.local_dims[mu] >= depth for mu in parts))
+    """Whether the forward kernels serve ``geom`` on halo-padded links (:func:`pad`): ENABLED and the rule of
+    :func:`lattice.padded.pads_on_gpu`."""
+    return ENABLED and pads_on_gpu(geom, depth)
 
 
 def read_depth(paths) -> int:
@@ -591,52 +591,9 @@ def naik_depth() -> int:
     return read_depth([(mu + 1,) * 3 for mu in range(4)])
 
 
-class Box:
-    """Links (4, pt, pz, py, px, 3, 3) on a box holding the local lattice (extents ``dims``, x first) at ``offset``:
-    the halo-padded array of :func:`pad` (offset = the depth on partitioned dimensions, 0 elsewhere), or the lattice
-    itself (:meth:`whole`: offset 0, the single-GPU case)."""
-
-    def __init__(self, links, dims, offset):
-        self.links = links
-        self.dims = tuple(int(n) for n in dims)
-        self.offset = tuple(int(o) for o in offset)
-        self.box = tuple(n + 2 * o for n, o in zip(self.dims, self.offset))
-        if tuple(links.shape[1:5]) != self.box[::-1]:
-            raise ValueError(f"links of site shape {tuple(links.shape[1:5])} on the box {self.box[::-1]}")
-
-    @classmethod
-    def whole(cls, links, dims):
-        return cls(links, dims, (0, 0, 0, 0))
-
-    @property
-    def padded(self) -> bool:
-        return any(self.offset)
-
-    def region(self, grow: int = 0) -> tuple:
-        """(extents, number of sites) of the interior grown by ``grow`` sites on each side of every padded
-        dimension (at most its padding), and the kernels' arguments for it: region extents, box extents, the
-        region's origin in the box (int32)."""
-        g = [min(grow, o) for o in self.offset]
-        ext = tuple(n + 2 * k for n, k in zip(self.dims, g))
-        org = tuple(o - k for o, k in zip(self.offset, g))
-        return int(np.prod(ext)), tuple(np.int32(v) for v in ext + self.box + org)
-
-    def interior(self, f):
-        """The interior sites of a (4, box..., 3, 3) field, C-contiguous (``f`` itself when nothing is padded)."""
-        if not self.padded:
-            return f
-        (nx, ny, nz, nt), (ox, oy, oz, ot) = self.dims, self.offset
-        part = f[:, ot:ot + nt, oz:oz + nz, oy:oy + ny, ox:ox + nx]
-        return part.copy(order="C")
-
-
-def pad(geom, links, depth: int) -> Box:
-    """The links halo-padded by ``depth`` on every partitioned dimension (``Geometry.padded``: one exchange per
-    dimension, edges and corners included; the direction axis moved behind the site axes for it). Collective."""
-    xp = geom.xp
-    padded = geom.padded(xp.moveaxis(links, 0, 4), depth)
-    box = xp.ascontiguousarray(xp.moveaxis(padded, 4, 0))
-    return Box(box, geom.local_dims, tuple(depth if geom.grid.partitioned[mu] else 0 for mu in range(4)))
+def pad(geom, links, depth: int) -> PaddedLinks:
+    """:func:`lattice.padded.pad_links` (kept as this module's name: tests count its calls)."""
+    return pad_links(geom, links, depth)
 
 
 def _module(backend):
@@ -662,13 +619,13 @@ def _contig(cp, a):
 
 class Staples:
     """The staple kernels for one link field ``links`` (4, nt, nz, ny, nx, 3, 3) of a :func:`active` geometry, or
-    (forward only) for the padded links of a :class:`Box` (``box``; ``links`` is then ``box.links``)."""
+    (forward only) for the padded links of a :class:`lattice.padded.PaddedLinks` (``box``; ``links`` is then ``box.links``)."""
 
     def __init__(self, geom, links, box=None):
         self.geom = geom
         self.cp = geom.xp
         self.links = _contig(self.cp, links)
-        self.box = Box.whole(self.links, geom.local_dims) if box is None else box
+        self.box = PaddedLinks.whole(self.links, geom.local_dims) if box is None else box
         self.vol = geom.local_volume
         self.dims = _dims(geom)
         self._fwd = _fn(geom.backend, "staple_fwd")
@@ -676,7 +633,7 @@ class Staples:
 
     def forward(self, out, nu, mu, a1, c1=1.0, a2=None, c2=0.0, b1=None, k1=0.0, b2=None, k2=0.0, grow=0):
         """out = k1 b1 + k2 b2 + S_nu[c1 a1 + c2 a2]_mu (absent terms skipped); one-direction fields on the box,
-        at the interior sites grown by ``grow`` on the padded dimensions (:meth:`Box.region`)."""
+        at the interior sites grown by ``grow`` on the padded dimensions (:meth:`lattice.padded.PaddedLinks.region`)."""
         u = self.links
         f64, i32 = np.float64, np.int32
         n, ext = self.box.region(grow)
@@ -808,7 +765,7 @@ def naik_link(geom, links, coeff, box=None):
     ``box`` (:func:`pad`, depth >= :func:`naik_depth`; ``links`` unused) on a partitioned lattice."""
     cp = geom.xp
     if box is None:
-        box = Box.whole(_contig(cp, links), geom.local_dims)
+        box = PaddedLinks.whole(_contig(cp, links), geom.local_dims)
     w = box.links
     out = cp.empty_like(w)
     n, ext = box.region(0)

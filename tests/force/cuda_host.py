@@ -97,3 +97,26 @@ class FakeCuPy(types.ModuleType):
 
     def __getattr__(self, name):
         return getattr(np, name)
+
+
+# --- shared by the tests of the kernels on halo-padded links (test_gauge_force_padded, test_hisq_smearing_padded)
+def smooth_links(geom, seed=4):
+    """Links near the identity from counter-based random numbers keyed by global site: every decomposition holds
+    the local part of the same global field. NumPy."""
+    from lattice import CounterRNG, su3
+
+    rng = CounterRNG(seed)
+    w = rng.gaussian("s", geom.site_ids(), 32).reshape(geom.shape + (4, 8))
+    return np.ascontiguousarray(su3.expm_su3(np.moveaxis(su3.algebra_from_coefficients(0.4 * w), -3, 0)))
+
+
+def rel(a, b):
+    """max |a - b| / max |b|."""
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
+
+
+def host_staging(geom):
+    """Stand-in for lattice.geometry._staging: the stand-in CuPy's arrays are NumPy arrays, which a CPU halo engine
+    takes as they are (the geometry would otherwise stage "CuPy" faces through the host with ``.get()``, which NumPy
+    arrays lack)."""
+    return "numpy"

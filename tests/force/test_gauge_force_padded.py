@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.conftest import keep_gpu_report, run_mpi_worker, write_worker_report  # noqa: E402
-from tests.force.cuda_host import FakeCuPy, compiler_available  # noqa: E402
+from tests.force.cuda_host import FakeCuPy, compiler_available, host_staging, rel, smooth_links  # noqa: E402
 
 try:
     from tests.comms.test_gpu_transports import launch as gpu_launch, mps, needs_mpi  # noqa: F401,E402
@@ -40,26 +40,6 @@ def actions():
     from force.gauge_action import SymanzikAction, WilsonAction
 
     return {"wilson": WilsonAction(6.0), "symanzik": SymanzikAction(7.4, 0.89, 3, "hisq")}
-
-
-def smooth_links(geom, seed=4):
-    """Links near the identity, from counter-based random numbers keyed by global site: every decomposition holds
-    the local part of the same global field. NumPy."""
-    from lattice import CounterRNG, su3
-
-    rng = CounterRNG(seed)
-    w = rng.gaussian("s", geom.site_ids(), 32).reshape(geom.shape + (4, 8))
-    return np.ascontiguousarray(su3.expm_su3(np.moveaxis(su3.algebra_from_coefficients(0.4 * w), -3, 0)))
-
-
-def rel(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
-
-
-def host_staging(geom):
-    """The stand-in CuPy's arrays are NumPy arrays: a CPU halo engine takes them as they are (the geometry would
-    otherwise stage "CuPy" faces through the host with ``.get()``, which NumPy arrays lack)."""
-    return "numpy"
 
 
 def host_checks(grid) -> dict:
@@ -260,7 +240,8 @@ def _bench(lattice_text, transport="stream_gated", iters="20"):
     import time
 
     from comms import ProcessGrid, world
-    from force.gauge_action import SymanzikAction, _padded_on_gpu, _whole_lattice_on_gpu
+    from force.gauge_action import SymanzikAction, _whole_lattice_on_gpu
+    from lattice.padded import pads_on_gpu
     from lattice import Geometry, GaugeField, get_backend
 
     comm = world()
@@ -287,7 +268,7 @@ def _bench(lattice_text, transport="stream_gated", iters="20"):
         act.force(u)
         act.action(u)
     path = ("single-rank kernel" if _whole_lattice_on_gpu(geom) else
-            "padded kernel" if _padded_on_gpu(geom, act.halo_depth) else "array path")
+            "padded kernel" if pads_on_gpu(geom, act.halo_depth) else "array path")
     rep = {"lattice": dims, "ranks": comm.size, "grid": grid.dims, "transport": transport, "path": path,
            "force_ms": timed(lambda: act.force(u), int(iters)), "action_ms": timed(lambda: act.action(u), int(iters))}
     if any(grid.partitioned):

@@ -1,5 +1,5 @@
 """The forward HISQ/asqtad link smearing on halo-padded links (force/hisq_cuda.py ``pad``, ``fat_link`` and
-``naik_link`` with a ``Box``; the partitioned-grid path of force/smearing.py and force/hisq_links.py): the links are
+``naik_link`` with ``lattice.padded.PaddedLinks``; the partitioned-grid path of force/smearing.py and force/hisq_links.py): the links are
 padded once per level (Geometry.padded, depth = the farthest a path of the level reads: 1 for fat7, 2 with Lepage
 terms and for the Naik term), then the single-GPU staple and Naik kernels run in padded coordinates.
 
@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.conftest import keep_gpu_report, run_mpi_worker, write_worker_report  # noqa: E402
-from tests.force.cuda_host import FakeCuPy, compiler_available  # noqa: E402
+from tests.force.cuda_host import FakeCuPy, compiler_available, host_staging, rel, smooth_links  # noqa: E402
 
 try:
     from tests.comms.test_gpu_transports import launch as gpu_launch, mps, needs_mpi  # noqa: F401,E402
@@ -38,25 +38,6 @@ needs_gxx = pytest.mark.skipif(not compiler_available(), reason="needs g++ to co
 DIMS = (4, 4, 4, 8)
 TOL = 1e-13
 EPS = (0.0, -0.05)          # the Naik epsilons of hisq_links_multi (light and charm-like)
-
-
-def smooth_links(geom, seed=4):
-    """Links near the identity from counter-based random numbers keyed by global site: every decomposition holds
-    the local part of the same global field. NumPy."""
-    from lattice import CounterRNG, su3
-
-    rng = CounterRNG(seed)
-    w = rng.gaussian("s", geom.site_ids(), 32).reshape(geom.shape + (4, 8))
-    return np.ascontiguousarray(su3.expm_su3(np.moveaxis(su3.algebra_from_coefficients(0.4 * w), -3, 0)))
-
-
-def rel(a, b):
-    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
-
-
-def host_staging(geom):
-    """The stand-in CuPy's arrays are NumPy arrays: the halo engine takes them as they are."""
-    return "numpy"
 
 
 def count_pads(store):
@@ -152,23 +133,6 @@ def test_depths_from_the_paths():
     # a forward step reads at the site it leaves, a backward one at the site it reaches
     assert hisq_cuda.read_depth([(1, 1, 1)]) == 2 and hisq_cuda.read_depth([(-1, -1)]) == 2
     assert hisq_cuda.read_depth([(2, 2, 1, -2, -2)]) == 2 and hisq_cuda.read_depth([(2, 1, -2)]) == 1
-
-
-def test_box_regions():
-    from force.hisq_cuda import Box
-
-    links = np.zeros((4, 12, 4, 4, 6, 3, 3), dtype=complex)
-    b = Box(links, (4, 4, 4, 8), (1, 0, 0, 2))
-    n, args = b.region(1)
-    assert n == 6 * 4 * 4 * 10 and [int(v) for v in args] == [6, 4, 4, 10, 6, 4, 4, 12, 0, 0, 0, 1]
-    n, args = b.region(0)
-    assert n == 4 * 4 * 4 * 8 and [int(v) for v in args] == [4, 4, 4, 8, 6, 4, 4, 12, 1, 0, 0, 2]
-    f = np.arange(links.size, dtype=float).reshape(links.shape)
-    assert np.array_equal(b.interior(f), f[:, 2:10, :, :, 1:5]) and b.interior(f).flags.c_contiguous
-    whole = Box(np.zeros((4, 8, 4, 4, 4, 3, 3)), (4, 4, 4, 8), (0,) * 4)
-    assert [int(v) for v in whole.region(1)[1]] == [4, 4, 4, 8] * 2 + [0] * 4
-    with pytest.raises(ValueError, match="box"):
-        Box(links, (4, 4, 4, 8), (1, 0, 0, 1))
 
 
 @needs_gxx

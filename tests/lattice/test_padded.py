@@ -107,6 +107,23 @@ def test_padded_depth_checked_and_unpartitioned_untouched():
     assert plain.padded(f, 5) is f
 
 
+def test_padded_links_regions():
+    from lattice.padded import PaddedLinks as Box
+
+    links = np.zeros((4, 12, 4, 4, 6, 3, 3), dtype=complex)
+    b = Box(links, (4, 4, 4, 8), (1, 0, 0, 2))
+    n, args = b.region(1)
+    assert n == 6 * 4 * 4 * 10 and [int(v) for v in args] == [6, 4, 4, 10, 6, 4, 4, 12, 0, 0, 0, 1]
+    n, args = b.region(0)
+    assert n == 4 * 4 * 4 * 8 and [int(v) for v in args] == [4, 4, 4, 8, 6, 4, 4, 12, 1, 0, 0, 2]
+    f = np.arange(links.size, dtype=float).reshape(links.shape)
+    assert np.array_equal(b.interior(f), f[:, 2:10, :, :, 1:5]) and b.interior(f).flags.c_contiguous
+    whole = Box(np.zeros((4, 8, 4, 4, 4, 3, 3)), (4, 4, 4, 8), (0,) * 4)
+    assert [int(v) for v in whole.region(1)[1]] == [4, 4, 4, 8] * 2 + [0] * 4
+    with pytest.raises(ValueError, match="box"):
+        Box(links, (4, 4, 4, 8), (1, 0, 0, 1))
+
+
 # --------------------------------------------------------------------------------------------------------------
 # CPU under mpiexec
 
