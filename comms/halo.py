@@ -270,6 +270,9 @@ class _Route:
 class HaloEngine:
     """Halo exchanges of one communicator context (see the module docstring)."""
 
+    #: faces are host (NumPy) arrays; the GPU engine (comms.cuda.transports) takes and returns device arrays
+    device_faces = False
+
     def __init__(self, grid, ctx, protocol: ProtocolState, request=None):
         MPI = mpi()
         self.grid, self.ctx, self.state = grid, ctx, protocol

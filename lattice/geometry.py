@@ -11,7 +11,6 @@ a halo exchange (comms.halo): exact data movement, so every result is bitwise th
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -175,12 +174,9 @@ def _slab(axis: int, start: int, stop: int) -> tuple:
 
 
 def device_engine(engine) -> bool:
-    """Whether a halo engine exchanges device arrays (comms.cuda.transports.GpuHaloEngine: ``start`` takes CuPy
-    faces, ``finish`` returns CuPy arrays). Looked up in ``sys.modules``, so a CPU-only run never imports the CUDA
-    modules: an engine of that class exists only once its module was imported."""
-    mod = sys.modules.get("comms.cuda.transports")
-    cls = getattr(mod, "GpuHaloEngine", None) if mod is not None else None
-    return cls is not None and isinstance(engine, cls)
+    """Whether a halo engine exchanges device arrays (its ``device_faces``: the GPU engine's ``start`` takes CuPy
+    faces and its ``finish`` returns CuPy arrays; the CPU engine takes NumPy faces)."""
+    return bool(getattr(engine, "device_faces", False))
 
 
 def _staging(geom):

@@ -111,6 +111,8 @@ class GpuHaloEngine(HaloEngine):
     """Halo exchanges of one communicator context on the GPU (see the module docstring). Faces may be CuPy arrays
     (device to device) or NumPy arrays (staged through the device); results come back as the faces came in."""
 
+    device_faces = True
+
     # set-up ---------------------------------------------------------------------------------------------------
     def _resolve(self, request):
         import cupy
