@@ -229,7 +229,7 @@ def norm2_and_redot(geom, a, b) -> tuple[float, float]:
 # The solvers' vector updates and reductions as a few fused kernels with one host synchronisation per reduction
 # (solvers.blas_cuda for cupy). The one switch is fused_blas(): a solver asks it once per solve and runs its NumPy
 # path when it answers None, which it does when no kernel set is registered for the backend, when the factory
-# declines the geometry (several ranks, where reductions must go through geom.sum, or a partitioned dimension), in
+# declines the geometry (an odd local x extent; with several ranks the kernels' sums go through geom.sum), in
 # the "exact" reduction mode, and when switched off (set_fused_blas(False) or HMC_SOLVER_FUSED=0). For an even-odd
 # operator the kernels visit only the sites of its parity; set_fused_blas("all") or HMC_SOLVER_FUSED=all makes them
 # visit every site (the NumPy path's full-array arithmetic; the other parity holds zeros): in the interleaved

@@ -89,6 +89,9 @@ def test_distributed_dslash_and_cg(tmp_path, mps, n, grid, lattice):  # noqa: F8
         assert r["dslash_bitwise"], (tr, r)        # one thread per site, the same hop order: the one-rank bits
         # fast sums (local vdot per rank) round differently from one rank's: close, within a few iterations
         assert r["cg_rel"] < 1e-7 and abs(r["cg_iters"] - rep["reference"]["cg_iters"]) <= 5, (tr, r)
+        # the fused kernels serve the distributed solves too (local sums, then one exact sum over the ranks)
+        assert r["cg_fused"] and r["multishift_fused"], (tr, r)
+        assert r["multishift_rel"] < 1e-7 and abs(r["multishift_iters"] - rep["reference"]["multishift_iters"]) <= 5
         # exact sums (HMC_SOLVER_SUMS=exact) and a bitwise hop: the single-rank CG, bit for bit
         assert r["cg_exact_bitwise"] and r["cg_iters_exact"] == rep["reference"]["cg_iters_exact"], (tr, r)
         assert r["device_cg_rel"] < 1e-10, (tr, r)
@@ -131,7 +134,7 @@ def _dist(out, grid_text, lattice_text):
     from comms.cuda import vmm
     from comms.grid import _SingleComm
     from lattice import Geometry, get_backend
-    from solvers import StaggeredDslash, cg
+    from solvers import StaggeredDslash, cg, multishift_cg
     from solvers.operator import set_reductions
     from solvers.staggered_dist_cuda import DeviceCG, DistHop, close_graph_mode
 
@@ -151,6 +154,9 @@ def _dist(out, grid_text, lattice_text):
     ref_hop = [cp.asnumpy(dref.hop(cp.asarray(psi), p, a=0.3, x=cp.asarray(psi), b=-1.0)) for p in (0, 1)]
     ref_x, ref_st = cg(1e-9, 2000)(A).solve(cp.asarray(bglob))
     ref_x = cp.asnumpy(ref_x)
+    shifts = (0.0, 0.02, 0.3, 1.5)
+    ref_xs, ref_ms = multishift_cg(shifts, 1e-9, 2000)(A).solve(cp.asarray(bglob))
+    ref_xs = [cp.asnumpy(v) for v in ref_xs]
     old_mode = set_reductions("exact")            # decomposition-independent sums: the distributed CG is bitwise
     ref_xe, ref_ste = cg(1e-9, 2000)(A).solve(cp.asarray(bglob))
     ref_xe = cp.asnumpy(ref_xe)
@@ -160,7 +166,9 @@ def _dist(out, grid_text, lattice_text):
     dcg.iterate(n_dcg)
     ref_dcg = cp.asnumpy(dcg.solution())
     rep = {"grid": gdims, "lattice": dims, "ranks": comm.size,
-           "reference": {"cg_iters": ref_st.iters, "cg_iters_exact": ref_ste.iters}, "transports": {}}
+           "reference": {"cg_iters": ref_st.iters, "cg_iters_exact": ref_ste.iters,
+                         "multishift_iters": ref_ms.iters, "fused": [ref_st.extra["fused"], ref_ms.extra["fused"]]},
+           "transports": {}}
     fails = []
 
     def local(g, a):
@@ -199,7 +207,10 @@ def _dist(out, grid_text, lattice_text):
         lb = cp.asarray(local(geom, bglob))
         x, st = cg(1e-9, 2000)(d.even_odd(mass).normal).solve(lb)
         r["cg_rel"] = _rel(cp.asnumpy(x), local(geom, ref_x))
-        r["cg_iters"] = st.iters
+        r["cg_iters"], r["cg_fused"] = st.iters, st.extra["fused"]
+        xs, st = multishift_cg(shifts, 1e-9, 2000)(d.even_odd(mass).normal).solve(lb)
+        r["multishift_rel"] = max(_rel(cp.asnumpy(v), local(geom, w)) for v, w in zip(xs, ref_xs))
+        r["multishift_iters"], r["multishift_fused"] = st.iters, st.extra["fused"]
         old_mode = set_reductions("exact")
         x, st = cg(1e-9, 2000)(d.even_odd(mass).normal).solve(lb)
         set_reductions(old_mode)
