@@ -33,7 +33,10 @@ On a partitioned lattice the forward smearing (``staple_fwd``, ``naik_fwd``: :fu
 runs on halo-padded links (:func:`pad`: ``Geometry.padded`` of depth :func:`fat_depth` / :func:`naik_depth`, the
 largest distance from x at which a path of the level reads a link): the threads cover the interior sites, or the
 interior grown by one site where an intermediate (A_nu, inner_nu) is read, in padded coordinates, and only the
-unpadded dimensions wrap (:func:`padded_active`). The chain-rule kernels serve unpartitioned lattices only.
+unpadded dimensions wrap (:func:`padded_active`). So does the chain rule: :func:`fat_link_vjp` and
+:func:`naik_link_vjp` take the links and the incoming derivative padded alike (depth :data:`VJP_DEPTH`, the farthest
+its recomputed intermediates and three adjoint stages read, each stage on the interior grown by what the next one
+reads), and :func:`outer_acc` pads the colour vectors by :data:`OUTER_DEPTH`.
 
 Each kernel equals its twin to rounding (tests/force/test_hisq_gpu.py). ``HMC_HISQ_KERNELS=0`` switches them off
 (the twins then run on CuPy), e.g. to time the difference.
@@ -220,20 +223,22 @@ extern "C" __global__ void staple_fwd(const double2 *__restrict__ U, const doubl
 }
 
 // The adjoint of T = S_nu[A]_mu, A = a1 A1 + a2 A2, given DT: O_k(x) = (acc_k ? O_k(x) : 0) + k_k D_A(x) for
-// the outputs present (has_k), and DU_nu(x) += the staple-link derivative (DU: four directions, in place).
-// No output may be DT, A1 or A2; DU must not hold them either.
+// the outputs present (has_k), and DU_nu(x) += the staple-link derivative (DU: four directions, in place), at the
+// region's sites; every field on the box. No output may be DT, A1 or A2; DU must not hold them either.
 extern "C" __global__ void staple_vjp(const double2 *__restrict__ U, const double2 *A1, double a1,
                                       const double2 *A2, double a2, int has_a2, const double2 *DT,
                                       double2 *DU, double2 *O1, double k1, int acc1,
                                       double2 *O2, double k2, int acc2, int has2,
                                       double2 *O3, double k3, int acc3, int has3,
-                                      int nu, int mu, int nx, int ny, int nz, int nt) {
-    const Lat L = make_lat(nx, ny, nz, nt);
-    long x = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (x >= L.vol) return;
+                                      int nu, int mu, int nx, int ny, int nz, int nt,
+                                      int px, int py, int pz, int pt, int ox, int oy, int oz, int ot) {
+    const Lat L = make_box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
+    long t = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (t >= L.vol) return;
     int c[4];
-    coords(L, x, c);
-    const double2 *Un = U + 9 * (long)nu * L.vol;
+    coords(L, t, c);
+    const long x = box_index(L, c);
+    const double2 *Un = U + 9 * (long)nu * L.pvol;
     const long xpn = hop(L, c, nu, 1, mu, 0), xpm = hop(L, c, mu, 1, nu, 0);
     const long xmn = hop(L, c, nu, -1, mu, 0), xmnpm = hop(L, c, nu, -1, mu, 1);
     const long xmm = hop(L, c, mu, -1, nu, 0), xmmpn = hop(L, c, mu, -1, nu, 1);
@@ -252,7 +257,7 @@ extern "C" __global__ void staple_vjp(const double2 *__restrict__ U, const doubl
     h = madd(h, mul_nn(load(DT, xmm), mul_nn(u_xmm, comb(A1, a1, A2, a2, has_a2, xmmpn))));
     g = madd(g, dag(h));
     g = madd(g, mul_nn(load(DT, xmmpn), mul_dn(u_xmm, comb(A1, a1, A2, a2, has_a2, xmm))));
-    update(DU + 9 * (long)nu * L.vol, x, g, 1.0, 1);
+    update(DU + 9 * (long)nu * L.pvol, x, g, 1.0, 1);
 }
 
 // out_mu(x) = (acc ? out_mu(x) : 0) + coef W_mu(x) W_mu(x+mu) W_mu(x+2mu), one thread per link of the region; W
@@ -274,17 +279,20 @@ extern "C" __global__ void naik_fwd(const double2 *__restrict__ W, double2 *out,
 }
 
 // out_mu(x) = (acc ? out_mu(x) : 0) + coef [W(x+mu) W(x+2mu) D(x) + W(x+mu) D(x-mu) W(x-mu)
-//                                           + D(x-2mu) W(x-2mu) W(x-mu)]  (all along mu); out is not D
+//                                           + D(x-2mu) W(x-2mu) W(x-mu)]  (all along mu); out is not D; W, D and
+// out on the box, one thread per link of the region
 extern "C" __global__ void naik_vjp(const double2 *__restrict__ W, const double2 *__restrict__ D, double2 *out,
-                                    double coef, int acc, int nx, int ny, int nz, int nt) {
-    const Lat L = make_lat(nx, ny, nz, nt);
+                                    double coef, int acc, int nx, int ny, int nz, int nt,
+                                    int px, int py, int pz, int pt, int ox, int oy, int oz, int ot) {
+    const Lat L = make_box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
     long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (gid >= 4 * L.vol) return;
     const int mu = gid / L.vol;
-    const long x = gid - mu * L.vol;
+    const long t = gid - mu * L.vol;
     int c[4];
-    coords(L, x, c);
-    const long off = 9 * (long)mu * L.vol;
+    coords(L, t, c);
+    const long x = box_index(L, c);
+    const long off = 9 * (long)mu * L.pvol;
     const double2 *Wm = W + off, *Dm = D + off;
     const long p1 = hop(L, c, mu, 1, mu, 0), p2 = hop(L, c, mu, 2, mu, 0);
     const long m1 = hop(L, c, mu, -1, mu, 0), m2 = hop(L, c, mu, -2, mu, 0);
@@ -475,28 +483,31 @@ extern "C" __global__ void eig_herm(const double2 *__restrict__ A, double *G, do
 }
 
 // The fermion-force outer products (hmc/rhmc.py): F_mu(x) += sum_l c_l z_l(x+mu) z_l(x)^dag and
-// L_mu(x) += sum_l c_l z_l(x+3mu) z_l(x)^dag, z_l: colour vectors (Z: n fields of vol x 3), one thread per link
+// L_mu(x) += sum_l c_l z_l(x+3mu) z_l(x)^dag, z_l: colour vectors (Z: n fields of pvol x 3, on the box), one thread
+// per link of the region; F and Lg hold the region only (region site t; the box itself on one GPU)
 extern "C" __global__ void outer_acc(const double2 *__restrict__ Z, const double *__restrict__ C, double2 *F,
-                                     double2 *Lg, int n, int nx, int ny, int nz, int nt) {
-    const Lat L = make_lat(nx, ny, nz, nt);
+                                     double2 *Lg, int n, int nx, int ny, int nz, int nt,
+                                     int px, int py, int pz, int pt, int ox, int oy, int oz, int ot) {
+    const Lat L = make_box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
     long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (gid >= 4 * L.vol) return;
     const int mu = gid / L.vol;
-    const long x = gid - mu * L.vol;
+    const long t = gid - mu * L.vol;
     int c[4];
-    coords(L, x, c);
+    coords(L, t, c);
+    const long x = box_index(L, c);
     const long x1 = hop(L, c, mu, 1, mu, 0), x3 = hop(L, c, mu, 3, mu, 0);
     M3 f, g;
     #pragma unroll
     for (int i = 0; i < 9; ++i) { f.e[i] = make_double2(0.0, 0.0); g.e[i] = f.e[i]; }
     for (int l = 0; l < n; ++l) {
-        const double2 *z = Z + 3 * (long)l * L.vol;
+        const double2 *z = Z + 3 * (long)l * L.pvol;
         const double cl = C[l];
         double2 b[3], a1[3], a3[3];
         #pragma unroll
         for (int j = 0; j < 3; ++j) {
-            const double2 t = __ldg(z + 3 * x + j);
-            b[j] = make_double2(cl * t.x, -cl * t.y);
+            const double2 zx = __ldg(z + 3 * x + j);
+            b[j] = make_double2(cl * zx.x, -cl * zx.y);
             a1[j] = __ldg(z + 3 * x1 + j);
             a3[j] = __ldg(z + 3 * x3 + j);
         }
@@ -509,8 +520,8 @@ extern "C" __global__ void outer_acc(const double2 *__restrict__ Z, const double
             }
     }
     const long off = 9 * (long)mu * L.vol;
-    update(F + off, x, f, 1.0, 1);
-    update(Lg + off, x, g, 1.0, 1);
+    update(F + off, t, f, 1.0, 1);
+    update(Lg + off, t, g, 1.0, 1);
 }
 """
 
@@ -619,7 +630,7 @@ def _contig(cp, a):
 
 class Staples:
     """The staple kernels for one link field ``links`` (4, nt, nz, ny, nx, 3, 3) of a :func:`active` geometry, or
-    (forward only) for the padded links of a :class:`lattice.padded.PaddedLinks` (``box``; ``links`` is then ``box.links``)."""
+    for the padded links of a :class:`lattice.padded.PaddedLinks` (``box``; ``links`` is then ``box.links``)."""
 
     def __init__(self, geom, links, box=None):
         self.geom = geom
@@ -644,9 +655,10 @@ class Staples:
                    out, i32(nu), i32(mu)) + ext)
         return out
 
-    def vjp(self, d_links, d_t, nu, mu, a1, c1=1.0, a2=None, c2=0.0, outs=()):
+    def vjp(self, d_links, d_t, nu, mu, a1, c1=1.0, a2=None, c2=0.0, outs=(), grow=0):
         """The adjoint of T = S_nu[c1 a1 + c2 a2]_mu given D_T = ``d_t``: for (o, k, acc) in ``outs`` (1 to 3),
-        o = (o if acc else 0) + k D_A; the staple-link derivative is added to ``d_links[nu]``."""
+        o = (o if acc else 0) + k D_A; the staple-link derivative is added to ``d_links[nu]``. Every field on the
+        box, at the interior sites grown by ``grow`` (as :meth:`forward`)."""
         u = self.links
         f64, i32 = np.float64, np.int32
         outs = list(outs)
@@ -661,9 +673,10 @@ class Staples:
                 flat += [outs[0][0], f64(0.0), i32(1)]
             if j > 0:
                 flat.append(i32(j < len(outs)))
-        self._vjp(_grid(self.vol), (BLOCK,),
+        n, ext = self.box.region(grow)
+        self._vjp(_grid(n), (BLOCK,),
                   (u, a1, f64(c1), u if a2 is None else a2, f64(c2), i32(a2 is not None), d_t, d_links,
-                   *flat, i32(nu), i32(mu)) + self.dims)
+                   *flat, i32(nu), i32(mu)) + ext)
 
 
 def _others(mu):
@@ -725,39 +738,65 @@ def fat_link(geom, links, c, box=None):
     return st.box.interior(out)
 
 
-def fat_link_vjp(geom, links, c, d_fat):
+#: The halo depth of the links (and of D_F) for :func:`fat_link_vjp` on padded links, and the regions (the interior
+#: grown by that many sites on every padded dimension) of its stages: the recomputed forward intermediates A_nu and
+#: inner_nu, the adjoint stages D_inner = S_nu^T D_F and D_arg = S_rho^T D_inner, and the last one, S_nu^T D_a, on
+#: the interior. Every read of a stage leaves its site by one step per direction, and the last stage reaches the
+#: values at the rim of a grown region only through steps in distinct directions (x + sigma, then + rho), which
+#: stay inside the region grown by one: so depth 2 (what fat7's staples read: A_nu at x + rho reads U at x + rho
+#: + nu) holds for fat7 and for the Lepage terms. tests/force/test_hisq_force_padded.py checks it against the array
+#: path with every dimension partitioned, and that smaller regions give wrong results.
+VJP_DEPTH = 2
+_VJP_GROW = {"forward": 1, "d_inner": 1, "d_arg": 1, "d_a": 0}
+
+
+def fat_link_vjp(geom, links, c, d_fat, box=None, d_box=None):
     """D_U through F[U; c] (:func:`force.smearing_derivative.fat_link_vjp`): the forward intermediates A_nu and
     inner_nu are recomputed per direction, the 5/7-staple arguments c5 U + c7 A_sigma are formed inside the
-    kernels. 24 launches per direction."""
+    kernels. 24 launches per direction.
+
+    ``box``, ``d_box``: the links and D_F halo-padded alike (:func:`pad`, depth >= :data:`VJP_DEPTH`; ``links``
+    and ``d_fat`` are then unused) on a partitioned lattice: every stage runs on the interior grown as
+    :data:`VJP_DEPTH` says, the intermediates start at zero (the rim values past a stage's region feed only rim
+    values no later stage reads), and D_U is returned on the interior."""
     cp = geom.xp
-    st = Staples(geom, links)
+    if box is None:
+        st = Staples(geom, links)
+        d_fat = _contig(cp, d_fat)
+        grow = dict.fromkeys(_VJP_GROW, 0)
+    else:
+        if d_box.box != box.box:
+            raise ValueError(f"fat_link_vjp: D_F padded to the box {d_box.box}, the links to {box.box}")
+        st = Staples(geom, box.links, box)
+        d_fat = d_box.links
+        grow = _VJP_GROW
     u_all = st.links
-    d_fat = _contig(cp, d_fat)
     out = cp.zeros_like(u_all)
     c1, c3, c5, c7, cl = c.one_link, c.three_staple, c.five_staple, c.seven_staple, c.lepage
-    a = cp.empty((3,) + u_all.shape[1:], dtype=u_all.dtype)
-    inners = cp.empty_like(a)
+    a = (cp.zeros if st.box.padded else cp.empty)((3,) + u_all.shape[1:], dtype=u_all.dtype)
+    inners = cp.zeros_like(a) if st.box.padded else cp.empty_like(a)
     d_a = cp.empty_like(a)
-    d_inner = cp.empty_like(a[0])
+    d_inner = cp.zeros_like(a[0]) if st.box.padded else cp.empty_like(a[0])
     for mu in range(4):
         u = u_all[mu]
         others = _others(mu)
-        for _ in _inner_staples(st, u, mu, c, a, lambda j: inners[j]):
+        for _ in _inner_staples(st, u, mu, c, a, lambda j: inners[j], grow=grow["forward"]):
             pass                                       # every inner_nu kept for the backward pass
         d_f = d_fat[mu]
         out[mu] += (c1 - 6.0 * cl) * d_f
         d_a.fill(0)
         for j, nu in enumerate(others):
             st.vjp(out, d_f, nu, mu, inners[j], outs=[(d_inner, 1.0, False), (out[mu], c3, True),
-                                                      (d_a[j], cl, True)])
+                                                      (d_a[j], cl, True)], grow=grow["d_inner"])
             for rho in others:
                 if rho == nu:
                     continue
                 s = others.index(_sigma(mu, nu, rho))
-                st.vjp(out, d_inner, rho, mu, u, c5, a[s], c7, outs=[(out[mu], c5, True), (d_a[s], c7, True)])
+                st.vjp(out, d_inner, rho, mu, u, c5, a[s], c7, outs=[(out[mu], c5, True), (d_a[s], c7, True)],
+                       grow=grow["d_arg"])
         for j, nu in enumerate(others):
-            st.vjp(out, d_a[j], nu, mu, u, outs=[(out[mu], 1.0, True)])
-    return out
+            st.vjp(out, d_a[j], nu, mu, u, outs=[(out[mu], 1.0, True)], grow=grow["d_a"])
+    return st.box.interior(out)
 
 
 def naik_link(geom, links, coeff, box=None):
@@ -773,16 +812,29 @@ def naik_link(geom, links, coeff, box=None):
     return box.interior(out)
 
 
-def naik_link_vjp(geom, links, coeff, d_long, out=None):
-    """D_W through the Naik term (:func:`force.smearing_derivative.naik_link_vjp`); added to ``out`` if given."""
+def naik_link_vjp(geom, links, coeff, d_long, out=None, box=None, d_box=None):
+    """D_W through the Naik term (:func:`force.smearing_derivative.naik_link_vjp`); added to ``out`` if given.
+    ``box``, ``d_box``: W and D_L halo-padded alike (depth >= :func:`naik_depth`; ``links``, ``d_long`` unused) on a
+    partitioned lattice; the result on the interior."""
     cp = geom.xp
-    w = _contig(cp, links)
-    d = _contig(cp, d_long)
-    acc = out is not None
+    if box is None:
+        box = PaddedLinks.whole(_contig(cp, links), geom.local_dims)
+        d = _contig(cp, d_long)
+    else:
+        if d_box.box != box.box:
+            raise ValueError(f"naik_link_vjp: D_L padded to the box {d_box.box}, the links to {box.box}")
+        d = d_box.links
+    w = box.links
+    acc = out is not None and not box.padded
+    dest = out if acc else cp.empty_like(w)
+    n, ext = box.region(0)
+    _fn(geom.backend, "naik_vjp")(_grid(4 * n), (BLOCK,), (w, d, dest, np.float64(coeff), np.int32(acc)) + ext)
+    if not box.padded:
+        return dest
+    res = box.interior(dest)
     if out is None:
-        out = cp.empty_like(w)
-    _fn(geom.backend, "naik_vjp")(_grid(w.size // 9), (BLOCK,),
-                                  (w, d, out, np.float64(coeff), np.int32(acc)) + _dims(geom))
+        return res
+    out += res
     return out
 
 
@@ -834,14 +886,27 @@ def eig_herm(backend, a):
     return g, e
 
 
+#: The halo depth of the colour vectors for :func:`outer_acc` on a partitioned lattice (z(x + 3 mu)).
+OUTER_DEPTH = 3
+
+
 def outer_acc(geom, zs, coeffs, f_acc, l_acc):
-    """f_acc_mu(x) += sum_l c_l z_l(x+mu) z_l(x)^dag, l_acc with z_l(x+3mu), in place (one launch)."""
+    """f_acc_mu(x) += sum_l c_l z_l(x+mu) z_l(x)^dag, l_acc with z_l(x+3mu), in place (one launch). On a
+    partitioned lattice (:func:`padded_active` with :data:`OUTER_DEPTH`) the vectors are halo-padded first (one
+    exchange per partitioned dimension for all of them) and the threads cover the interior of the box."""
     cp = geom.xp
-    z = cp.ascontiguousarray(cp.stack(list(zs)))
-    if z.shape[1:] != tuple(geom.shape) + (3,):
-        raise ValueError(f"outer_acc takes colour-vector fields of shape {tuple(geom.shape) + (3,)}, not {z.shape[1:]}")
+    shape = tuple(geom.shape) + (3,)
+    if any(tuple(z.shape) != shape for z in zs):
+        raise ValueError(f"outer_acc takes colour-vector fields of shape {shape}, not "
+                         f"{[tuple(z.shape) for z in zs if tuple(z.shape) != shape][0]}")
     c = cp.asarray(np.asarray(coeffs, dtype=np.float64))
     if not (f_acc.flags.c_contiguous and l_acc.flags.c_contiguous):
         raise ValueError("outer_acc accumulates in place: give C-contiguous f_acc and l_acc")
-    _fn(geom.backend, "outer_acc")(_grid(f_acc.size // 9), (BLOCK,),
-                                   (z, c, f_acc, l_acc, np.int32(len(zs))) + _dims(geom))
+    if active(geom):
+        z = cp.ascontiguousarray(cp.stack(list(zs)))
+        offset = (0, 0, 0, 0)
+    else:
+        z = cp.ascontiguousarray(cp.moveaxis(geom.padded(cp.stack(list(zs), axis=-1), OUTER_DEPTH), -1, 0))
+        offset = tuple(OUTER_DEPTH if geom.grid.partitioned[mu] else 0 for mu in range(4))
+    n, ext = PaddedLinks(z, geom.local_dims, offset).region(0)
+    _fn(geom.backend, "outer_acc")(_grid(4 * n), (BLOCK,), (z, c, f_acc, l_acc, np.int32(len(zs))) + ext)

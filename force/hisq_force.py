@@ -120,9 +120,10 @@ def add_outer_products(geom, zs, coeffs, fat_acc, long_acc):
     """fat_acc_mu(x) += sum_l c_l z_l(x+mu) z_l(x)^dag and long_acc_mu(x) += sum_l c_l z_l(x+3mu) z_l(x)^dag, in
     place: the outer products of a pseudofermion's MD force (``hmc/rhmc.py``; z_l = X_l on even sites and
     D_oe X_l on odd ones, c_l = 2 res_l; the eps(x) factor is applied afterwards). ``zs``: the colour-vector fields
-    (nt, nz, ny, nx, 3); ``coeffs``: the real c_l. One CUDA kernel on one GPU (:func:`force.hisq_cuda.outer_acc`)."""
+    (nt, nz, ny, nx, 3); ``coeffs``: the real c_l. One CUDA kernel on one GPU (:func:`force.hisq_cuda.outer_acc`),
+    after one halo padding of the vectors on a partitioned lattice of GPUs."""
     xp = geom.xp
-    if _cuda.active(geom) and not np.iscomplexobj(coeffs):
+    if (_cuda.active(geom) or _cuda.padded_active(geom, _cuda.OUTER_DEPTH)) and not np.iscomplexobj(coeffs):
         _cuda.outer_acc(geom, zs, coeffs, fat_acc, long_acc)
         return
     z = xp.stack(zs, axis=-1)                                               # (nt, nz, ny, nx, 3, n)

@@ -135,9 +135,15 @@ def fat_link_vjp(geom, links, c: PathCoefficients, d_fat):
     """The link derivative of S through F[U; c] = :func:`force.smearing.fat_link`: given D_F (like ``links``),
     return D_U with delta S = sum Re Tr[delta F D_F] = sum Re Tr[delta U D_U] (the Naik coefficient of ``c`` is
     ignored, as in the forward function). Exact for any complex link field. On one GPU this is
-    :func:`force.hisq_cuda.fat_link_vjp` (the same reverse pass, one kernel per adjoint staple)."""
-    if _cuda.active(geom) and (c.five_staple != 0.0 or c.seven_staple != 0.0):
-        return _cuda.fat_link_vjp(geom, links, c, d_fat)
+    :func:`force.hisq_cuda.fat_link_vjp` (the same reverse pass, one kernel per adjoint staple); on GPUs sharing a
+    partitioned lattice the same kernels run on links and D_F halo-padded by :data:`force.hisq_cuda.VJP_DEPTH`."""
+    if c.five_staple != 0.0 or c.seven_staple != 0.0:
+        if _cuda.active(geom):
+            return _cuda.fat_link_vjp(geom, links, c, d_fat)
+        depth = _cuda.VJP_DEPTH
+        if _cuda.padded_active(geom, depth):
+            return _cuda.fat_link_vjp(geom, None, c, None, box=_cuda.pad(geom, links, depth),
+                                      d_box=_cuda.pad(geom, d_fat, depth))
     xp = geom.xp
     s = StapleAdjoint(geom, links)
     out = xp.zeros_like(links)
@@ -197,9 +203,13 @@ def naik_link_vjp(geom, links, coeff: float, d_long):
 
         D_U_mu(x) += coeff [ U1 U2 D(x) ](x) + coeff [ U2 D U0 ](x-mu) + coeff [ D U0 U1 ](x-2mu),
 
-    with Uk = U_mu(x+k mu), D = D_L mu(x)."""
+    with Uk = U_mu(x+k mu), D = D_L mu(x). One kernel on one GPU, on links halo-padded by 2 on a partitioned one."""
     if _cuda.active(geom):
         return _cuda.naik_link_vjp(geom, links, coeff, d_long)
+    depth = _cuda.naik_depth()
+    if _cuda.padded_active(geom, depth):
+        return _cuda.naik_link_vjp(geom, None, coeff, None, box=_cuda.pad(geom, links, depth),
+                                   d_box=_cuda.pad(geom, d_long, depth))
     xp = geom.xp
     out = xp.zeros_like(links)
     for mu in range(4):
