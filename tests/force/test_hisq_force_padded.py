@@ -45,9 +45,12 @@ EPS = (0.0, -0.05)
 
 def _global_field(geom, stream, trailing, seed=11):
     """A complex field with site axes first and ``trailing`` = (k,) + shape behind them, from counter-based random
-    numbers keyed by global site (every decomposition holds the local part of the same global field). NumPy."""
-    from lattice import CounterRNG
+    numbers keyed by global site (every decomposition holds the local part of the same global field). NumPy, for a
+    geometry of any backend."""
+    from lattice import CounterRNG, Geometry, get_backend
 
+    if geom.backend.name != "numpy":
+        geom = Geometry(geom.dims, get_backend("numpy"), geom.grid)
     n = int(np.prod(trailing))
     g = CounterRNG(seed).gaussian(stream, geom.site_ids(), 2 * n).reshape(tuple(geom.shape) + tuple(trailing) + (2,))
     return g[..., 0] + 1j * g[..., 1]
