@@ -118,11 +118,6 @@ def test_the_switch():
     except Exception as exc:        # no MPI library for the self-exchange
         pytest.skip(f"partitioned one-rank grid unavailable: {exc}")
     assert fused_blas(FunctionOperator(part, lambda v: v, hermitian=True)) is not None   # partitioned: served too
-    try:
-        odd_x = Geometry((3, 4, 4, 8), get_backend("cupy"))
-    except Exception as exc:  # pragma: no cover
-        pytest.skip(f"odd lattice unavailable: {exc}")
-    assert fused_blas(FunctionOperator(odd_x, lambda v: v, hermitian=True)) is None        # odd local x: NumPy path
 
 
 @pytest.fixture(scope="module")
