@@ -16,6 +16,7 @@ import types
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 HEADER = r"""
 #include <math.h>
@@ -35,6 +36,10 @@ _BUILD = Path(tempfile.gettempdir()) / "hmc_cuda_host"
 
 def compiler_available() -> bool:
     return shutil.which("g++") is not None
+
+
+#: the marker of the tests that compile the kernels for the host
+needs_gxx = pytest.mark.skipif(not compiler_available(), reason="needs g++ to compile the kernels for the host")
 
 
 def _build(source: str):

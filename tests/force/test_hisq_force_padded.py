@@ -26,17 +26,11 @@ ROOT = HERE.parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.conftest import keep_gpu_report, run_mpi_worker, write_worker_report  # noqa: E402
-from tests.force.cuda_host import FakeCuPy, compiler_available, host_staging, rel, smooth_links  # noqa: E402
+from tests.conftest import run_mpi_worker, write_worker_report  # noqa: E402
+from tests.force.cuda_host import FakeCuPy, host_staging, needs_gxx, rel, smooth_links  # noqa: E402
 from tests.force.test_hisq_smearing_padded import count_pads  # noqa: E402
+from tests.gpu_mpi import mps, needs_mpi, run_gpu_worker  # noqa: F401,E402
 
-try:
-    from tests.comms.test_gpu_transports import launch as gpu_launch, mps, needs_mpi  # noqa: F401,E402
-except Exception:  # pragma: no cover - the GPU test module always imports
-    gpu_launch = mps = None
-    needs_mpi = pytest.mark.skip(reason="tests.comms.test_gpu_transports is unavailable")
-
-needs_gxx = pytest.mark.skipif(not compiler_available(), reason="needs g++ to compile the kernels for the host")
 DIMS = (4, 4, 6, 8)         # local extents >= 2 everywhere on 1x1x1x2 and 1x1x2x2, and with every dimension forced
 TOL = 1e-13
 FORCE_TOL = 1e-12           # through the U(3) projection's derivative as well
@@ -220,11 +214,7 @@ GPU_CASES = [(2, "1x1x1x2"), (4, "1x1x2x2")]
 @needs_mpi
 @pytest.mark.parametrize("n,grid", GPU_CASES)
 def test_padded_gpu_force_equals_one_rank(tmp_path, mps, n, grid):  # noqa: F811
-    gpu_launch(n, [str(Path(__file__)), "gpu", str(tmp_path), grid], mps)
-    rep = json.loads(Path(tmp_path, "force.json").read_text())
-    keep_gpu_report(f"hisq_force_padded_{n}.json", rep)
-    assert rep["fails"] == [], rep["fails"]
-    assert set(rep["transports"]) == {"mpi", "event", "stream_gated"}
+    run_gpu_worker(__file__, tmp_path, mps, n, grid, "force.json", f"hisq_force_padded_{n}.json")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -22,13 +22,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.conftest import keep_gpu_report, run_mpi_worker, write_worker_report  # noqa: E402
-
-try:
-    from tests.comms.test_gpu_transports import launch as gpu_launch, mps, needs_mpi  # noqa: F401,E402
-except Exception:  # pragma: no cover - the GPU test module always imports
-    gpu_launch = mps = None
-    needs_mpi = pytest.mark.skip(reason="tests.comms.test_gpu_transports is unavailable")
-
+from tests.gpu_mpi import gpu_launch, mps, needs_mpi  # noqa: F401,E402
 
 
 def expected(geom, glob, depth):
