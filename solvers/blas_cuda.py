@@ -336,7 +336,8 @@ class CudaBlas:
         self._partial = cp.zeros(NRED * MAX_BLOCKS, dtype=np.float64)
         self._counter = cp.zeros(1, dtype=np.uint32)
         self._result = cp.zeros(NRED, dtype=np.float64)
-        self._ptr_key, self._ptrs = None, None
+        self._ptr_key, self._ptr_fields, self._ptrs = None, None, None
+        self._coef_host = self._coef_dev = self._coef_copied = None
 
     # --- helpers --------------------------------------------------------------------------------------------
     def _f(self, a):
@@ -395,19 +396,44 @@ class CudaBlas:
         frozen shift, left alone): p_i = zeta r + b p_i (zeta r when ``fresh``), x_i += a p_i; then r -= alpha s."""
         if not (len(ps) == len(xs) == len(coefs)):
             raise ValueError("multishift_update: ps, xs and coefs must have one entry per shift")
-        ptrs = tuple(_device_ptr(self._f(a)) for a in ps) + tuple(_device_ptr(self._f(a)) for a in xs)
-        if self._ptr_key != ptrs:         # the device table of the fields' addresses, rebuilt when they change
+        # the device table of the fields' addresses, rebuilt when the fields change: keyed by the objects (held
+        # here, so that their ids stay theirs), so that the fields are checked once per solve, not per iteration
+        key = tuple(map(id, ps)) + tuple(map(id, xs))
+        if self._ptr_key != key:
+            ptrs = tuple(_device_ptr(self._f(a)) for a in ps) + tuple(_device_ptr(self._f(a)) for a in xs)
             dev = self.cp.asarray(np.asarray(ptrs, dtype=np.uint64))
-            self._ptr_key, self._ptrs = ptrs, (dev[:len(ps)], dev[len(ps):])
-        c = np.zeros((len(coefs), 4), dtype=self.real)
-        for i, co in enumerate(coefs):
-            if co is not None:
-                c[i, :3] = co
-                c[i, 3] = 1
-        coef = self.cp.asarray(c.ravel())
+            self._ptr_key, self._ptr_fields, self._ptrs = key, (tuple(ps), tuple(xs)), (dev[:len(ps)], dev[len(ps):])
+        coef = self._coefficients(coefs)
         f, R = self._f, self.real
         self._launch("ms_update", f(s), f(r), f(w), self._ptrs[0], self._ptrs[1], coef, np.int32(len(coefs)),
                      R(alpha), R(0.0 if fresh else beta), np.int32(bool(fresh)))
+
+    def _coefficients(self, coefs):
+        """The shifts' (zeta, a, b, active) on the device: written into a pinned host buffer and copied on the
+        current stream without a host synchronisation (a pageable cupy.asarray would block for ~10 us); the copy's
+        event guards the buffer against the next call's writes."""
+        import cupyx
+
+        n = 4 * len(coefs)
+        if self._coef_host is None or self._coef_host.size < n:
+            self._coef_host = cupyx.empty_pinned((n,), dtype=self.real)
+            self._coef_dev = self.cp.empty(n, dtype=self.real)
+            self._coef_copied = None
+        if self._coef_copied is not None:
+            self._coef_copied.synchronize()
+        host = self._coef_host[:n].reshape(-1, 4)
+        host[...] = 0
+        for i, co in enumerate(coefs):
+            if co is not None:
+                host[i, :3] = co
+                host[i, 3] = 1
+        stream = self.cp.cuda.get_current_stream()
+        dev = self._coef_dev[:n]
+        dev.set(self._coef_host[:n], stream=stream)
+        if self._coef_copied is None:
+            self._coef_copied = self.cp.cuda.Event(disable_timing=True)
+        self._coef_copied.record(stream)
+        return dev
 
     def off_parity_norm2(self, a) -> float:
         """|a|^2 over the sites of the other parity (0 when a vanishes there), for any complex precision."""
