@@ -217,46 +217,48 @@ __device__ void axpy2_norm2(const typename C2<R>::T *p, const typename C2<R>::T 
 }
 
 /* multishift: s = w + beta s (or w); for each active shift i (coef[4i+3] != 0), with z, a, b = coef[4i..4i+2]:
-   p_i = z r + b p_i (or z r when fresh), x_i += a p_i; then r -= alpha s */
+   p_i = z r + b p_i (or z r when fresh), x_i += a p_i; then r -= alpha s.
+   One thread per complex number (site, colour), not per site: a warp then reads and writes each of the 2 + 2 x
+   shifts fields in consecutive 16-byte words (a site loop walking the 2 x shifts fields colour by colour had each
+   field's sectors fetched up to three times: 1.6 ms at 32^4 with 9 shifts, 3.4 times the operator). The arithmetic
+   of every number is unchanged. */
 template <typename R>
 __device__ void ms_update(typename C2<R>::T *s, typename C2<R>::T *r, const typename C2<R>::T *w,
                           const unsigned long long *pp, const unsigned long long *xp, const R *coef, int nshift,
                           R alpha, R beta, int fresh, long long n, int parity, int nx, int ny, int nz) {
     typedef typename C2<R>::T T;
-    SITE_LOOP(n) {
-        const long long o = 3 * site_of(j, parity, nx, ny, nz);
-        #pragma unroll
-        for (int c = 0; c < 3; ++c) {
-            T rv = r[o + c];
-            const T wv = w[o + c];
-            T sv;
-            if (fresh) {
-                sv = wv;
-            } else {
-                sv = s[o + c];
-                sv.x = beta * sv.x + wv.x; sv.y = beta * sv.y + wv.y;
-            }
-            s[o + c] = sv;
-            for (int i = 0; i < nshift; ++i) {
-                if (coef[4 * i + 3] == (R)0) continue;
-                const R zi = coef[4 * i], ai = coef[4 * i + 1], bi = coef[4 * i + 2];
-                T *P = (T *)pp[i];
-                T *X = (T *)xp[i];
-                T pv;
-                if (fresh) {
-                    pv.x = zi * rv.x; pv.y = zi * rv.y;
-                } else {
-                    pv = P[o + c];
-                    pv.x = bi * pv.x + zi * rv.x; pv.y = bi * pv.y + zi * rv.y;
-                }
-                P[o + c] = pv;
-                T xv = X[o + c];
-                xv.x = xv.x + ai * pv.x; xv.y = xv.y + ai * pv.y;
-                X[o + c] = xv;
-            }
-            rv.x = rv.x - alpha * sv.x; rv.y = rv.y - alpha * sv.y;
-            r[o + c] = rv;
+    SITE_LOOP(3 * n) {
+        const long long site = j / 3;
+        const long long o = 3 * site_of(site, parity, nx, ny, nz) + (j - 3 * site);
+        T rv = r[o];
+        const T wv = w[o];
+        T sv;
+        if (fresh) {
+            sv = wv;
+        } else {
+            sv = s[o];
+            sv.x = beta * sv.x + wv.x; sv.y = beta * sv.y + wv.y;
         }
+        s[o] = sv;
+        for (int i = 0; i < nshift; ++i) {
+            if (coef[4 * i + 3] == (R)0) continue;
+            const R zi = coef[4 * i], ai = coef[4 * i + 1], bi = coef[4 * i + 2];
+            T *P = (T *)pp[i];
+            T *X = (T *)xp[i];
+            T pv;
+            if (fresh) {
+                pv.x = zi * rv.x; pv.y = zi * rv.y;
+            } else {
+                pv = P[o];
+                pv.x = bi * pv.x + zi * rv.x; pv.y = bi * pv.y + zi * rv.y;
+            }
+            P[o] = pv;
+            T xv = X[o];
+            xv.x = xv.x + ai * pv.x; xv.y = xv.y + ai * pv.y;
+            X[o] = xv;
+        }
+        rv.x = rv.x - alpha * sv.x; rv.y = rv.y - alpha * sv.y;
+        r[o] = rv;
     }
 }
 
@@ -333,6 +335,7 @@ class CudaBlas:
         self._lat = (np.int64(self.n), np.int32(local_parity), np.int32(nx), np.int32(ny), np.int32(nz))
         self._global_sum = geom.grid.comm.size > 1
         self._grid = (max(1, min(MAX_BLOCKS, (self.n + BLOCK - 1) // BLOCK)),)
+        self._grid_numbers = (max(1, min(MAX_BLOCKS, (3 * self.n + BLOCK - 1) // BLOCK)),)   # thread per number
         self._partial = cp.zeros(NRED * MAX_BLOCKS, dtype=np.float64)
         self._counter = cp.zeros(1, dtype=np.uint32)
         self._result = cp.zeros(NRED, dtype=np.float64)
@@ -350,7 +353,8 @@ class CudaBlas:
         return a
 
     def _launch(self, name, *args):
-        self._k[name](self._grid, (BLOCK,), args + self._lat)
+        grid = self._grid_numbers if name == "ms_update" else self._grid
+        self._k[name](grid, (BLOCK,), args + self._lat)
 
     def _red(self):
         return (self._partial, self._counter, self._result)
