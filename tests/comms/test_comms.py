@@ -121,14 +121,14 @@ def test_scalar_sums_are_the_exact_sums():
         return re if parts[0][1] is None else complex(re, combine([p[1] for p in parts]))
 
     rng = np.random.default_rng(7)
-    for n in (2, 3, 4, 8):
+    for n in (1, 2, 3, 4, 8):
         for _ in range(200):
             v = rng.normal(size=n) * 10.0 ** rng.integers(-300, 300, n)
             w = rng.normal(size=n) * 10.0 ** rng.integers(-20, 20, n)
             for vals in ([float(x) for x in v], [complex(a, b) for a, b in zip(v, w)]):
                 got, want = _sum_scalars(Gathered(vals), vals[0]), exact(vals)
                 assert type(got) is type(want) and np.array_equal(np.asarray(got), np.asarray(want)), (vals, got, want)
-    for vals in ([-0.0, -0.0], [1e308, 1e308, -1e308], [1.0, -1.0, 1e-300]):
+    for vals in ([-0.0], [-0.0, -0.0], [1e308, 1e308, -1e308], [1.0, -1.0, 1e-300]):
         got = _sum_scalars(Gathered(vals), vals[0])
         assert got == exact(vals) and np.signbit(got) == np.signbit(exact(vals))
     assert np.isnan(_sum_scalars(Gathered([np.nan, 1.0]), np.nan))
