@@ -40,7 +40,7 @@ from __future__ import annotations
 from lattice import su3
 
 from . import hisq_cuda as _cuda
-from .smearing import PathCoefficients
+from .smearing import PathCoefficients, StapleOperator
 
 
 def _acc(bucket: dict, key, value):
@@ -50,45 +50,17 @@ def _acc(bucket: dict, key, value):
         bucket[key] = value
 
 
-class StapleAdjoint:
-    """The staple operator S_nu[A]_mu for one link field (forward, :meth:`__call__`) and its adjoint with respect
-    to both arguments (:meth:`vjp`): D_A is returned, the link derivative of U_nu is accumulated and handed out by
-    :meth:`link_derivative`."""
+class StapleAdjoint(StapleOperator):
+    """The staple operator S_nu[A]_mu for one link field (forward: :class:`force.smearing.StapleOperator`, whose
+    cached U_nu^dag and U_nu(x+mu) it shares) and its adjoint with respect to both arguments (:meth:`vjp`): D_A is
+    returned, the link derivative of U_nu is accumulated and handed out by :meth:`link_derivative`."""
 
     def __init__(self, geom, links):
-        self.geom = geom
-        self.links = links
-        self._dag = {}
-        self._fwd = {}
+        super().__init__(geom, links)
         self._direct = {}       # nu -> sum of contributions to D_U_nu(x)
         self._direct_dag = {}   # nu -> sum of [contributions]^dag to D_U_nu(x)
         self._shift = {}        # (nu, mu) -> contributions to D_U_nu(x+mu), kept at x
         self._shift_dag = {}    # (nu, mu) -> their adjoints
-
-    def _u_dag(self, nu):
-        m = self._dag.get(nu)
-        if m is None:
-            m = self._dag[nu] = su3.dagger(self.links[nu])
-        return m
-
-    def _u_shifted(self, nu, mu):
-        """(U_nu(x+mu), U_nu(x+mu)^dag)."""
-        key = (nu, mu)
-        m = self._fwd.get(key)
-        if m is None:
-            s = self.geom.shift(self.links[nu], mu, +1)
-            m = self._fwd[key] = (s, su3.dagger(s))
-        return m
-
-    def __call__(self, nu: int, mu: int, a):
-        """S_nu[A]_mu(x) = U_nu(x) A(x+nu) U_nu(x+mu)^dag + U_nu(x-nu)^dag A(x-nu) U_nu(x-nu+mu)."""
-        if nu == mu:
-            raise ValueError("the staple direction nu must differ from the link direction mu")
-        geom = self.geom
-        us, usd = self._u_shifted(nu, mu)
-        up = self.links[nu] @ geom.shift(a, nu, +1) @ usd
-        down = self._u_dag(nu) @ a @ us
-        return up + geom.shift(down, nu, -1)
 
     def vjp(self, nu: int, mu: int, a, d_t):
         """D_A for T = S_nu[A]_mu given D_T (module docstring); the U_nu part is accumulated internally."""

@@ -145,11 +145,20 @@ def test_staple_adjoint(geom, complex_links):
         StapleAdjoint(geom, links).vjp(1, 1, a, d)
 
 
-def test_staple_operator_matches_smearing(geom, complex_links):
+def test_staple_operator_is_the_staple(geom, complex_links):
+    """S_nu[A]_mu(x) = U_nu(x) A(x+nu) U_nu(x+mu)^dag + U_nu(x-nu)^dag A(x-nu) U_nu(x-nu+mu), written out with
+    shifts; the adjoint class applies the same forward operator."""
     from force.smearing import StapleOperator
 
     a = _complex(np.random.default_rng(2), complex_links.shape[1:])
-    assert np.array_equal(StapleAdjoint(geom, complex_links)(2, 1, a), StapleOperator(geom, complex_links)(2, 1, a))
+    sh, dag = geom.shift, su3.dagger
+    for nu, mu in [(2, 1), (0, 3)]:
+        u = complex_links[nu]
+        want = (u @ sh(a, nu, 1) @ dag(sh(u, mu, 1))
+                + dag(sh(u, nu, -1)) @ sh(a, nu, -1) @ sh(sh(u, nu, -1), mu, 1))
+        got = StapleOperator(geom, complex_links)(nu, mu, a)
+        assert np.abs(got - want).max() <= 1e-13 * np.abs(want).max()
+        assert np.array_equal(StapleAdjoint(geom, complex_links)(nu, mu, a), got)
 
 
 @pytest.mark.parametrize("name,c", [
