@@ -44,28 +44,35 @@ def link_exponential(name: str):
 
 def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3, timers=None):
     """Integrate (U, P) along ``schedule`` in place (``("R", 0)`` re-unitarizes the links); returns the time spent
-    per phase (link updates, each monomial's force)."""
+    per phase (link updates, each monomial's force). On a GPU each phase's clock stops after the device has
+    finished it (a link update or a gauge force is only enqueued when its call returns), so that its time is not
+    counted in the next phase."""
     by_name = {m.name: m for m in monomials}
     timers = timers if timers is not None else {}
+    backend = u.geom.backend
+
+    def add(key, t0):
+        backend.synchronize()
+        timers[key] = timers.get(key, 0.0) + time.perf_counter() - t0
+
     for op in schedule:
         if op[0] == "R":
             t0 = time.perf_counter()
             u.reunitarize()
-            timers["links"] = timers.get("links", 0.0) + time.perf_counter() - t0
+            add("links", t0)
         elif op[0] == "U":
             t0 = time.perf_counter()
             if expm is su3.expm_su3 or expm is su3.expm_taylor:     # one fused kernel on a GPU
-                u.links = su3.exp_update(u.links, p, op[1], u.geom.backend, expm)
+                u.links = su3.exp_update(u.links, p, op[1], backend, expm)
             else:
                 u.links = expm(op[1] * p) @ u.links
-            timers["links"] = timers.get("links", 0.0) + time.perf_counter() - t0
+            add("links", t0)
         else:
             _, names, dt = op
             for name in names:
                 t0 = time.perf_counter()
                 p += dt * by_name[name].force(u)
-                key = f"force_{name}"
-                timers[key] = timers.get(key, 0.0) + time.perf_counter() - t0
+                add(f"force_{name}", t0)
     return timers
 
 
