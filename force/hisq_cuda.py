@@ -756,7 +756,7 @@ def fat_link_vjp(geom, links, c, d_fat, box=None, d_box=None):
     kernels. 24 launches per direction.
 
     ``box``, ``d_box``: the links and D_F halo-padded alike (:func:`pad`, depth >= :data:`VJP_DEPTH`; ``links``
-    and ``d_fat`` are then unused) on a partitioned lattice: every stage runs on the interior grown as
+    and ``d_fat`` are then unused) on a partitioned lattice: every stage runs on the interior grown as the note on
     :data:`VJP_DEPTH` says, the intermediates start at zero (the rim values past a stage's region feed only rim
     values no later stage reads), and D_U is returned on the interior."""
     cp = geom.xp
