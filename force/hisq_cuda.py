@@ -48,7 +48,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from lattice.padded import PaddedLinks, pad_links, pads_on_gpu
+from lattice.padded import PaddedLinks, pad_links, pad_offset, pads_on_gpu
 
 #: False: use the array-code twins on the GPU as well (tests and timings flip it; env HMC_HISQ_KERNELS=0).
 ENABLED = os.environ.get("HMC_HISQ_KERNELS", "1") != "0"
@@ -896,9 +896,9 @@ def outer_acc(geom, zs, coeffs, f_acc, l_acc):
     exchange per partitioned dimension for all of them) and the threads cover the interior of the box."""
     cp = geom.xp
     shape = tuple(geom.shape) + (3,)
-    if any(tuple(z.shape) != shape for z in zs):
-        raise ValueError(f"outer_acc takes colour-vector fields of shape {shape}, not "
-                         f"{[tuple(z.shape) for z in zs if tuple(z.shape) != shape][0]}")
+    wrong = next((tuple(z.shape) for z in zs if tuple(z.shape) != shape), None)
+    if wrong is not None:
+        raise ValueError(f"outer_acc takes colour-vector fields of shape {shape}, not {wrong}")
     c = cp.asarray(np.asarray(coeffs, dtype=np.float64))
     if not (f_acc.flags.c_contiguous and l_acc.flags.c_contiguous):
         raise ValueError("outer_acc accumulates in place: give C-contiguous f_acc and l_acc")
@@ -907,6 +907,6 @@ def outer_acc(geom, zs, coeffs, f_acc, l_acc):
         offset = (0, 0, 0, 0)
     else:
         z = cp.ascontiguousarray(cp.moveaxis(geom.padded(cp.stack(list(zs), axis=-1), OUTER_DEPTH), -1, 0))
-        offset = tuple(OUTER_DEPTH if geom.grid.partitioned[mu] else 0 for mu in range(4))
+        offset = pad_offset(geom, OUTER_DEPTH)
     n, ext = PaddedLinks(z, geom.local_dims, offset).region(0)
     _fn(geom.backend, "outer_acc")(_grid(4 * n), (BLOCK,), (z, c, f_acc, l_acc, np.int32(len(zs))) + ext)

@@ -56,6 +56,8 @@ def _libm_log(x: np.ndarray) -> np.ndarray:
     """Natural log by the C library, element by element (MILC's ``log``; see the module notes); log 0 = -inf as in C
     (MILC's polar loop accepts r = 0, probability 2^-48)."""
     return np.fromiter((math.log(v) if v > 0.0 else -math.inf for v in x.tolist()), dtype=np.float64, count=x.size)
+
+
 VARIANTS = ("current", "old")
 
 

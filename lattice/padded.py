@@ -65,4 +65,10 @@ def pad_links(geom, links, depth: int) -> PaddedLinks:
     xp = geom.xp
     padded = geom.padded(xp.moveaxis(links, 0, 4), depth)
     box = xp.ascontiguousarray(xp.moveaxis(padded, 4, 0))
-    return PaddedLinks(box, geom.local_dims, tuple(depth if geom.grid.partitioned[mu] else 0 for mu in range(4)))
+    return PaddedLinks(box, geom.local_dims, pad_offset(geom, depth))
+
+
+def pad_offset(geom, depth: int) -> tuple:
+    """Where the local lattice starts in a box padded by ``depth`` (:meth:`lattice.Geometry.padded`): the depth on
+    partitioned dimensions, 0 elsewhere (x first)."""
+    return tuple(depth if geom.grid.partitioned[mu] else 0 for mu in range(4))
