@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -24,21 +22,9 @@ from comms import ProcessGrid, world  # noqa: E402
 from lattice import CounterRNG, GaugeField, Geometry, get_backend  # noqa: E402
 from solvers import StaggeredDslash, multishift_cg  # noqa: E402
 from solvers.operator import fused_blas  # noqa: E402
+from tools.profile_hisq import timed  # noqa: E402
 
 SHIFTS = (4e-4, 6e-4, 1.2e-3, 2.7e-3, 6.2e-3, 1.3e-2, 3.1e-2, 6.9e-2, 0.12)   # a light MD approximation's poles
-
-
-def timed(be, f, repeat, inner):
-    f()
-    be.synchronize()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            f()
-        be.synchronize()
-        ts.append((time.perf_counter() - t0) / inner)
-    return statistics.median(ts)
 
 
 def main(argv=None):

@@ -27,15 +27,17 @@ from lattice import CounterRNG, GaugeField, Geometry, get_backend, su3
 EPS = [0.0, -0.3546869428314402]
 
 
-def timed(be, f, repeat):
+def timed(be, f, repeat, inner=1):
+    """Median over ``repeat`` synchronized loops of ``inner`` calls of f, per call, after one warm-up call."""
     f()
     be.synchronize()
     ts = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        f()
+        for _ in range(inner):
+            f()
         be.synchronize()
-        ts.append(time.perf_counter() - t0)
+        ts.append((time.perf_counter() - t0) / inner)
     return statistics.median(ts)
 
 
