@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import types
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,32 @@ def smooth_links(geom, seed=4):
 def rel(a, b):
     """max |a - b| / max |b|."""
     return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
+
+
+def single_rank_geometry(dims, backend="numpy"):
+    """The whole lattice on this process alone (its own one-rank communicator, nothing partitioned): the reference
+    a worker rank computes under mpiexec to compare its part with."""
+    from comms import ProcessGrid
+    from comms.grid import _SingleComm
+    from lattice import Geometry, get_backend
+
+    grid = ProcessGrid((1, 1, 1, 1), comm=_SingleComm(), partitioned=(False,) * 4)
+    return Geometry(dims, get_backend(backend), grid)
+
+
+@contextmanager
+def forced_partition(monkeypatch, partition):
+    """A one-process grid with ``partition`` (e.g. "xt") treated as partitioned, the halo path staging the stand-in
+    CuPy's faces as NumPy arrays (:func:`host_staging`); the grid is closed on leaving."""
+    from comms import ProcessGrid
+    from lattice import geometry
+
+    monkeypatch.setattr(geometry, "_staging", host_staging)
+    grid = ProcessGrid((1, 1, 1, 1), partitioned=partition)
+    try:
+        yield grid
+    finally:
+        grid.close()
 
 
 def host_staging(geom):

@@ -27,7 +27,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.conftest import run_mpi_worker, write_worker_report  # noqa: E402
-from tests.force.cuda_host import FakeCuPy, host_staging, needs_gxx, rel, smooth_links  # noqa: E402
+from tests.force.cuda_host import (FakeCuPy, forced_partition, host_staging, needs_gxx, rel,  # noqa: E402
+                                   single_rank_geometry, smooth_links)
 from tests.force.test_hisq_smearing_padded import count_pads  # noqa: E402
 from tests.gpu_mpi import mps, needs_mpi, run_gpu_worker  # noqa: F401,E402
 
@@ -135,16 +136,9 @@ def failures(res, padded, what="") -> list:
 @pytest.mark.parametrize("partition", ["t", "zt", "xyzt"])
 def test_padded_host_kernels_one_process(monkeypatch, partition):
     """Forced partitions of one process take the padded kernels; every result equals the array path's."""
-    from comms import ProcessGrid
-    from lattice import geometry
-
-    monkeypatch.setattr(geometry, "_staging", host_staging)
-    grid = ProcessGrid((1, 1, 1, 1), partitioned=partition)
-    try:
+    with forced_partition(monkeypatch, partition) as grid:
         assert padded_here(grid)
         res = host_checks(grid)
-    finally:
-        grid.close()
     assert failures(res, True) == [], (res["rel"], res["pads"])
 
 
@@ -153,22 +147,17 @@ def test_padded_host_kernels_one_process(monkeypatch, partition):
 def test_smaller_regions_fail(monkeypatch, stage):
     """The negative control of the region schedule: one stage on the bare interior (every dimension
     partitioned) gives a wrong smearing adjoint for fat7 and HISQ level 2."""
-    from comms import ProcessGrid
     from force import hisq_cuda, smearing as sm
     from force.smearing_derivative import fat_link_vjp
-    from lattice import Geometry, geometry, get_backend
+    from lattice import Geometry, get_backend
     from lattice.backend import Backend
 
-    monkeypatch.setattr(geometry, "_staging", host_staging)
     monkeypatch.setitem(hisq_cuda._VJP_GROW, stage, 0)
-    grid = ProcessGrid((1, 1, 1, 1), partitioned="xyzt")
-    try:
+    with forced_partition(monkeypatch, "xyzt") as grid:
         cpu, host = Geometry(DIMS, get_backend("numpy"), grid), Geometry(DIMS, Backend("cupy", FakeCuPy()), grid)
         links, d = smooth_links(cpu), link_field(cpu, "d")
         for c in (sm.FAT7, sm.HISQ_LEVEL2):
             assert rel(fat_link_vjp(host, links, c, d), fat_link_vjp(cpu, links, c, d)) > 1e-3
-    finally:
-        grid.close()
 
 
 @needs_gxx
@@ -229,14 +218,12 @@ def _local(geom, ref):
 
 def _cpu_worker(out, grid_text):
     from comms import ProcessGrid, world
-    from comms.grid import _SingleComm
     from lattice import Geometry, geometry, get_backend
 
     geometry._staging = host_staging
     comm = world()
     gdims = tuple(int(v) for v in grid_text.split("x"))
-    single = Geometry(DIMS, get_backend("numpy"), ProcessGrid((1, 1, 1, 1), comm=_SingleComm(),
-                                                              partitioned=(False,) * 4))
+    single = single_rank_geometry(DIMS)
     refs = chain(single, smooth_links(single))
     rep = {"grid": gdims, "ranks": comm.size, "transports": {}}
     fails = []
@@ -262,13 +249,12 @@ def _gpu_worker(out, grid_text):
     import cupy as cp
 
     from comms import ProcessGrid, world
-    from comms.grid import _SingleComm
     from lattice import Geometry, get_backend
 
     comm = world()
     gdims = tuple(int(v) for v in grid_text.split("x"))
     be = get_backend("cupy")
-    single = Geometry(DIMS, be, ProcessGrid((1, 1, 1, 1), comm=_SingleComm(), partitioned=(False,) * 4))
+    single = single_rank_geometry(DIMS, "cupy")
     refs = chain(single, cp.asarray(smooth_links(Geometry(DIMS, get_backend("numpy"), single.grid))))
     rep = {"grid": gdims, "ranks": comm.size, "transports": {}}
     fails = []

@@ -26,7 +26,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.conftest import run_mpi_worker, write_worker_report  # noqa: E402
-from tests.force.cuda_host import FakeCuPy, host_staging, needs_gxx, rel, smooth_links  # noqa: E402
+from tests.force.cuda_host import (FakeCuPy, forced_partition, host_staging, needs_gxx, rel,  # noqa: E402
+                                   single_rank_geometry, smooth_links)
 from tests.gpu_mpi import mps, needs_mpi, run_gpu_worker  # noqa: F401,E402
 
 DIMS = (4, 4, 4, 8)
@@ -151,15 +152,8 @@ def test_unpadded_path_unchanged(monkeypatch):
 @needs_gxx
 @pytest.mark.parametrize("partition", ["t", "xt", "xyzt"])
 def test_padded_host_kernels_one_process(monkeypatch, partition):
-    from comms import ProcessGrid
-    from lattice import geometry
-
-    monkeypatch.setattr(geometry, "_staging", host_staging)
-    grid = ProcessGrid((1, 1, 1, 1), partitioned=partition)
-    try:
+    with forced_partition(monkeypatch, partition) as grid:
         res = host_checks(grid)
-    finally:
-        grid.close()
     assert failures(res) == [], res["rel"]
 
 
@@ -229,14 +223,12 @@ def _global_check(geom, local, ref, what, fails):
 
 def _cpu_worker(out, grid_text):
     from comms import ProcessGrid, world
-    from comms.grid import _SingleComm
     from lattice import Geometry, geometry, get_backend
 
     geometry._staging = host_staging
     comm = world()
     gdims = tuple(int(v) for v in grid_text.split("x"))
-    single = Geometry(DIMS, get_backend("numpy"), ProcessGrid((1, 1, 1, 1), comm=_SingleComm(),
-                                                              partitioned=(False,) * 4))
+    single = single_rank_geometry(DIMS)
     refs = fermion_links(single, smooth_links(single)) if comm.rank == 0 else {}
     rep = {"grid": gdims, "ranks": comm.size, "transports": {}}
     fails = []
@@ -259,14 +251,13 @@ def _gpu_worker(out, grid_text):
     import cupy as cp
 
     from comms import ProcessGrid, world
-    from comms.grid import _SingleComm
     from force.hisq_links import hisq_links_multi
     from lattice import Geometry, GaugeField, get_backend
 
     comm = world()
     gdims = tuple(int(v) for v in grid_text.split("x"))
     be = get_backend("cupy")
-    single = Geometry(DIMS, be, ProcessGrid((1, 1, 1, 1), comm=_SingleComm(), partitioned=(False,) * 4))
+    single = single_rank_geometry(DIMS, "cupy")
     glinks = cp.asarray(smooth_links(Geometry(DIMS, get_backend("numpy"), single.grid)))
     refs = [(cp.asnumpy(fl.fat), cp.asnumpy(fl.long)) for fl in hisq_links_multi(GaugeField(single, glinks), EPS)]
     rep = {"grid": gdims, "ranks": comm.size, "transports": {}}
