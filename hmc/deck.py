@@ -96,7 +96,7 @@ SCHEMA = {
                                   "whose file states no error of its own (checked at hmc init)"),
         "time_bc": Key(str, "antiperiodic", None, "", ("antiperiodic", "periodic")),
         # MILC's KS_MULTICG: "plain" (ks_multicg_offset) or "hybrid" (multishift on the first Naik group's links,
-        # then a single-mass CG refinement of every shift; hmc/rhmc.py, solvers.cg.hybrid_multishift_cg)
+        # then a single-mass CG refinement of every shift; hmc/rhmc.py, solvers.multishift.hybrid_multishift_cg)
         "multishift": Key(str, "plain", None, "", ("plain", "hybrid")),
         "pbp_masses": Key(list, [], lambda v: all(_number(m) and m > 0 for m in v),
                           "a list of positive valence masses for the PBP measurement after each trajectory, e.g. "

@@ -40,7 +40,8 @@ from force.hisq_links import asqtad_links, hisq_links_multi
 from force.phases import check_time_bc
 from force.unitarize_derivative import FORCE_FILTER
 from solvers import StaggeredDslash, epsilon, multishift_cg, norm2
-from solvers.cg import SolverConvergenceError, SolverStats, hybrid_multishift_cg
+from solvers.cg import SolverConvergenceError, SolverStats
+from solvers.multishift import hybrid_multishift_cg
 
 from .integrators import IntegratorError
 from .rational import PseudofermionRational, RationalsError, naik_groups

@@ -12,11 +12,14 @@ from .operator import (Operator, FunctionOperator, ProductOperator, ShiftedOpera
 from .staggered import (StaggeredDslash, StaggeredMatrix, StaggeredNormal, StaggeredEvenOdd, EvenOddNormal,
                         ParityHop, epsilon, project, parity_sites, hop_table, register_hop_kernel)
 from . import staggered_cuda  # noqa: F401  (registers the CUDA hop kernel for the cupy backend)
-from .cg import (SolverStats, SolverConvergenceError, SolverBreakdownError, InverseOperator, CGInverse,
-                 MultishiftInverse, EvenOddInverse, cg, mixed_cg, multishift_cg, even_odd_inverse)
+from .cg import (SolverStats, SolverConvergenceError, SolverBreakdownError, InverseOperator, CGInverse, cg,
+                 mixed_cg)
+from .multishift import MultishiftInverse, HybridMultishiftInverse, multishift_cg, hybrid_multishift_cg
+from .even_odd import EvenOddInverse, even_odd_inverse
 
 __all__ = ["Operator", "FunctionOperator", "ProductOperator", "ShiftedOperator", "inner", "norm2",
            "norm2_and_redot", "set_reductions", "reductions", "StaggeredDslash", "StaggeredMatrix", "StaggeredNormal",
            "StaggeredEvenOdd", "EvenOddNormal", "ParityHop", "epsilon", "project", "parity_sites", "hop_table", "register_hop_kernel",
            "SolverStats", "SolverConvergenceError", "SolverBreakdownError", "InverseOperator", "CGInverse",
-           "MultishiftInverse", "EvenOddInverse", "cg", "mixed_cg", "multishift_cg", "even_odd_inverse"]
+           "MultishiftInverse", "HybridMultishiftInverse", "EvenOddInverse", "cg", "mixed_cg", "multishift_cg",
+           "hybrid_multishift_cg", "even_odd_inverse"]

@@ -369,7 +369,7 @@ class StaggeredEvenOdd:
     * ``reconstruct(x_p, b)``: the full solution, x_q = (b_q - D_qp x_p)/(2m);
     * ``D_eo``, ``D_oe``, ``matrix`` (the full M), ``converted(dtype)``.
 
-    Pass it to :func:`solvers.cg.even_odd_inverse` to get M^-1.
+    Pass it to :func:`solvers.even_odd.even_odd_inverse` to get M^-1.
     """
 
     def __init__(self, dslash: StaggeredDslash, mass: float, parity: int = 0):

@@ -24,7 +24,8 @@ import time
 
 import numpy as np
 
-from ..cg import SolverStats, multishift_cg
+from ..cg import SolverStats
+from ..multishift import multishift_cg
 from ..staggered import project
 from .solver import MultigridInverse, multigrid
 

@@ -1,4 +1,4 @@
-"""MILC's 2+1+1 test su3_rhmc_hisq.f211.2 and its KS_MULTICG=HYBRID solver (solvers.cg.hybrid_multishift_cg,
+"""MILC's 2+1+1 test su3_rhmc_hisq.f211.2 and its KS_MULTICG=HYBRID solver (solvers.multishift.hybrid_multishift_cg,
 [fermions] multishift = "hybrid").
 
 Two MILC outputs of the same input exist: the May 2009 sample output (runs/references/su3_rhmc_hisq.f211.2.json, the
@@ -22,7 +22,7 @@ from hmc.run import init_run, run
 from hmc import runfile
 from lattice import CounterRNG, GaugeField, Geometry, su3
 from solvers import StaggeredDslash, multishift_cg, norm2
-from solvers.cg import hybrid_multishift_cg
+from solvers.multishift import hybrid_multishift_cg
 from force.hisq_links import hisq_links_multi
 from tests.conftest import ROOT, fixture_path
 

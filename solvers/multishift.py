@@ -1,0 +1,274 @@
+"""Multishift CG, plain and MILC's hybrid form; see :mod:`solvers.cg` for the conventions they share.
+
+* :func:`multishift_cg`: (A + sigma_i) x_i = b for all shifts at once (Jegerlehner, hep-lat/9612014); every shift is
+  updated at each iteration and the solver stops when the base (smallest) shift has converged, as MILC's
+  ``ks_multicg_offset``. Zero initial guess. The base system runs the Chronopoulos-Gear iteration of
+  :class:`solvers.cg.CGInverse` (one reduction per iteration).
+* :func:`hybrid_multishift_cg`: MILC's ``KS_MULTICG=HYBRID``: the multishift CG (possibly on another operator, MILC's
+  Naik-epsilon-0 links), then a single-mass CG refinement of every shift from its multishift solution.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+import numpy as np
+
+from .cg import (CGInverse, InverseOperator, SolverBreakdownError, SolverConvergenceError, SolverStats,
+                 _FL_CG_ITER, _FL_SHIFT_ITER, _fail_message, _require_hermitian, _sync_time)
+from .operator import Operator, fused_blas, norm2, norm2_and_redot
+
+
+class MultishiftInverse:
+    """``xs = inv(b)``: the list of solutions of (A + sigma_i) x_i = b, in the order of ``shifts``.
+    ``xs, stats = inv.solve(b)``; ``inv.stats``, ``inv.history`` as for :class:`InverseOperator`."""
+
+    def __init__(self, op, shifts, tol, maxiter, raise_on_fail, check_residual):
+        _require_hermitian(op, "multishift_cg")
+        self.op = op
+        self.geom, self.dtype = op.geom, op.dtype
+        self.shifts = tuple(float(s) for s in shifts)
+        if not self.shifts:
+            raise ValueError("multishift_cg needs at least one shift")
+        if not tol > 0:
+            raise ValueError(f"tol must be positive, not {tol}")
+        self.tol, self.maxiter = float(tol), int(maxiter)
+        self.raise_on_fail, self.check_residual = bool(raise_on_fail), bool(check_residual)
+        self.name = "multishift CG"
+        self.stats: SolverStats | None = None
+        self.history: deque = deque(maxlen=InverseOperator.HISTORY)
+
+    def __call__(self, b):
+        return self.solve(b)[0]
+
+    def operators(self) -> list[Operator]:
+        """The shifted operators A + sigma_i."""
+        return [self.op.shifted(s) for s in self.shifts]
+
+    def solve(self, b):
+        xs, st = self._solve(b)
+        self.stats = st
+        self.history.append(st)
+        return xs, st
+
+    def _solve(self, b):
+        run = _MultishiftRun(self, b)
+        if run.bb == 0.0:
+            return run.trivial()
+        run.start()
+        while run.g > run.stop and run.k < self.maxiter:
+            run.iterate()
+        return run.finish()
+
+
+class _MultishiftRun:
+    """The state of one multishift solve: the base system's r, p, s = (A + s0) p, w = (A + s0) r, g = |r|^2 and
+    d = Re<r, w>; per shift its solution x_i, direction p_i and zeta_k, zeta_{k-1} (Jegerlehner's recurrences)."""
+
+    def __init__(self, inv, b):
+        self.inv = inv
+        A = self.A = inv.op
+        self.geom, self.xp = A.geom, A.xp
+        shifts = self.shifts = inv.shifts
+        self.n = len(shifts)
+        self.j0 = int(np.argmin(shifts))
+        self.s0 = shifts[self.j0]
+        self.rel = [s - self.s0 for s in shifts]           # shifts relative to the base system A + s0
+        self.st = SolverStats(inv.name, inv.tol, precision=A.precision, maxiter=inv.maxiter, shifts=shifts)
+        self.t0 = time.perf_counter()
+        self.b = self.xp.asarray(b).astype(A.dtype, copy=False)
+        self.bb = norm2(self.geom, self.b)
+
+    def trivial(self):
+        st, n = self.st, self.n
+        st.converged, st.true_residual = True, 0.0
+        st.residuals, st.true_residuals = [0.0] * n, [0.0] * n
+        st.time = _sync_time(self.geom, self.t0)
+        return [self.xp.zeros_like(self.b) for _ in range(n)], st
+
+    def start(self):
+        xp, b, n = self.xp, self.b, self.n
+        self.stop = self.inv.tol ** 2 * self.bb
+        self.blas = fused_blas(self.A, b)       # fused GPU kernels, or None
+        self.st.extra["fused"] = self.blas is not None
+        self.r = b.copy()
+        self.w, self.g, self.d = self._residual_sums(self.r)
+        self.matvecs = 1
+        self.xs = [xp.zeros_like(b) for _ in range(n)]
+        self.ps_i = [None] * n if self.blas is None else [xp.zeros_like(b) for _ in range(n)]
+        self.z = [1.0] * n            # zeta_k
+        self.z_prev = [1.0] * n       # zeta_{k-1}
+        self.alpha_prev = 1.0
+        self.g_old = 1.0
+        self.p = None
+        self.s = None if self.blas is None else xp.zeros_like(b)
+        self.k = 0
+
+    def _base(self, v):
+        w = self.A(v)
+        if self.s0 != 0.0:
+            w += self.s0 * v
+        return w
+
+    def _residual_sums(self, r):
+        """w = (A + s0) r and (|r|^2, Re<r, w>)."""
+        if self.blas is None:
+            w = self._base(r)
+            return (w,) + norm2_and_redot(self.geom, r, w)
+        w = self.A(r)
+        return (w,) + self.blas.norm2_redot(r, w, shift=self.s0)     # w += s0 r folded into the reduction
+
+    def iterate(self):
+        """One iteration of the base CG and of every shifted system."""
+        blas, g, k = self.blas, self.g, self.k
+        # (the fused path leaves out p, which nothing reads, and updates s in multishift_update)
+        if k == 0:
+            beta = 0.0
+            if blas is None:
+                self.p, self.s = self.r.copy(), self.w.copy()
+            pap = self.d
+        else:
+            beta = g / self.g_old
+            if blas is None:
+                self.p *= beta
+                self.p += self.r
+                self.s *= beta
+                self.s += self.w
+            pap = self.d - beta * g / self.alpha_prev
+        if not pap > 0 or not math.isfinite(pap):
+            self.st.iters, self.st.residual = k, math.sqrt(g / self.bb)
+            raise SolverBreakdownError(f"{self.inv.name} broke down at iteration {k}: p^dag A p = {pap:.3e}", self.st)
+        alpha = g / pap
+        coefs = self._shift_updates(alpha, beta)
+        if blas is None:
+            self.r -= alpha * self.s
+        else:
+            blas.multishift_update(self.s, self.r, self.w, self.ps_i, self.xs, coefs, alpha, beta, fresh=k == 0)
+        self.k += 1
+        self.matvecs += 1
+        self.g_old, self.alpha_prev = g, alpha
+        self.w, self.g, self.d = self._residual_sums(self.r)
+        if not math.isfinite(self.g):
+            raise SolverBreakdownError(f"{self.inv.name}: non-finite residual at iteration {self.k}", self.st)
+
+    def _shift_updates(self, alpha, beta):
+        """Jegerlehner's zeta_{k+1}, alpha_i, beta_i from the base alpha and beta. On the NumPy path p_i and x_i are
+        updated here; the fused path gets the (zeta_i, alpha_i, beta_i) per shift for its update kernel."""
+        z, z_prev, k, r = self.z, self.z_prev, self.k, self.r
+        coefs = [None] * self.n
+        for i in range(self.n):
+            zi, zp = z[i], z_prev[i]
+            if zi == 0.0:
+                z_prev[i], z[i] = 0.0, 0.0
+                continue
+            den = alpha * beta * (zp - zi) + zp * self.alpha_prev * (1.0 + self.rel[i] * alpha)
+            zn = zi * zp * self.alpha_prev / den if den != 0.0 else 0.0
+            ai = alpha * zn / zi
+            bi = beta * (zi / zp) ** 2 if k > 0 else 0.0
+            if self.blas is not None:
+                coefs[i] = (zi, ai, bi)
+            else:
+                if k == 0:
+                    self.ps_i[i] = zi * r          # = r
+                else:
+                    self.ps_i[i] *= bi
+                    self.ps_i[i] += zi * r
+                self.xs[i] += ai * self.ps_i[i]
+            z_prev[i], z[i] = zi, zn
+        return coefs
+
+    def finish(self):
+        st, A, k, sites = self.st, self.A, self.k, self.A.sites
+        st.converged = self.g <= self.stop
+        st.iters, st.milc_iters, st.matvecs = k, k + 1, self.matvecs
+        st.residual = math.sqrt(self.g / self.bb)
+        st.residuals = [abs(zi) * st.residual for zi in self.z]
+        shift_flops = A.flops + (12 if self.s0 else 0) * sites
+        st.flops = self.matvecs * shift_flops + k * (_FL_CG_ITER + self.n * _FL_SHIFT_ITER) * sites
+        st.time = _sync_time(self.geom, self.t0)
+        if self.inv.check_residual:
+            trs = []
+            for sig, x in zip(self.shifts, self.xs):
+                rx = A(x)
+                rx += sig * x
+                trs.append(math.sqrt(norm2(self.geom, self.b - rx) / self.bb))
+            st.true_residuals = trs
+            st.true_residual = trs[self.j0]
+        if not st.converged and self.inv.raise_on_fail:
+            raise SolverConvergenceError(_fail_message(st) + f" (base shift {self.s0:g} of {self.shifts})", st,
+                                         self.xs)
+        return self.xs, st
+
+
+def multishift_cg(shifts, tol: float = 1e-10, maxiter: int = 10000, raise_on_fail: bool = True,
+                  check_residual: bool = True):
+    """``multishift_cg(shifts, tol)(A)(b)`` = [(A + s)^-1 b for s in shifts], A Hermitian positive.
+
+    MILC's rule: all shifts are updated every iteration and the solver stops when the smallest shift has
+    |r|^2 <= tol^2 |b|^2 (the others are then more accurate). ``check_residual`` recomputes every true residual
+    afterwards (one extra product per shift; turn it off inside HMC).
+    """
+    return lambda op: MultishiftInverse(op, shifts, tol, maxiter, raise_on_fail, check_residual)
+
+
+class HybridMultishiftInverse:
+    """MILC's ``KS_MULTICG=HYBRID`` (``generic_ks/ks_multicg.c``, ``ks_multicg_hybrid``): the multishift CG on
+    ``op0`` + s_i, then every shift refined in turn by a single-mass CG on ``op`` + s_i started from the multishift
+    solution, with the same tolerance and MILC's true-residual rule (:class:`CGInverse`). Made by
+    :func:`hybrid_multishift_cg`; ``xs, stats = inv.solve(b)``."""
+
+    def __init__(self, op0, op, shifts, tol, maxiter, refine_maxiter, raise_on_fail):
+        _require_hermitian(op, "hybrid_multishift_cg")
+        self.multishift = MultishiftInverse(op0, shifts, tol, maxiter, raise_on_fail=False, check_residual=False)
+        self.op, self.shifts, self.tol = op, self.multishift.shifts, float(tol)
+        self.refine_maxiter = int(refine_maxiter)
+        self.raise_on_fail = bool(raise_on_fail)
+        self.name = "hybrid multishift CG"
+        self.stats: SolverStats | None = None
+
+    def __call__(self, b):
+        return self.solve(b)[0]
+
+    def solve(self, b):
+        xs, st = self.multishift.solve(b)
+        st.solver = self.name
+        refine = []
+        if st.converged:
+            out = []
+            for s, x in zip(self.shifts, xs):
+                y, rs = CGInverse(self.op.shifted(s), self.tol, self.refine_maxiter, raise_on_fail=False).solve(b, x)
+                refine.append(rs)
+                out.append(y)
+            xs = out
+            st.converged = all(r.converged for r in refine)
+            st.true_residuals = [r.true_residual for r in refine]
+            st.true_residual = max(st.true_residuals)
+            st.time += sum(r.time for r in refine)
+            st.flops += sum(r.flops for r in refine)
+            st.matvecs += sum(r.matvecs for r in refine)
+        st.extra["refine"] = refine
+        st.extra["refine_milc_iters"] = sum(r.milc_iters for r in refine)
+        self.stats = st
+        if not st.converged and self.raise_on_fail:
+            raise SolverConvergenceError(_fail_message(st) + " (hybrid: multishift, then single-mass refinement)",
+                                         st, xs)
+        return xs, st
+
+
+def hybrid_multishift_cg(shifts, tol: float = 1e-10, maxiter: int = 10000, refine_maxiter: int | None = None,
+                         raise_on_fail: bool = True):
+    """``hybrid_multishift_cg(shifts, tol)(A0, A)(b)`` = [(A + s)^-1 b for s in shifts] by MILC's HYBRID scheme:
+
+    1. the multishift CG (:func:`multishift_cg`, MILC's stopping rule) of (A0 + s_i) x_i = b, zero start;
+    2. for each shift in order, CG on (A + s_i) y_i = b from y_i = x_i until |b - (A + s_i) y_i| <= tol |b|
+       (MILC's ``ks_congrad``: the true residual is checked first, so a shift that already meets it costs one
+       product and is returned unchanged).
+
+    A0 = A reproduces MILC's 2009 builds; MILC's later builds (``ks_multicg_hybrid_field``: "first we invert as though
+    all masses took the same Naik epsilon, then we refine using the correct Naik epsilon") pass the links of the first
+    Naik epsilon as A0. ``refine_maxiter`` (default ``maxiter``) caps each refinement; ``stats`` is the multishift's,
+    with ``extra["refine"]`` (one :class:`SolverStats` per shift), ``extra["refine_milc_iters"]`` and the refined
+    true residuals in ``true_residuals``."""
+    cap = maxiter if refine_maxiter is None else refine_maxiter
+    return lambda op0, op: HybridMultishiftInverse(op0, op, shifts, tol, maxiter, cap, raise_on_fail)
