@@ -53,6 +53,9 @@ def load_rationals(deck: dict, text: str | None = None, path: str | None = None)
     if len(f["cgresid_md_fa_gr"]) != len(pfs):
         raise DeckError(f"[fermions] cgresid_md_fa_gr has {len(f['cgresid_md_fa_gr'])} [MD, FA, GR] triples but "
                         f"{where} has {len(pfs)} pseudofermions: give one triple per pseudofermion")
+    if f["cgprec_md_fa_gr"] and len(f["cgprec_md_fa_gr"]) != len(pfs):
+        raise DeckError(f"[fermions] cgprec_md_fa_gr has {len(f['cgprec_md_fa_gr'])} [MD, FA, GR] triples but "
+                        f"{where} has {len(pfs)} pseudofermions: give one triple per pseudofermion, or none")
     return pfs
 
 
@@ -60,8 +63,9 @@ def make_fermion_monomial(deck: dict, pfs: list):
     from .rhmc import FermionMonomial, PseudofermionTerm
 
     f = deck["fermions"]
-    terms = [PseudofermionTerm(pf, float(md), float(fa), float(gr), f["max_multicg"])
-             for pf, (md, fa, gr) in zip(pfs, f["cgresid_md_fa_gr"])]
+    precisions = f["cgprec_md_fa_gr"] or [[2, 2, 2]] * len(pfs)
+    terms = [PseudofermionTerm(pf, float(md), float(fa), float(gr), f["max_multicg"], tuple(prec))
+             for pf, (md, fa, gr), prec in zip(pfs, f["cgresid_md_fa_gr"], precisions)]
     mono = FermionMonomial(terms, f["action"], float(f["u0"]) if f["action"] == "asqtad" else None, f["time_bc"],
                            multishift=f["multishift"])
     mg = deck.get("multigrid")

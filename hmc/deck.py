@@ -90,6 +90,13 @@ SCHEMA = {
             isinstance(t, list) and len(t) == 3 and all(_number(r) and r > 0 for r in t) for t in v),
             "a list of [MD, FA, GR] solver tolerances, one triple per pseudofermion in file order, e.g. "
             "[[5e-4, 1e-4, 1e-4], [5e-6, 1e-6, 1e-6]]"),
+        # MILC's cgprec_md_fa_gr: 1 = the multishift in single precision, refined to the double-precision tolerance
+        # (solvers.multishift.mixed_multishift_cg), 2 = double precision; one triple per pseudofermion, or none
+        "cgprec_md_fa_gr": Key(list, [], lambda v: all(
+            isinstance(t, list) and len(t) == 3 and all(p in (1, 2) and not isinstance(p, bool) for p in t)
+            for t in v),
+            "a list of [MD, FA, GR] solver precisions (1 single, 2 double), one triple per pseudofermion in file "
+            "order, e.g. [[1, 2, 2], [1, 2, 2]]; [] for double everywhere"),
         "max_multicg": Key(int, 2500, _positive, "a positive maximum number of multishift iterations"),
         "max_rational_error": Key((int, float), 1e-5, lambda v: 0 < v < 1,
                                   "a relative error in (0, 1): the bound on max |r(x)/f(x) - 1| of every approximation "

@@ -41,7 +41,7 @@ from force.phases import check_time_bc
 from force.unitarize_derivative import FORCE_FILTER
 from solvers import StaggeredDslash, epsilon, multishift_cg, norm2
 from solvers.cg import SolverConvergenceError, SolverStats
-from solvers.multishift import hybrid_multishift_cg
+from solvers.multishift import hybrid_multishift_cg, mixed_multishift_cg
 
 from .integrators import IntegratorError
 from .rational import PseudofermionRational, RationalsError, naik_groups
@@ -65,13 +65,15 @@ class FermionSolverError(IntegratorError, SolverConvergenceError):
 
 @dataclass
 class PseudofermionTerm:
-    """One pseudofermion: its rational functions, MILC's tolerances (MD, FA, GR) and maximum iterations."""
+    """One pseudofermion: its rational functions, MILC's tolerances (MD, FA, GR), maximum iterations and solver
+    precisions (MILC's cgprec_md_fa_gr: 1 single, refined to the double tolerance; 2 double)."""
 
     rational: PseudofermionRational
     resid_md: float
     resid_fa: float
     resid_gr: float
     maxiter: int = 2500
+    prec_md_fa_gr: tuple = (2, 2, 2)
 
     @property
     def naik_epsilon(self) -> float:
@@ -79,6 +81,10 @@ class PseudofermionTerm:
 
     def tolerance(self, phase: str) -> float:
         return {"MD": self.resid_md, "FA": self.resid_fa, "GR": self.resid_gr}[phase]
+
+    def single_precision(self, phase: str) -> bool:
+        """MILC's cgprec 1 for this phase: the multishift in single precision, refined in double."""
+        return self.prec_md_fa_gr[("MD", "FA", "GR").index(phase)] == 1
 
     def approximation(self, phase: str):
         return self.rational[phase]
@@ -233,17 +239,8 @@ class FermionMonomial:
         mg = self.multigrid                      # solvers.multigrid.MultigridShifts for the light GR/FA solves
         if mg is not None and phase in ("GR", "FA") and k in self.multigrid_terms:
             xs, st = mg.solve(D, A, approx.poles, b, term.tolerance(phase), term.maxiter, key=term.naik_epsilon)
-        elif self.multishift == "hybrid":
-            # MILC's KS_MULTICG=HYBRID: multishift on the first Naik group's links, then every shift refined by a
-            # single-mass CG on this pseudofermion's links (ks_multicg_hybrid_field; max_multicg/5 as MILC 2009)
-            _, A0 = ls.ops[self.epsilons[0]]
-            inv = hybrid_multishift_cg(approx.poles, term.tolerance(phase), term.maxiter,
-                                       refine_maxiter=max(term.maxiter // 5, 1), raise_on_fail=False)(A0, A)
-            xs, st = inv.solve(b)
         else:
-            inv = multishift_cg(approx.poles, term.tolerance(phase), term.maxiter, raise_on_fail=False,
-                                check_residual=False)(A)
-            xs, st = inv.solve(b)
+            xs, st = self._multishift_inverse(ls, term, phase, A).solve(b)
         label = label or phase
         self.stats.add_time(f"solver_{label}", time.perf_counter() - t0)
         self.stats.solves.append(SolveRecord(label, k, call, st))
@@ -255,6 +252,20 @@ class FermionMonomial:
                 f"{st.residual:.3e} > {term.tolerance(phase):.1e} (cgresid_md_fa_gr); raise [fermions] max_multicg "
                 "or loosen the tolerance", st)
         return xs, st
+
+    def _multishift_inverse(self, ls: _LinkSet, term: PseudofermionTerm, phase: str, A):
+        """The multishift solver of one phase: plain (MILC's ks_multicg_offset), hybrid (KS_MULTICG=HYBRID: the
+        multishift on the first Naik group's links, then every shift refined by a single-mass CG on this
+        pseudofermion's links, ks_multicg_hybrid_field, max_multicg/5 as MILC 2009), or, for cgprec 1, the
+        multishift in single precision refined in double (solvers.multishift.mixed_multishift_cg)."""
+        poles, tol = term.approximation(phase).poles, term.tolerance(phase)
+        if term.single_precision(phase):
+            return mixed_multishift_cg(poles, tol, term.maxiter, raise_on_fail=False)(A)
+        if self.multishift == "hybrid":
+            _, A0 = ls.ops[self.epsilons[0]]
+            return hybrid_multishift_cg(poles, tol, term.maxiter, refine_maxiter=max(term.maxiter // 5, 1),
+                                        raise_on_fail=False)(A0, A)
+        return multishift_cg(poles, tol, term.maxiter, raise_on_fail=False, check_residual=False)(A)
 
     def _rational_apply(self, ls, k, phase, call, b, label=None):
         """r(A) b = res0 b + sum_l res_l (A + p_l)^-1 b, in MILC's order of summation (``ks_rateval``)."""

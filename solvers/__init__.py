@@ -14,7 +14,8 @@ from .staggered import (StaggeredDslash, StaggeredMatrix, StaggeredNormal, Stagg
 from . import staggered_cuda  # noqa: F401  (registers the CUDA hop kernel for the cupy backend)
 from .cg import (SolverStats, SolverConvergenceError, SolverBreakdownError, InverseOperator, CGInverse, cg,
                  mixed_cg)
-from .multishift import MultishiftInverse, HybridMultishiftInverse, multishift_cg, hybrid_multishift_cg
+from .multishift import (MultishiftInverse, HybridMultishiftInverse, multishift_cg, hybrid_multishift_cg,
+                         mixed_multishift_cg)
 from .even_odd import EvenOddInverse, even_odd_inverse
 
 __all__ = ["Operator", "FunctionOperator", "ProductOperator", "ShiftedOperator", "inner", "norm2",
@@ -22,4 +23,4 @@ __all__ = ["Operator", "FunctionOperator", "ProductOperator", "ShiftedOperator",
            "StaggeredEvenOdd", "EvenOddNormal", "ParityHop", "epsilon", "project", "parity_sites", "hop_table", "register_hop_kernel",
            "SolverStats", "SolverConvergenceError", "SolverBreakdownError", "InverseOperator", "CGInverse",
            "MultishiftInverse", "HybridMultishiftInverse", "EvenOddInverse", "cg", "mixed_cg", "multishift_cg",
-           "hybrid_multishift_cg", "even_odd_inverse"]
+           "hybrid_multishift_cg", "mixed_multishift_cg", "even_odd_inverse"]

@@ -213,22 +213,34 @@ def multishift_cg(shifts, tol: float = 1e-10, maxiter: int = 10000, raise_on_fai
 
 
 class HybridMultishiftInverse:
-    """MILC's ``KS_MULTICG=HYBRID`` (``generic_ks/ks_multicg.c``, ``ks_multicg_hybrid``): the multishift CG on
-    ``op0`` + s_i, then every shift refined in turn by a single-mass CG on ``op`` + s_i started from the multishift
-    solution, with the same tolerance and MILC's true-residual rule (:class:`CGInverse`). Made by
-    :func:`hybrid_multishift_cg`; ``xs, stats = inv.solve(b)``."""
+    """A multishift CG on ``op0`` + s_i, then every shift refined in turn by a single-mass CG on ``op`` + s_i
+    started from the multishift solution, with the same tolerance and MILC's true-residual rule
+    (:class:`CGInverse`). ``op0`` = ``op`` or other links: MILC's ``KS_MULTICG=HYBRID`` (``generic_ks/ks_multicg.c``,
+    ``ks_multicg_hybrid``), made by :func:`hybrid_multishift_cg`; ``op0`` = ``op`` in single precision and a
+    mixed-precision refinement: :func:`mixed_multishift_cg`. ``xs, stats = inv.solve(b)``."""
 
-    def __init__(self, op0, op, shifts, tol, maxiter, refine_maxiter, raise_on_fail):
+    def __init__(self, op0, op, shifts, tol, maxiter, refine_maxiter, raise_on_fail, inner_tol=None,
+                 refine_dtype=None, name="hybrid multishift CG"):
         _require_hermitian(op, "hybrid_multishift_cg")
-        self.multishift = MultishiftInverse(op0, shifts, tol, maxiter, raise_on_fail=False, check_residual=False)
+        inner_tol = tol if inner_tol is None else inner_tol
+        self.multishift = MultishiftInverse(op0, shifts, inner_tol, maxiter, raise_on_fail=False,
+                                            check_residual=False)
         self.op, self.shifts, self.tol = op, self.multishift.shifts, float(tol)
         self.refine_maxiter = int(refine_maxiter)
+        self.refine_dtype = refine_dtype
         self.raise_on_fail = bool(raise_on_fail)
-        self.name = "hybrid multishift CG"
+        self.name = name
         self.stats: SolverStats | None = None
 
     def __call__(self, b):
         return self.solve(b)[0]
+
+    def _refinement(self, shift):
+        """CG on op + shift (mixed precision with reliable updates when ``refine_dtype`` is set, as mixed_cg)."""
+        if self.refine_dtype is None:
+            return CGInverse(self.op.shifted(shift), self.tol, self.refine_maxiter, raise_on_fail=False)
+        return CGInverse(self.op.shifted(shift), self.tol, self.refine_maxiter, raise_on_fail=False,
+                         inner_dtype=self.refine_dtype, delta=0.1, single_reduction=False)
 
     def solve(self, b):
         xs, st = self.multishift.solve(b)
@@ -237,7 +249,7 @@ class HybridMultishiftInverse:
         if st.converged:
             out = []
             for s, x in zip(self.shifts, xs):
-                y, rs = CGInverse(self.op.shifted(s), self.tol, self.refine_maxiter, raise_on_fail=False).solve(b, x)
+                y, rs = self._refinement(s).solve(b, x)
                 refine.append(rs)
                 out.append(y)
             xs = out
@@ -272,3 +284,29 @@ def hybrid_multishift_cg(shifts, tol: float = 1e-10, maxiter: int = 10000, refin
     true residuals in ``true_residuals``."""
     cap = maxiter if refine_maxiter is None else refine_maxiter
     return lambda op0, op: HybridMultishiftInverse(op0, op, shifts, tol, maxiter, cap, raise_on_fail)
+
+
+#: the single-precision multishift's tolerance floor: below it the iterated residual of a complex64 CG no longer
+#: follows the true one (rounding of the recurrences), so the double-precision refinement takes over from here
+SINGLE_PRECISION_FLOOR = 1e-6
+
+
+def mixed_multishift_cg(shifts, tol: float = 1e-10, maxiter: int = 10000, refine_maxiter: int | None = None,
+                        raise_on_fail: bool = True, inner_dtype=np.complex64, inner_floor=SINGLE_PRECISION_FLOOR):
+    """``mixed_multishift_cg(shifts, tol)(A)(b)`` = [(A + s)^-1 b for s in shifts] to the same double-precision true
+    residual as :func:`multishift_cg`, with the Krylov work in ``inner_dtype`` (MILC's ``cgprec`` 1, QUDA's sloppy
+    multishift followed by a refinement of every shift):
+
+    1. the multishift CG of (A + s_i) x_i = b with A converted to ``inner_dtype``, to max(tol, inner_floor) on the
+       base shift's iterated residual (MILC's rule);
+    2. for each shift, the double-precision true residual |b - (A + s_i) x_i| checked (one product) and, where it
+       exceeds tol |b|, a mixed-precision CG (:func:`solvers.cg.mixed_cg`'s iteration: ``inner_dtype`` Krylov steps,
+       double reliable updates) from x_i until it does.
+
+    The answer meets the tolerance of a double-precision solve, so the MD stays reversible to that tolerance; it is
+    not bitwise the double-precision answer. ``stats`` as for :func:`hybrid_multishift_cg`."""
+    cap = maxiter if refine_maxiter is None else refine_maxiter
+    inner_tol = max(float(tol), float(inner_floor))
+    return lambda op: HybridMultishiftInverse(op.converted(inner_dtype), op, shifts, tol, maxiter, cap, raise_on_fail,
+                                              inner_tol=inner_tol, refine_dtype=np.dtype(inner_dtype),
+                                              name="mixed-precision multishift CG")
