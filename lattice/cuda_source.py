@@ -1,0 +1,89 @@
+"""The project's CUDA kernels: their source files, the nvrtc options and the cache of compiled modules.
+
+Every kernel lives in a ``.cu`` file in the ``kernels/`` folder of the package that drives it (shipped as package
+data, pyproject.toml), e.g. ``force/kernels/hisq.cu``. Each file starts with ``#include "hmc_common.cuh"``, the one
+shared header (``lattice/kernels/hmc_common.cuh``: the precision traits, the 3x3 matrix type and the double2 complex
+products). :func:`source` writes that header's text in place of the include line, so nvrtc gets one self-contained
+text: no include path to pass, and CuPy's on-disk compile cache, keyed by the text and the options, is never stale
+after an edit of the header. ``#line`` directives keep compiler messages pointing at the file and line they come from.
+
+Templated files: a file compiled in several variants (solvers/multigrid/kernels/coarse.cu, once per precision)
+writes ``${NAME}`` where a variant differs; :func:`source` substitutes ``params`` (``string.Template``), and each
+variant is its own module in the cache.
+
+:func:`module` compiles a file once per backend (``Backend.kernels``, keyed by package, file and params) with
+:func:`options` (:data:`NVRTC_OPTIONS` and the file's :data:`FILE_OPTIONS`); :func:`function` is one kernel of it.
+The backend's ``xp.RawModule`` compiles: CuPy's on a GPU, the host shim of the CPU tests (tests/force/cuda_host.py).
+"""
+from __future__ import annotations
+
+import re
+from importlib import resources
+from string import Template
+
+#: the nvrtc options of every kernel file (with FILE_OPTIONS, the one place options are written)
+NVRTC_OPTIONS = ("--std=c++14",)
+#: a file's further options: fused_blas.cu without contraction of a*b + c to fused multiply-adds, so that its vector
+#: updates are bitwise NumPy's (solvers/blas_cuda.py)
+FILE_OPTIONS = {("solvers", "fused_blas.cu"): ("--fmad=false",)}
+#: the shared header, in lattice/kernels/
+HEADER = "hmc_common.cuh"
+KERNEL_DIR = "kernels"
+
+_INCLUDE = re.compile(r'^#include "([^"]+)"[ \t]*$', re.MULTILINE)
+
+
+def kernel_file(package: str, name: str):
+    """The file ``name`` in the kernels folder of ``package`` (e.g. "solvers.multigrid", "coarse.cu")."""
+    path = resources.files(package).joinpath(KERNEL_DIR, name)
+    if not path.is_file():
+        raise FileNotFoundError(f"no CUDA source {name!r} in {package}/{KERNEL_DIR}: the file is missing from the "
+                                "installation (pyproject.toml package-data must list kernels/*.cu)")
+    return path
+
+
+def kernel_files(package: str) -> list[str]:
+    """The names of the ``.cu`` files in the kernels folder of ``package``, sorted."""
+    folder = resources.files(package).joinpath(KERNEL_DIR)
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".cu")) if folder.is_dir() else []
+
+
+def header_text() -> str:
+    return kernel_file("lattice", HEADER).read_text()
+
+
+def source(package: str, name: str, params: dict | None = None) -> str:
+    """The text nvrtc compiles for the kernel file ``name`` of ``package``: ``${...}`` placeholders replaced by
+    ``params``, then the shared header in place of its include line (``#line`` directives around it)."""
+    text = kernel_file(package, name).read_text()
+    try:
+        text = Template(text).substitute(params or {})
+    except KeyError as e:
+        raise ValueError(f"{package}/{KERNEL_DIR}/{name} is a template: give params with {e.args[0]!r}") from None
+    includes = [m for m in _INCLUDE.finditer(text)]
+    if [m.group(1) for m in includes] != [HEADER]:
+        raise ValueError(f"{package}/{KERNEL_DIR}/{name} must include {HEADER!r} once and no other quoted header "
+                         f"(found {[m.group(1) for m in includes]})")
+    m = includes[0]
+    after = text.count("\n", 0, m.end()) + 2           # the line after the include, 1-based
+    inlined = (f'#line 1 "{HEADER}"\n' + header_text().rstrip("\n") + "\n"
+               + f'#line {after} "{package.replace(".", "/")}/{KERNEL_DIR}/{name}"')
+    return text[:m.start()] + inlined + text[m.end():]
+
+
+def options(package: str, name: str) -> tuple:
+    """The nvrtc options of the kernel file ``name`` of ``package``."""
+    return NVRTC_OPTIONS + FILE_OPTIONS.get((package, name), ())
+
+
+def module(backend, package: str, name: str, params: dict | None = None):
+    """The compiled kernel file ``name`` of ``package`` (variant ``params``), built once per backend."""
+    key = ("cuda_module", package, name, tuple(sorted((params or {}).items())))
+    return backend.kernel(key, lambda: backend.xp.RawModule(code=source(package, name, params),
+                                                            options=options(package, name)))
+
+
+def function(backend, package: str, name: str, kernel: str, params: dict | None = None):
+    """The kernel ``kernel`` of :func:`module` (looked up once per backend)."""
+    key = ("cuda_function", package, name, tuple(sorted((params or {}).items())), kernel)
+    return backend.kernel(key, lambda: module(backend, package, name, params).get_function(kernel))
