@@ -11,8 +11,8 @@ Templated files: a file compiled in several variants (solvers/multigrid/kernels/
 writes ``${NAME}`` where a variant differs; :func:`source` substitutes ``params`` (``string.Template``), and each
 variant is its own module in the cache.
 
-:func:`module` compiles a file once per backend (``Backend.kernels``, keyed by package, file and params) with
-:func:`options` (:data:`NVRTC_OPTIONS` and the file's :data:`FILE_OPTIONS`); :func:`function` is one kernel of it.
+:func:`module` compiles a file once per backend (``Backend.kernels``, keyed by package, file and params) with its
+:data:`OPTIONS`; :func:`function` is one kernel of it.
 The backend's ``xp.RawModule`` compiles: CuPy's on a GPU, the host shim of the CPU tests (tests/force/cuda_host.py).
 """
 from __future__ import annotations
@@ -21,11 +21,23 @@ import re
 from importlib import resources
 from string import Template
 
-#: the nvrtc options of every kernel file (with FILE_OPTIONS, the one place options are written)
-NVRTC_OPTIONS = ("--std=c++14",)
-#: a file's further options: fused_blas.cu without contraction of a*b + c to fused multiply-adds, so that its vector
-#: updates are bitwise NumPy's (solvers/blas_cuda.py)
-FILE_OPTIONS = {("solvers", "fused_blas.cu"): ("--fmad=false",)}
+CXX14, CXX17 = "--std=c++14", "--std=c++17"
+#: the nvrtc options of each kernel file, (package, file) -> options: the one place they are written. The C++ dialect
+#: is the one each file was compiled with before the sources left the Python modules (nvrtc's default, C++17, where
+#: none was given): the dialect changes the code nvrtc generates for some kernels (on nvrtc 13.0 for sm_90, hop_*
+#: and pack_double at C++17, exp_update at C++14: the same arithmetic, other instruction choices), and CuPy's
+#: complex.cuh (coarse.cu) needs C++17 with CUDA 13. fused_blas.cu compiles without contraction of a*b + c to fused
+#: multiply-adds, so that its vector updates are bitwise NumPy's (solvers/blas_cuda.py).
+OPTIONS = {
+    ("lattice", "su3_exp.cu"): (CXX17,),
+    ("lattice", "su3_taylor.cu"): (CXX17,),
+    ("solvers", "staggered_hop.cu"): (CXX14,),
+    ("solvers", "fused_blas.cu"): (CXX14, "--fmad=false"),
+    ("solvers", "dist_cg.cu"): (CXX17,),
+    ("solvers.multigrid", "coarse.cu"): (CXX17,),
+    ("force", "gauge_force.cu"): (CXX14,),
+    ("force", "hisq.cu"): (CXX14,),
+}
 #: the shared header, in lattice/kernels/
 HEADER = "hmc_common.cuh"
 KERNEL_DIR = "kernels"
@@ -72,8 +84,10 @@ def source(package: str, name: str, params: dict | None = None) -> str:
 
 
 def options(package: str, name: str) -> tuple:
-    """The nvrtc options of the kernel file ``name`` of ``package``."""
-    return NVRTC_OPTIONS + FILE_OPTIONS.get((package, name), ())
+    """The nvrtc options of the kernel file ``name`` of ``package`` (:data:`OPTIONS`)."""
+    if (package, name) not in OPTIONS:
+        raise KeyError(f"{package}/{KERNEL_DIR}/{name} has no nvrtc options: add it to lattice.cuda_source.OPTIONS")
+    return OPTIONS[(package, name)]
 
 
 def module(backend, package: str, name: str, params: dict | None = None):

@@ -1,5 +1,5 @@
 // The fused vector updates and reductions of the CG solvers, in double and single precision. Compiled without
-// FMA contraction (--fmad=false: lattice/cuda_source.py FILE_OPTIONS) so that the updates are bitwise the NumPy ones.
+// FMA contraction (--fmad=false: lattice/cuda_source.py OPTIONS) so that the updates are bitwise the NumPy ones.
 // Driver: solvers/blas_cuda.py (CudaBlas); twin: solvers.blas_cuda.BlasTwin.
 #include "hmc_common.cuh"
 

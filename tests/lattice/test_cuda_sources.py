@@ -95,3 +95,7 @@ def test_nvrtc_options_and_compiles_live_in_cuda_source_only():
                 and n.attr in ("RawModule", "RawKernel", "compile_with_cache")]
     assert not compiles, f"kernels compiled outside lattice/cuda_source.py: {compiles}"
     assert sum("--std=c++14" in n.value for n in _string_constants(owner)) == 1
+    files = {(_package_of(f), f.name) for f in _kernel_sources()}
+    assert set(cuda_source.OPTIONS) == files, "every kernel file, and only those, has its nvrtc options"
+    with pytest.raises(KeyError, match="add it to lattice.cuda_source.OPTIONS"):
+        cuda_source.options("force", "nothing.cu")
