@@ -92,12 +92,20 @@ def options(package: str, name: str) -> tuple:
 
 def module(backend, package: str, name: str, params: dict | None = None):
     """The compiled kernel file ``name`` of ``package`` (variant ``params``), built once per backend."""
-    key = ("cuda_module", package, name, tuple(sorted((params or {}).items())))
+    key = ("cuda_module", package, name, tuple(params.items()) if params else None)
     return backend.kernel(key, lambda: backend.xp.RawModule(code=source(package, name, params),
                                                             options=options(package, name)))
 
 
 def function(backend, package: str, name: str, kernel: str, params: dict | None = None):
-    """The kernel ``kernel`` of :func:`module` (looked up once per backend)."""
-    key = ("cuda_function", package, name, tuple(sorted((params or {}).items())), kernel)
-    return backend.kernel(key, lambda: module(backend, package, name, params).get_function(kernel))
+    """The kernel ``kernel`` of :func:`module`, looked up once per backend. Drivers call this per launch, so a hit
+    is one dictionary lookup keyed by the kernel's name; a templated file's kernel names must therefore differ
+    from variant to variant (coarse.cu: ``mg_stencil_${SUF}``), which is checked."""
+    key = ("cuda_function", package, name, kernel)
+    hit = backend.kernels.get(key)
+    if hit is None:
+        hit = backend.kernel(key, lambda: (module(backend, package, name, params).get_function(kernel), params))
+    if hit[1] is not params and hit[1] != params:
+        raise ValueError(f"{package}/{KERNEL_DIR}/{name}: kernel {kernel!r} asked for with params {params} and "
+                         f"{hit[1]}: give each variant's kernels their own names (a ${{...}} in the name)")
+    return hit[0]

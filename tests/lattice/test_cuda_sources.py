@@ -67,6 +67,32 @@ def test_templated_file_needs_its_params():
         assert "${" not in text and f"void mg_stencil_{params['SUF']}(const {params['C']}* __restrict__ Y" in text
 
 
+def test_compiled_once_per_backend_and_variant():
+    from lattice.backend import Backend
+    from solvers.multigrid.cuda import PRECISIONS
+
+    built = []
+
+    class Compiler:
+        class RawModule:
+            def __init__(self, code, options):
+                built.append((code, options))
+
+            def get_function(self, kernel):
+                return (kernel, len(built))
+
+    be = Backend("cupy", Compiler())
+    double, single = PRECISIONS.values()
+    for _ in range(2):
+        assert cuda_source.function(be, "force", "hisq.cu", "staple_fwd") == ("staple_fwd", 1)
+        assert cuda_source.function(be, "force", "hisq.cu", "naik_fwd") == ("naik_fwd", 1)
+        assert cuda_source.function(be, "solvers.multigrid", "coarse.cu", "mg_stencil_c128", double)[1] == 2
+        assert cuda_source.function(be, "solvers.multigrid", "coarse.cu", "mg_stencil_c64", single)[1] == 3
+    assert len(built) == 3 and built[0][1] == cuda_source.options("force", "hisq.cu")
+    with pytest.raises(ValueError, match="own names"):          # one kernel name, two variants: refused
+        cuda_source.function(be, "solvers.multigrid", "coarse.cu", "mg_stencil_c128", single)
+
+
 def test_a_missing_kernel_file_is_named():
     with pytest.raises(FileNotFoundError, match="nothing.cu"):
         cuda_source.source("force", "nothing.cu")
