@@ -8,12 +8,12 @@ text: no include path to pass, and CuPy's on-disk compile cache, keyed by the te
 after an edit of the header. ``#line`` directives keep compiler messages pointing at the file and line they come from.
 
 Templated files: a file compiled in several variants (solvers/multigrid/kernels/coarse.cu, once per precision)
-writes ``${NAME}`` where a variant differs; :func:`source` substitutes ``params`` (``string.Template``), and each
-variant is its own module in the cache.
+writes ``${NAME}`` where a variant differs, kernel names included; :func:`source` substitutes ``params``
+(``string.Template``), and each variant is its own module in the cache.
 
 :func:`module` compiles a file once per backend (``Backend.kernels``, keyed by package, file and params) with its
-:data:`OPTIONS`; :func:`function` is one kernel of it.
-The backend's ``xp.RawModule`` compiles: CuPy's on a GPU, the host shim of the CPU tests (tests/force/cuda_host.py).
+:data:`OPTIONS`; :func:`function` is one kernel of it. The backend's ``xp.RawModule`` compiles: CuPy's on a GPU,
+the host shim of the CPU tests (tests/force/cuda_host.py).
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def source(package: str, name: str, params: dict | None = None) -> str:
         text = Template(text).substitute(params or {})
     except KeyError as e:
         raise ValueError(f"{package}/{KERNEL_DIR}/{name} is a template: give params with {e.args[0]!r}") from None
-    includes = [m for m in _INCLUDE.finditer(text)]
+    includes = list(_INCLUDE.finditer(text))
     if [m.group(1) for m in includes] != [HEADER]:
         raise ValueError(f"{package}/{KERNEL_DIR}/{name} must include {HEADER!r} once and no other quoted header "
                          f"(found {[m.group(1) for m in includes]})")
