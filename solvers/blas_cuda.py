@@ -13,10 +13,11 @@ every reduction ends in a small device buffer that comes back to the host in ONE
 So a CG iteration is: update kernel, the operator, reduction kernel, one device-to-host copy of two numbers (the
 only host synchronisation). The element-wise arithmetic is the NumPy path's, in the same order and precision
 (coefficients rounded to the field precision as NumPy does with a Python float times a complex64 array), compiled
-without contraction to fused multiply-adds (``--fmad=false``), so the updated vectors are bitwise the NumPy ones;
-the reductions accumulate in double precision (each product in the field precision, as the NumPy path) and are
-summed in a fixed order (per-block shared-memory trees, then the last block adds the block partials), so they are
-deterministic from run to run and differ from NumPy's/cuBLAS's sums only by rounding.
+without contraction to fused multiply-adds (``--fmad=false``; the kernels: solvers/kernels/fused_blas.cu), so the
+updated vectors are bitwise the NumPy ones; the reductions accumulate in double precision (each product in the
+field precision, as the NumPy path) and are summed in a fixed order (per-block shared-memory trees, then the last
+block adds the block partials), so they are deterministic from run to run and differ from NumPy's/cuBLAS's sums
+only by rounding.
 
 Sites: an even-odd operator's fields are full-lattice with exact zeros on the other parity. The kernels then run
 over the V/2 sites of the operator's parity only, with the checkerboard mapping of :mod:`solvers.staggered_cuda`
@@ -43,261 +44,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from lattice import cuda_source
+
 from .operator import register_fused_blas
 
 BLOCK = 256           # threads per block (the reduction trees assume exactly this)
 MAX_BLOCKS = 1024     # grid-stride loops beyond: a fixed grid keeps the reduction order fixed
 NRED = 2              # numbers a reduction kernel returns
 
-_SOURCE = r"""
-template <typename R> struct C2;
-template <> struct C2<double> { typedef double2 T; };
-template <> struct C2<float> { typedef float2 T; };
-
-#define BLOCK 256
-
-/* lattice index of checkerboard site j of parity p (p < 0: all sites, j itself) */
-__device__ __forceinline__ long long site_of(long long j, int parity, int nx, int ny, int nz) {
-    if (parity < 0) return j;
-    const int half = nx >> 1;
-    const long long row = j / half;
-    const int k = (int)(j - row * half);
-    const int y = (int)(row % ny);
-    const long long zt = row / ny;
-    const int z = (int)(zt % nz);
-    const int t = (int)(zt / nz);
-    return row * nx + 2 * k + ((parity + y + z + t) & 1);
-}
-
-#define SITE_LOOP(n) for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < (n); \
-                          j += (long long)gridDim.x * blockDim.x)
-
-/* Sum v[0..1] over the grid: shared-memory tree per block, block partials to global memory, and the last block
-   to finish adds the partials in block order and writes result[0..1] (then resets the counter). Deterministic. */
-__device__ void reduce2(double v0, double v1, double *partial, unsigned int *counter, double *result) {
-    __shared__ double sh0[BLOCK];
-    __shared__ double sh1[BLOCK];
-    __shared__ bool last;
-    const int tid = threadIdx.x;
-    sh0[tid] = v0;
-    sh1[tid] = v1;
-    __syncthreads();
-    for (int w = BLOCK / 2; w > 0; w >>= 1) {
-        if (tid < w) { sh0[tid] += sh0[tid + w]; sh1[tid] += sh1[tid + w]; }
-        __syncthreads();
-    }
-    if (tid == 0) {
-        partial[blockIdx.x] = sh0[0];
-        partial[gridDim.x + blockIdx.x] = sh1[0];
-        __threadfence();
-        last = (atomicAdd(counter, 1u) == gridDim.x - 1);
-    }
-    __syncthreads();
-    if (!last) return;
-    double a0 = 0.0, a1 = 0.0;
-    for (unsigned int b = tid; b < gridDim.x; b += BLOCK) {
-        a0 += __ldcg(partial + b);
-        a1 += __ldcg(partial + gridDim.x + b);
-    }
-    sh0[tid] = a0;
-    sh1[tid] = a1;
-    __syncthreads();
-    for (int w = BLOCK / 2; w > 0; w >>= 1) {
-        if (tid < w) { sh0[tid] += sh0[tid + w]; sh1[tid] += sh1[tid + w]; }
-        __syncthreads();
-    }
-    if (tid == 0) {
-        result[0] = sh0[0];
-        result[1] = sh1[0];
-        *counter = 0u;
-    }
-}
-
-/* p = r + beta p (or r when fresh); s = w + beta s (or w); x += alpha p; r -= alpha s */
-template <typename R>
-__device__ void cg_update(typename C2<R>::T *p, typename C2<R>::T *s, typename C2<R>::T *x,
-                          typename C2<R>::T *r, const typename C2<R>::T *w, R alpha, R beta, int fresh,
-                          long long n, int parity, int nx, int ny, int nz) {
-    typedef typename C2<R>::T T;
-    SITE_LOOP(n) {
-        const long long o = 3 * site_of(j, parity, nx, ny, nz);
-        #pragma unroll
-        for (int c = 0; c < 3; ++c) {
-            T rv = r[o + c];
-            const T wv = w[o + c];
-            T pv, sv;
-            if (fresh) {
-                pv = rv;
-                sv = wv;
-            } else {
-                pv = p[o + c];
-                sv = s[o + c];
-                pv.x = beta * pv.x + rv.x; pv.y = beta * pv.y + rv.y;
-                sv.x = beta * sv.x + wv.x; sv.y = beta * sv.y + wv.y;
-            }
-            p[o + c] = pv;
-            s[o + c] = sv;
-            T xv = x[o + c];
-            xv.x = xv.x + alpha * pv.x; xv.y = xv.y + alpha * pv.y;
-            x[o + c] = xv;
-            rv.x = rv.x - alpha * sv.x; rv.y = rv.y - alpha * sv.y;
-            r[o + c] = rv;
-        }
-    }
-}
-
-/* p = r + beta p (or r when fresh) */
-template <typename R>
-__device__ void xpay(typename C2<R>::T *p, const typename C2<R>::T *r, R beta, int fresh,
-                     long long n, int parity, int nx, int ny, int nz) {
-    typedef typename C2<R>::T T;
-    SITE_LOOP(n) {
-        const long long o = 3 * site_of(j, parity, nx, ny, nz);
-        #pragma unroll
-        for (int c = 0; c < 3; ++c) {
-            const T rv = r[o + c];
-            T pv;
-            if (fresh) {
-                pv = rv;
-            } else {
-                pv = p[o + c];
-                pv.x = beta * pv.x + rv.x; pv.y = beta * pv.y + rv.y;
-            }
-            p[o + c] = pv;
-        }
-    }
-}
-
-/* (with do_shift: w += shift r first) result = (|a|^2, Re<a, w>), products in R, sums in double */
-template <typename R>
-__device__ void norm2_redot(const typename C2<R>::T *a, typename C2<R>::T *w, R shift, int do_shift,
-                            double *partial, unsigned int *counter, double *result,
-                            long long n, int parity, int nx, int ny, int nz) {
-    typedef typename C2<R>::T T;
-    double s0 = 0.0, s1 = 0.0;
-    SITE_LOOP(n) {
-        const long long o = 3 * site_of(j, parity, nx, ny, nz);
-        #pragma unroll
-        for (int c = 0; c < 3; ++c) {
-            const T av = a[o + c];
-            T wv = w[o + c];
-            if (do_shift) {
-                wv.x = wv.x + shift * av.x; wv.y = wv.y + shift * av.y;
-                w[o + c] = wv;
-            }
-            const R aa = av.x * av.x + av.y * av.y;
-            const R aw = av.x * wv.x + av.y * wv.y;
-            s0 += (double)aa;
-            s1 += (double)aw;
-        }
-    }
-    reduce2(s0, s1, partial, counter, result);
-}
-
-/* x += alpha p; r -= alpha s; result = (|r|^2, 0) */
-template <typename R>
-__device__ void axpy2_norm2(const typename C2<R>::T *p, const typename C2<R>::T *s, typename C2<R>::T *x,
-                            typename C2<R>::T *r, R alpha, double *partial, unsigned int *counter, double *result,
-                            long long n, int parity, int nx, int ny, int nz) {
-    typedef typename C2<R>::T T;
-    double s0 = 0.0;
-    SITE_LOOP(n) {
-        const long long o = 3 * site_of(j, parity, nx, ny, nz);
-        #pragma unroll
-        for (int c = 0; c < 3; ++c) {
-            const T pv = p[o + c], sv = s[o + c];
-            T xv = x[o + c], rv = r[o + c];
-            xv.x = xv.x + alpha * pv.x; xv.y = xv.y + alpha * pv.y;
-            rv.x = rv.x - alpha * sv.x; rv.y = rv.y - alpha * sv.y;
-            x[o + c] = xv;
-            r[o + c] = rv;
-            const R rr = rv.x * rv.x + rv.y * rv.y;
-            s0 += (double)rr;
-        }
-    }
-    reduce2(s0, 0.0, partial, counter, result);
-}
-
-/* multishift: s = w + beta s (or w); for each active shift i (coef[4i+3] != 0), with z, a, b = coef[4i..4i+2]:
-   p_i = z r + b p_i (or z r when fresh), x_i += a p_i; then r -= alpha s.
-   One thread per complex number (site, colour), not per site: a warp then reads and writes each of the 2 + 2 x
-   shifts fields in consecutive 16-byte words (a site loop walking the 2 x shifts fields colour by colour had each
-   field's sectors fetched up to three times: 1.6 ms at 32^4 with 9 shifts, 3.4 times the operator). The arithmetic
-   of every number is unchanged. */
-template <typename R>
-__device__ void ms_update(typename C2<R>::T *s, typename C2<R>::T *r, const typename C2<R>::T *w,
-                          const unsigned long long *pp, const unsigned long long *xp, const R *coef, int nshift,
-                          R alpha, R beta, int fresh, long long n, int parity, int nx, int ny, int nz) {
-    typedef typename C2<R>::T T;
-    SITE_LOOP(3 * n) {
-        const long long site = j / 3;
-        const long long o = 3 * site_of(site, parity, nx, ny, nz) + (j - 3 * site);
-        T rv = r[o];
-        const T wv = w[o];
-        T sv;
-        if (fresh) {
-            sv = wv;
-        } else {
-            sv = s[o];
-            sv.x = beta * sv.x + wv.x; sv.y = beta * sv.y + wv.y;
-        }
-        s[o] = sv;
-        for (int i = 0; i < nshift; ++i) {
-            if (coef[4 * i + 3] == (R)0) continue;
-            const R zi = coef[4 * i], ai = coef[4 * i + 1], bi = coef[4 * i + 2];
-            T *P = (T *)pp[i];
-            T *X = (T *)xp[i];
-            T pv;
-            if (fresh) {
-                pv.x = zi * rv.x; pv.y = zi * rv.y;
-            } else {
-                pv = P[o];
-                pv.x = bi * pv.x + zi * rv.x; pv.y = bi * pv.y + zi * rv.y;
-            }
-            P[o] = pv;
-            T xv = X[o];
-            xv.x = xv.x + ai * pv.x; xv.y = xv.y + ai * pv.y;
-            X[o] = xv;
-        }
-        rv.x = rv.x - alpha * sv.x; rv.y = rv.y - alpha * sv.y;
-        r[o] = rv;
-    }
-}
-
-#define LAT long long n, int parity, int nx, int ny, int nz
-#define LATA n, parity, nx, ny, nz
-#define RED double *partial, unsigned int *counter, double *result
-#define REDA partial, counter, result
-
-#define INSTANTIATE(R, T, SUF)                                                                                     \
-extern "C" __global__ void __launch_bounds__(BLOCK) cg_update_##SUF(T *p, T *s, T *x, T *r, const T *w, R alpha, \
-                                                                    R beta, int fresh, LAT) {                      \
-    cg_update<R>(p, s, x, r, w, alpha, beta, fresh, LATA);                                                        \
-}                                                                                                                  \
-extern "C" __global__ void __launch_bounds__(BLOCK) xpay_##SUF(T *p, const T *r, R beta, int fresh, LAT) {       \
-    xpay<R>(p, r, beta, fresh, LATA);                                                                             \
-}                                                                                                                  \
-extern "C" __global__ void __launch_bounds__(BLOCK) norm2_redot_##SUF(const T *a, T *w, R shift, int do_shift,   \
-                                                                      RED, LAT) {                                  \
-    norm2_redot<R>(a, w, shift, do_shift, REDA, LATA);                                                            \
-}                                                                                                                  \
-extern "C" __global__ void __launch_bounds__(BLOCK) axpy2_norm2_##SUF(const T *p, const T *s, T *x, T *r,        \
-                                                                      R alpha, RED, LAT) {                         \
-    axpy2_norm2<R>(p, s, x, r, alpha, REDA, LATA);                                                                \
-}                                                                                                                  \
-extern "C" __global__ void __launch_bounds__(BLOCK) ms_update_##SUF(T *s, T *r, const T *w,                      \
-                                                                    const unsigned long long *pp,                  \
-                                                                    const unsigned long long *xp, const R *coef,  \
-                                                                    int nshift, R alpha, R beta, int fresh, LAT) { \
-    ms_update<R>(s, r, w, pp, xp, coef, nshift, alpha, beta, fresh, LATA);                                        \
-}
-
-INSTANTIATE(double, double2, double)
-INSTANTIATE(float, float2, single)
-"""
-
 _KERNELS = ("cg_update", "xpay", "norm2_redot", "axpy2_norm2", "ms_update")
-_COMPILE_OPTIONS = ("--std=c++14", "--fmad=false")
 
 
 def _device_ptr(a) -> int:
@@ -326,9 +81,7 @@ class CudaBlas:
         self.dtype = np.dtype(dtype)
         suffix = _precision(self.dtype)
         self.real = np.float32 if suffix == "single" else np.float64
-        mod = be.kernel(("solver_blas",), lambda: cp.RawModule(code=_SOURCE, options=_COMPILE_OPTIONS))
-        self._k = {name: mod.get_function(f"{name}_{suffix}") for name in _KERNELS}
-        self._mod = mod
+        self._k = {name: cuda_source.function(be, "solvers", "fused_blas.cu", f"{name}_{suffix}") for name in _KERNELS}
         self.parity = None if parity is None else int(parity)
         local_parity = -1 if self.parity is None else (self.parity + sum(geom.offset)) & 1
         nx, ny, nz, _ = geom.local_dims

@@ -39,7 +39,7 @@ reductions still go through ``geom.sum`` on the host). For graphs and timing:
 
 Layout: faces are whole slabs (both parities) of depth 3 (Naik) or 1, packed by one kernel into one contiguous
 send buffer [face (mu, dir) in sorted order]; received faces land in one ghost buffer [(mu, side)], which the
-exterior kernel reads directly (kernel ``hop_dist`` of :mod:`solvers.staggered_cuda`). Interior sites: every hop
+exterior kernel reads directly (kernel ``hop_dist`` of solvers/kernels/staggered_hop.cu). Interior sites: every hop
 stays in the local block; exterior sites: the rest, each computed whole by one thread (all 16 hops in the fixed hop
 order), so the answer is deterministic and does not depend on the decomposition or the transport.
 
@@ -55,78 +55,10 @@ from functools import partial
 
 import numpy as np
 
+from lattice import cuda_source
+
 from .staggered_cuda import BLOCK, CudaHop
 
-_CG_SOURCE = r"""
-#define RB 256
-__device__ void block_finish(double v, double *part, unsigned *counter, double *res) {
-    __shared__ double sh[RB];
-    __shared__ bool last;
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = RB / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        part[blockIdx.x] = sh[0];
-        __threadfence();
-        last = (atomicInc(counter, gridDim.x) == gridDim.x - 1);
-    }
-    __syncthreads();
-    if (last && threadIdx.x == 0) {
-        double t = 0.0;
-        for (unsigned b = 0; b < gridDim.x; ++b) t += ((volatile double *)part)[b];
-        *res = t;
-        *counter = 0;
-    }
-}
-// res = Re<u, v> over n complex elements (deterministic: fixed block trees, partials added in block order)
-extern "C" __global__ void redot(const double2 *u, const double2 *v, long long n, double *part, unsigned *counter,
-                                 double *res) {
-    double acc = 0.0;
-    for (long long i = blockIdx.x * (long long)RB + threadIdx.x; i < n; i += (long long)RB * gridDim.x) {
-        const double2 a = u[i], b = v[i];
-        acc += a.x * b.x + a.y * b.y;
-    }
-    block_finish(acc, part, counter, res);
-}
-// x += alpha p; r -= alpha ap (alpha = sc[2]); res = |r|^2
-extern "C" __global__ void update_xr(double2 *x, double2 *r, const double2 *p, const double2 *ap, const double *sc,
-                                     long long n, double *part, unsigned *counter, double *res) {
-    const double alpha = sc[2];
-    double acc = 0.0;
-    for (long long i = blockIdx.x * (long long)RB + threadIdx.x; i < n; i += (long long)RB * gridDim.x) {
-        double2 xi = x[i], ri = r[i];
-        const double2 pi = p[i], qi = ap[i];
-        xi.x += alpha * pi.x; xi.y += alpha * pi.y;
-        ri.x -= alpha * qi.x; ri.y -= alpha * qi.y;
-        x[i] = xi; r[i] = ri;
-        acc += ri.x * ri.x + ri.y * ri.y;
-    }
-    block_finish(acc, part, counter, res);
-}
-// p = r + beta p (beta = sc[4])
-extern "C" __global__ void xpay(double2 *p, const double2 *r, const double *sc, long long n) {
-    const double beta = sc[4];
-    for (long long i = blockIdx.x * (long long)RB + threadIdx.x; i < n; i += (long long)RB * gridDim.x) {
-        double2 pi = p[i];
-        const double2 ri = r[i];
-        pi.x = ri.x + beta * pi.x; pi.y = ri.y + beta * pi.y;
-        p[i] = pi;
-    }
-}
-// s = vals[0] + ... + vals[P-1] in order; mode 0: *dst = s; 1: pAp -> alpha; 2: rr_new -> beta, rr
-// sc: [0] rr, [1] pAp, [2] alpha, [3] rr_new, [4] beta
-extern "C" __global__ void combine(const double *vals, int P, double *dst, double *sc, int mode) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    double s = vals[0];
-    for (int k = 1; k < P; ++k) s += vals[k];
-    if (mode == 0) { *dst = s; }
-    else if (mode == 1) { sc[1] = s; sc[2] = sc[0] / s; }
-    else { sc[3] = s; sc[4] = s / sc[0]; sc[0] = s; }
-}
-"""
 RBLOCK = 256
 MAX_RBLOCKS = 240
 
@@ -231,12 +163,9 @@ class DistHop(CudaHop):
         if not self.twin:
             be = geom.backend
             cp = xp
-            from .staggered_cuda import _SOURCE
-
-            mod = be.kernel(("staggered_hop",), lambda: cp.RawModule(code=_SOURCE, options=("--std=c++14",)))
             suffix = "single" if dtype == np.complex64 else "double"
-            self.k_hop = mod.get_function(f"hop_dist_{suffix}")
-            self.k_pack = mod.get_function(f"pack_{suffix}")
+            self.k_hop = cuda_source.function(be, "solvers", "staggered_hop.cu", f"hop_dist_{suffix}")
+            self.k_pack = cuda_source.function(be, "solvers", "staggered_hop.cu", f"pack_{suffix}")
             self.cp = cp
 
     def _decode(self, j, parity):
@@ -623,8 +552,8 @@ class DeviceCG:
         self.gpu_engine = _is_gpu_engine(self.engine)
         self.stream = cp.cuda.Stream(non_blocking=True)
         be = self.geom.backend
-        mod = be.kernel(("dist_cg",), lambda: cp.RawModule(code=_CG_SOURCE))
-        self.k = {n: mod.get_function(n) for n in ("redot", "update_xr", "xpay", "combine")}
+        self.k = {n: cuda_source.function(be, "solvers", "dist_cg.cu", n)
+                  for n in ("redot", "update_xr", "xpay", "combine")}
         shape = tuple(self.geom.shape) + (3,)
         z = lambda: cp.zeros(shape, dtype=np.complex128)  # noqa: E731
         self.b = cp.ascontiguousarray(b.astype(np.complex128))

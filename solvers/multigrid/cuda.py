@@ -1,4 +1,5 @@
-"""Batched CUDA kernels of the multigrid (CuPy RawModule): the coarse 9-point stencil and the Kahler-Dirac X^-1.
+"""Batched CUDA kernels of the multigrid (solvers/multigrid/kernels/coarse.cu): the coarse 9-point stencil and the
+Kahler-Dirac X^-1.
 
 The array path (:class:`CoarseOperator`, :class:`KDBlocks`) costs, per application, 8 shifts (rolls) and 9 batched
 products for the stencil, and two transposing reshapes around one batched product for X^-1: a dozen launches
@@ -32,90 +33,18 @@ import os
 
 import numpy as np
 
+from lattice import cuda_source
 from lattice.geometry import HaloHandle, site_axis
 
 from . import timing
 from .lattice import to_blocks
 
 _STATE = {"on": os.environ.get("HMC_MG_KERNELS", "1") != "0", "emulate": False}
-_MODULE = {}
 
-_TEMPLATE = r"""
-extern "C" __global__ void mg_stencil_SUF(const C* __restrict__ Y, const C* __restrict__ v,
-                                          const long long* __restrict__ nb, C* __restrict__ out,
-                                          long long nsite, int n, int k) {
-    const long long total = nsite * n * k;
-    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
-        const int col = (int)(idx % k);
-        const int i = (int)((idx / k) % n);
-        const long long s = idx / ((long long)k * n);
-        C acc(0, 0);
-        for (int d = 0; d < 9; ++d) {
-            const long long t = nb[d * nsite + s];
-            const C* yrow = Y + ((d * nsite + s) * n + i) * (long long)n;
-            const C* vv = v + t * n * (long long)k + col;
-            for (int j = 0; j < n; ++j) acc += yrow[j] * vv[(long long)j * k];
-        }
-        out[idx] = acc;
-    }
-}
-
-// One column (the solve phase): one warp per output row, the lanes splitting j, so that a warp reads a row of
-// Y_d and the neighbour's vector as contiguous 32-element runs (coalesced), then a shuffle reduction.
-extern "C" __global__ void mg_stencil_row_SUF(const C* __restrict__ Y, const C* __restrict__ v,
-                                              const long long* __restrict__ nb, C* __restrict__ out,
-                                              long long nsite, int n) {
-    const int lane = threadIdx.x & 31;
-    const long long total = nsite * n;
-    const long long stride = ((long long)gridDim.x * blockDim.x) >> 5;
-    for (long long w = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5; w < total; w += stride) {
-        const int i = (int)(w % n);
-        const long long s = w / n;
-        R re = 0, im = 0;
-        for (int d = 0; d < 9; ++d) {
-            const long long t = nb[d * nsite + s];
-            const C* yrow = Y + ((d * nsite + s) * n + i) * (long long)n;
-            const C* vv = v + t * (long long)n;
-            for (int j = lane; j < n; j += 32) {
-                const C a = yrow[j], b = vv[j];
-                re += a.real() * b.real() - a.imag() * b.imag();
-                im += a.real() * b.imag() + a.imag() * b.real();
-            }
-        }
-        for (int off = 16; off > 0; off >>= 1) {
-            re += __shfl_down_sync(0xffffffffu, re, off);
-            im += __shfl_down_sync(0xffffffffu, im, off);
-        }
-        if (lane == 0) out[w] = C(re, im);
-    }
-}
-
-extern "C" __global__ void mg_block_apply_SUF(const C* __restrict__ X, const C* __restrict__ v,
-                                              const long long* __restrict__ hc, C* __restrict__ out,
-                                              long long nhc, int k) {
-    const long long total = nhc * 48 * k;
-    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
-        const int col = (int)(idx % k);
-        const int row = (int)((idx / k) % 48);
-        const long long h = idx / (48LL * k);
-        const C* xrow = X + (h * 48 + row) * 48;
-        const long long* sites = hc + h * 16;
-        C acc(0, 0);
-        for (int r = 0; r < 48; ++r) acc += xrow[r] * v[(sites[r / 3] * 3 + r % 3) * (long long)k + col];
-        out[(sites[row / 3] * 3 + row % 3) * (long long)k + col] = acc;
-    }
-}
-"""
-
-# The kernels in both precisions: complex<double> (suffix c128) and complex<float> (c64, the single-precision
-# preconditioner of MultigridParams.precision).
-_SOURCE = ("#include <cupy/complex.cuh>\n"
-           + "".join(_TEMPLATE.replace("SUF", suf).replace("const C", f"const {c}").replace("C* ", f"{c}* ")
-                     .replace("C acc", f"{c} acc").replace("C(re, im)", f"{c}(re, im)").replace("R re", f"{r} re")
-                     for suf, c, r in (("c128", "complex<double>", "double"), ("c64", "complex<float>", "float"))))
-_SUFFIX = {np.dtype(np.complex128): "c128", np.dtype(np.complex64): "c64"}
+# The kernel file's variants (solvers/multigrid/kernels/coarse.cu, a template): complex<double> (suffix c128) and
+# complex<float> (c64, the single-precision preconditioner of MultigridParams.precision).
+PRECISIONS = {np.dtype(np.complex128): {"SUF": "c128", "C": "complex<double>", "R": "double"},
+              np.dtype(np.complex64): {"SUF": "c64", "C": "complex<float>", "R": "float"}}
 
 BLOCK = 128
 
@@ -139,19 +68,13 @@ def applies(geom, *arrays) -> bool:
     if not _STATE["on"] or not (geom.backend.is_gpu or _STATE["emulate"]):
         return False
     dtypes = {np.dtype(a.dtype) for a in arrays}
-    return len(dtypes) == 1 and dtypes <= set(_SUFFIX)
+    return len(dtypes) == 1 and dtypes <= set(PRECISIONS)
 
 
-def _kernel(name):
-    if name not in _MODULE:
-        import cupy as cp
-
-        mod = _MODULE.get("_module")
-        if mod is None:
-            mod = cp.RawModule(code=_SOURCE)
-            _MODULE["_module"] = mod
-        _MODULE[name] = mod.get_function(name)
-    return _MODULE[name]
+def _kernel(backend, name, dtype):
+    """The kernel ``name`` (mg_stencil, mg_stencil_row, mg_block_apply) for fields of ``dtype``."""
+    params = PRECISIONS[np.dtype(dtype)]
+    return cuda_source.function(backend, "solvers.multigrid", "coarse.cu", f"{name}_{params['SUF']}", params)
 
 
 def _grid(total):
@@ -255,8 +178,8 @@ def _columns(v, nsite, n):
     return batched, k, w.reshape(nsite, n, k)
 
 
-def stencil(Y, v, nb, ext=None):
-    """The 9-point stencil by one kernel: Y (9, *sites, n, n), v (*sites, n[, k]), nb the device copy of
+def stencil(backend, Y, v, nb, ext=None):
+    """The 9-point stencil by one kernel of ``backend``: Y (9, *sites, n, n), v (*sites, n[, k]), nb the device copy of
     :func:`neighbour_table`; or, on partitioned grids, ``ext`` the :func:`extended` array of v and nb the device
     copy of ``HaloTable.nb`` (the kernel reads the neighbours from ext). NumPy fields (:func:`set_emulation`):
     :func:`stencil_reference`."""
@@ -270,19 +193,19 @@ def stencil(Y, v, nb, ext=None):
     src = cp.ascontiguousarray(w if ext is None else ext.reshape(-1, n, k))
     Yc = cp.ascontiguousarray(Y)
     out = cp.empty((nsite, n, k), dtype=src.dtype)
-    suf = _SUFFIX[np.dtype(src.dtype)]
     if k == 1:                                              # a warp per output row (coalesced reads of Y)
-        _kernel(f"mg_stencil_row_{suf}")(_grid(nsite * n * 32), (BLOCK,),
-                                         (Yc, src, nb, out, np.int64(nsite), np.int32(n)))
+        _kernel(backend, "mg_stencil_row", src.dtype)(_grid(nsite * n * 32), (BLOCK,),
+                                                      (Yc, src, nb, out, np.int64(nsite), np.int32(n)))
     else:
-        _kernel(f"mg_stencil_{suf}")(_grid(nsite * n * k), (BLOCK,),
-                                     (Yc, src, nb, out, np.int64(nsite), np.int32(n), np.int32(k)))
+        _kernel(backend, "mg_stencil", src.dtype)(_grid(nsite * n * k), (BLOCK,),
+                                                  (Yc, src, nb, out, np.int64(nsite), np.int32(n), np.int32(k)))
     return out.reshape(v.shape)
 
 
-def block_apply(X, v, hc):
-    """X_h applied to every hypercube h by one kernel: X (hypercubes, 48, 48), v (*sites, 3[, k]), hc the device
-    copy of :func:`hypercube_table`. NumPy fields (:func:`set_emulation`): :func:`block_apply_reference`."""
+def block_apply(backend, X, v, hc):
+    """X_h applied to every hypercube h by one kernel of ``backend``: X (hypercubes, 48, 48), v (*sites, 3[, k]),
+    hc the device copy of :func:`hypercube_table`. NumPy fields (:func:`set_emulation`):
+    :func:`block_apply_reference`."""
     if isinstance(v, np.ndarray):
         return block_apply_reference(X, v, hc)
     import cupy as cp
@@ -293,7 +216,7 @@ def block_apply(X, v, hc):
     w = cp.ascontiguousarray(w)
     out = cp.empty_like(w)
     total = nhc * 48 * k
-    _kernel(f"mg_block_apply_{_SUFFIX[np.dtype(w.dtype)]}")(
+    _kernel(backend, "mg_block_apply", w.dtype)(
         _grid(total), (BLOCK,), (cp.ascontiguousarray(X), w, hc, out, np.int64(nhc), np.int32(k)))
     return out.reshape(v.shape)
 

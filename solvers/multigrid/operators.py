@@ -139,7 +139,7 @@ class KDBlocks:
 
     def _blockwise(self, mats, v):
         if _cuda.applies(self.geom, mats, v):              # one kernel (solvers.multigrid.cuda); site-local: any grid
-            return _cuda.block_apply(mats, v, _cuda.tables(self.geom, self.xp, "hypercubes"))
+            return _cuda.block_apply(self.geom.backend, mats, v, _cuda.tables(self.geom, self.xp, "hypercubes"))
         batched = v.ndim == 6
         g = to_blocks(_col(v, batched), HYPERCUBE)                    # (nhc, 16, 3, k)
         k = g.shape[-1]
@@ -266,9 +266,9 @@ class CoarseOperator:
         if _cuda.applies(geom, Y, v):                                 # one kernel (solvers.multigrid.cuda)
             nb, halo = _cuda.tables(geom, self.xp, "stencil")
             if halo is None:
-                return _cuda.stencil(Y, v, nb)
+                return _cuda.stencil(geom.backend, Y, v, nb)
             ext = _cuda.extended(geom, halo, v)                       # one halo exchange, then the same kernel
-            return _cuda.stencil(Y, v, nb, ext)
+            return _cuda.stencil(geom.backend, Y, v, nb, ext)
         batched = v.ndim == 6
         w = _col(v, batched)
         xp = self.xp
