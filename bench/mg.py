@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Multigrid against mixed-precision CG at the lightest mass (issue 7, "Benchmarks"; ../shared/MULTIGRID.md).
 
-    PYTHONPATH=. python3 tools/mg_bench.py --lattice 32 [--mass 0.001] [--tol 1e-10] [--budget 130] [--out DIR]
+    PYTHONPATH=. python3 -m hmc bench mg --lattice 32 [--mass 0.001] [--tol 1e-10] [--budget 130] [--out DIR]
 
 One process, four phases, each timed; the JSON (``mg_bench_L<L>.json``) is rewritten after every phase, so a run
 stopped by ``timeout`` still says how far it got and what each phase cost:
@@ -60,9 +59,20 @@ def elapsed() -> float:
 
 
 # ------------------------------------------------------------------------------------------------ arguments
+def default_backend() -> str:
+    return os.environ.get("HMC_BACKEND", "auto")
+
+
 def parse(argv=None):
-    env = os.environ.get
+    """The arguments of ``python -m bench.mg``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    add_arguments(p)
+    return finish_args(p.parse_args(argv))
+
+
+def add_arguments(p, backend: bool = True):
+    """The benchmark's options on ``p`` (``hmc bench mg``: ``backend=False``, the global ``--backend`` holds it)."""
+    env = os.environ.get
     p.add_argument("--lattice", type=int, default=int(env("L", "32")), help="L of the L^4 lattice (env L)")
     p.add_argument("--mass", type=float, default=0.001, help="bare quark mass m, M = 2m + D (default 0.001)")
     p.add_argument("--tol", type=float, default=float(env("MG_TOL", "1e-10")),
@@ -76,7 +86,8 @@ def parse(argv=None):
                    help="seconds this process plans within: thermalization stops at 25%% of it, the second "
                         "multigrid source is skipped when it would not fit (default 130)")
     p.add_argument("--cg-maxiter", type=int, default=30000, help="most CG iterations (default 30000)")
-    p.add_argument("--backend", default=env("HMC_BACKEND", "auto"), help="numpy, cupy or auto (default auto)")
+    if backend:
+        p.add_argument("--backend", default=default_backend(), help="numpy, cupy or auto (default auto)")
     p.add_argument("--out", default=env("OUT", "."), help="folder of the JSON and Markdown files (default $OUT)")
     g = p.add_argument_group("multigrid")
     g.add_argument("--mg-levels", type=int, default=None, help="levels (default from the lattice, see above)")
@@ -93,9 +104,15 @@ def parse(argv=None):
     g.add_argument("--mg-precision", default=env("MG_PRECISION", "double"), choices=("double", "single"),
                    help="precision of the preconditioner (K-cycle, smoothers, coarse operators, coarsest solve); "
                         "the outer GCR and its true residual stay double (default double, env MG_PRECISION)")
-    a = p.parse_args(argv)
+
+
+def finish_args(a):
+    """Defaults that depend on the parsed values (MG_LEVELS when --mg-levels is absent, the backend)."""
+    env = os.environ.get
     if a.mg_levels is None and env("MG_LEVELS"):
         a.mg_levels = int(env("MG_LEVELS"))
+    if a.backend is None:
+        a.backend = default_backend()
     return a
 
 
@@ -502,8 +519,9 @@ def compare(args, rep, b2_cg_time=None):
     c["goal_5x_applications"] = "yes" if c["applications_ratio"] >= 5 else "no"
 
 
-def main(argv=None) -> int:
-    args = parse(argv)
+def main(argv=None, args=None) -> int:
+    """One benchmark run from ``argv`` (or parsed ``args``, as ``hmc bench mg`` passes them)."""
+    args = args if args is not None else parse(argv)
     rep = Report(args)
     try:
         from lattice import Geometry, get_backend
@@ -548,11 +566,16 @@ def main(argv=None) -> int:
         return 1
 
 
-if __name__ == "__main__":
+def main_terminable(argv=None, args=None) -> int:
+    """:func:`main` with SIGTERM (``timeout``) raised as an interruption, so the report says how far it got."""
     import signal
 
     def _terminated(signum, frame):
         raise KeyboardInterrupt("SIGTERM (timeout): stopped before the end")
 
     signal.signal(signal.SIGTERM, _terminated)
-    sys.exit(main())
+    return main(argv, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main_terminable())

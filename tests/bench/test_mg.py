@@ -1,21 +1,16 @@
-"""tools/mg_bench.py (issue 7's benchmark, run on the GPU by tools/mg_bench.sh) end to end on a 4^4 lattice with
+"""``hmc bench mg`` (bench/mg.py: issue 7's benchmark, run on the GPU by the suite ``mg`` of bench/suites.toml) end to end on a 4^4 lattice with
 NumPy: the field, the links, mixed-precision CG and multigrid, the JSON and Markdown it writes; and the hierarchy
 it picks per lattice size (an exact LU only on a 2^4 or 3^4 coarsest lattice)."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "mg_bench.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("mg_bench", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from bench import mg
+
+    return mg
 
 
 @pytest.mark.parametrize("L,blocks", [(8, [(4, 4, 4, 4)]), (16, [(4, 4, 4, 4), (2, 2, 2, 2)]),

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from .grid import ProcessGrid, world
+from comms.grid import ProcessGrid, world
 
 ELEMENTS = {"matrix": ((3, 3), 144), "vector": ((3,), 48)}
 
@@ -50,9 +50,9 @@ def bench_halo(transports=("mpi", "shm"), sizes=(2, 4, 8, 16), element="matrix",
 
     The transports are measured interleaved (loop of transport 1, loop of transport 2, ... ``repeats`` times) so
     that they see the same machine load; a time is the median of the per-exchange times."""
-    from .halo import GPU_TRANSPORTS
-    if any(t in GPU_TRANSPORTS for t in transports):      # GPU transports hook: device faces (comms/cuda/bench.py)
-        from .cuda.bench import bench_halo as gpu_bench_halo
+    from comms.halo import GPU_TRANSPORTS
+    if any(t in GPU_TRANSPORTS for t in transports):      # GPU transports hook: device faces (bench/halo_cuda.py)
+        from .halo_cuda import bench_halo as gpu_bench_halo
         return gpu_bench_halo(tuple(transports), tuple(sizes), element)
     comm = world()
     n = comm.size
@@ -128,8 +128,8 @@ def format_rows(rows) -> str:
     """A table, with the shm/mpi ratios of the one-way and round-trip times where both were measured."""
     if not rows:
         return "(no results)"
-    if "one_way_device_us" in rows[0]:                     # GPU transports hook (comms/cuda/bench.py)
-        from .cuda.bench import format_rows as gpu_format_rows
+    if "one_way_device_us" in rows[0]:                     # GPU transports hook (bench/halo_cuda.py)
+        from .halo_cuda import format_rows as gpu_format_rows
         return gpu_format_rows(rows)
     ranks, element = rows[0]["ranks"], rows[0]["element"]
     hdr = (f"halo exchange, ring of {ranks} rank(s) along t, faces of L^3 sites of complex128 "

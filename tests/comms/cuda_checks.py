@@ -1,4 +1,5 @@
-"""Multi-rank checks of the GPU transports, run under mpiexec: ``python -m comms.cuda.checks CASE OUT [options]``.
+"""Multi-rank checks of the GPU transports, run under mpiexec with the project on PYTHONPATH:
+``python tests/comms/cuda_checks.py CASE OUT [options]`` (tests/comms/test_gpu_transports.py launches them).
 
 Every rank checks itself against the answer computed from a global field that every rank can build (same seed),
 and against the ``mpi`` reference (the host engine); rank 0 writes OUT/CASE.json; any mismatch exits non-zero.
@@ -312,7 +313,7 @@ def case_graph(out, L, replays):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m comms.cuda.checks")
+    ap = argparse.ArgumentParser(prog="python tests/comms/cuda_checks.py")
     ap.add_argument("case", choices=["halo", "flush", "split", "graph"])
     ap.add_argument("out")
     ap.add_argument("--grid", default="1x1x1x2")

@@ -1,5 +1,5 @@
-"""A stand-in for the few CuPy names that hmc.scaling_worker's GPU timing uses (events, streams, array helpers),
-on host clocks and NumPy arrays: tests/hmc/scaling_gpu_plumbing.py puts this folder first on sys.path of its own
+"""A stand-in for the few CuPy names that the scaling worker's GPU timing (bench.scaling) uses (events, streams, array helpers),
+on host clocks and NumPy arrays: tests/bench/scaling_gpu_plumbing.py puts this folder first on sys.path of its own
 processes, to drive the worker's GPU code paths on a machine without a GPU. Nothing else imports it."""
 import time
 

@@ -271,11 +271,11 @@ def test_mps_is_started_for_the_study_recorded_and_stopped(tmp_path):
 
 @needs_mpi
 def test_gpu_operations_plumbing_on_the_cpu():
-    """The worker's GPU operations driven on the CPU (tests/hmc/scaling_gpu_plumbing.py: a stand-in CuPy with host
+    """The worker's GPU operations driven on the CPU (tests/bench/scaling_gpu_plumbing.py: a stand-in CuPy with host
     clocks, the NumPy twin of the distributed hop through shm, NumPy stand-ins of DslashRunner and DeviceCG): the
     halo check passes, the device-event samples and the eight-phase split come out per rank, and the answers equal
     the 1-rank run's to rounding."""
-    script = str(ROOT / "tests" / "hmc" / "scaling_gpu_plumbing.py")
+    script = str(ROOT / "tests" / "bench" / "scaling_gpu_plumbing.py")
     out = {}
     for n in (1, 2):
         r = subprocess.run([MPIEXEC, "--oversubscribe", "-n", str(n), sys.executable, script, "shm"],
@@ -283,7 +283,7 @@ def test_gpu_operations_plumbing_on_the_cpu():
         assert r.returncode == 0, r.stdout + r.stderr
         out[n] = json.loads(r.stdout.strip().splitlines()[-1])
     one, two = out[1], out[2]
-    from hmc.scaling_worker import GPU_PHASES
+    from bench.scaling.worker_context import GPU_PHASES
 
     assert one["ops"]["halo"]["status"] == "n/a" and two["answers"]["halo_ok"] is True
     assert two["ops"]["halo"]["depth"] == 3 and two["ops"]["halo"]["dims"] == "t"
@@ -336,7 +336,7 @@ def test_bad_requests_are_one_line_errors(args, message, capsys, tmp_path):
 def test_graph_needs_the_distributed_gpu_module(capsys, tmp_path):
     """--graph without solvers/staggered_dist_cuda.py is a one-line error naming the module; with it, on a machine
     without a GPU, the stream_gated transport's own error."""
-    from hmc import scaling
+    from bench.scaling import plan as scaling
 
     rc, err = _cli(["--lattice", "4^4", "--transports", "mpi", "stream_gated", "--graph", "-o",
                     str(tmp_path / "g.h5")], capsys)
@@ -348,7 +348,7 @@ def test_graph_needs_the_distributed_gpu_module(capsys, tmp_path):
 
 
 def test_gpu_transports_say_why_they_cannot_run(capsys, tmp_path):
-    from hmc import scaling
+    from bench.scaling import plan as scaling
 
     for t in ("event", "stream_gated"):
         why = scaling.transport_unavailable(t)
@@ -369,7 +369,10 @@ def test_report_of_a_file_that_is_not_a_study(tmp_path, capsys):
 
 
 def test_plan_lattices_and_launcher():
-    from hmc.scaling import Config, Launcher, compare_answers, parse_grids, parse_lattices, plan
+    from bench.scaling.common import parse_grids, parse_lattices
+    from bench.scaling.launch import Launcher
+    from bench.scaling.plan import Config, plan
+    from bench.scaling.study import compare_answers
 
     assert parse_lattices([["16^4"], ["8x8x8x16"], ["4", "4", "4", "4", "8", "8", "8", "8"]]) == [
         (16,) * 4, (8, 8, 8, 16), (4,) * 4, (8,) * 4]
@@ -402,9 +405,11 @@ def test_report_of_gpu_transports_shows_the_stream_gated_gain(tmp_path):
     """The report path of the GPU transports, from stored results (no launch): the stream-gated gain against event
     and mpi per point, the CUDA-graph rows and their gain, the device-event phase split as stacked bars, and the note
     that the ranks share one GPU under MPS."""
-    from hmc.scaling import Config, Study
-    from hmc.scaling_report import load_study, write_report
-    from hmc.scaling_worker import GPU_PHASES
+    from bench.scaling.plan import Config
+    from bench.scaling.study import Study
+    from bench.scaling.report import write_report
+    from bench.scaling.results import load_study
+    from bench.scaling.worker_context import GPU_PHASES
 
     study = Study(tmp_path / "gpu.h5")
     study.create({"machine": {"hostname": "h", "cores": 16, "gpu": "1 x NVIDIA H200"}, "parameters": {
@@ -469,7 +474,7 @@ def rhmc_study(tmp_path_factory):
 
 @needs_mpi
 def test_rhmc_study_answers_agree_and_phases_are_stored(rhmc_study):
-    from hmc.scaling_worker import RHMC_PHASES, RHMC_TAU
+    from bench.scaling.worker_context import RHMC_PHASES, RHMC_TAU
 
     path, r = rhmc_study
     assert "2 configuration(s) run, 0 failed" in r.stdout and " rhmc " in r.stdout
@@ -527,7 +532,8 @@ def test_rhmc_deck_and_phases():
     and its phase split adds up to the trajectory's time without counting the fermion force's parts twice."""
     from hmc import deck as deckmod
     from hmc.assemble import make_monomials, make_schedule
-    from hmc.scaling_worker import RHMC_PHASES, RHMC_TAU, rhmc_deck, rhmc_phases
+    from bench.scaling.ops import rhmc_deck, rhmc_phases
+    from bench.scaling.worker_context import RHMC_PHASES, RHMC_TAU
 
     d = deckmod.loads(rhmc_deck((4, 4, 4, 8), 4))
     assert d["lattice"]["dims"] == [4, 4, 4, 8] and d["integrator"]["steps"] == 4
@@ -546,7 +552,7 @@ def test_rhmc_deck_and_phases():
 
 
 def test_rhmc_answers_comparison():
-    from hmc.scaling import compare_answers
+    from bench.scaling.study import compare_answers
 
     ref = {"rhmc_dH": 0.01, "rhmc_H_end": 5000.0, "rhmc_plaquette": 3.6, "rhmc_cg_iterations": 700}
     agree, note = compare_answers(ref, dict(ref, rhmc_dH=0.01 + 1e-8))
@@ -564,7 +570,7 @@ def test_rhmc_answers_comparison():
 
 def test_rhmc_is_not_run_on_graph_rows():
     """A CUDA-graph row times the captured dslash and CG only: its RHMC trajectory is the uncaptured row's (n/a)."""
-    from hmc.scaling_worker import run
+    from bench.scaling.worker import run
 
     res = run({"key": "l4x4x4x4_n1_graph", "lattice": [4, 4, 4, 4], "ranks": 1, "transport": "serial",
                "grid": [1, 1, 1, 1], "what": ["rhmc"], "graph": True, "backend": "numpy", "traj_steps": 2,
@@ -573,7 +579,7 @@ def test_rhmc_is_not_run_on_graph_rows():
 
 
 def test_report_names_the_study_hooks():
-    from hmc.scaling_report import hooks_text
+    from bench.scaling.report import hooks_text
 
     text = hooks_text({"env_hooks": {"HMC_P2P_MASK": "8", "HMC_P2P_FAKE_CLIQUE": "2", "HMC_COMMS_TIMEOUT": "30"}})
     assert "`HMC_P2P_MASK=8`" in text and "`HMC_P2P_FAKE_CLIQUE=2`" in text and "TIMEOUT" not in text

@@ -1,9 +1,9 @@
-"""Run hmc.scaling_worker's GPU operations (op_halo_gpu, op_dslash_gpu, op_cg_gpu, the device-event timing and
-phase split) on the CPU, under mpiexec: CuPy is the stand-in of tests/hmc/fake_cupy (host clocks), the hop is the
+"""Run the scaling worker's GPU operations (bench.scaling.ops: op_halo_gpu, op_dslash_gpu, op_cg_gpu, the
+device-event timing and phase split) on the CPU, under mpiexec: CuPy is the stand-in of tests/bench/fake_cupy (host clocks), the hop is the
 NumPy twin of solvers.staggered_dist_cuda.DistHop (its real pack / exchange / ghost layout through the CPU
 transport), and DslashRunner / DeviceCG are NumPy stand-ins with the same interface. Rank 0 prints one JSON line.
 
-    mpiexec -n 2 python tests/hmc/scaling_gpu_plumbing.py shm
+    mpiexec -n 2 python tests/bench/scaling_gpu_plumbing.py shm
 """
 import json
 import os
@@ -16,9 +16,11 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))
 import cupy  # noqa: E402 - the stand-in
 import numpy as np  # noqa: E402
 
+import bench.dslash_dist_cuda as runners  # noqa: E402
 import solvers.staggered_dist_cuda as sdc  # noqa: E402
+from bench.scaling import ops as W  # noqa: E402
+from bench.scaling.worker_context import Context  # noqa: E402
 from comms import ProcessGrid, world  # noqa: E402
-from hmc import scaling_worker as W  # noqa: E402
 from lattice import Geometry, get_backend  # noqa: E402
 from solvers import StaggeredDslash  # noqa: E402
 
@@ -72,14 +74,14 @@ class CG:
 
 
 def main():
-    sdc.DslashRunner, sdc.DeviceCG = Runner, CG
-    sdc.close_graph_mode = lambda geom: None
+    runners.DslashRunner, runners.DeviceCG = Runner, CG
+    runners.close_graph_mode = lambda geom: None
     n = world().size
     grid = ProcessGrid((1, 1, 1, n), transport=sys.argv[1] if len(sys.argv) > 1 and n > 1 else None)
     geom = Geometry((4, 4, 4, 8), get_backend("numpy"), grid=grid)
     spec = {"min_time": 0.0, "repeats": 2, "mass": 0.1, "cg_iters": 3, "halo_sizes": [], "graph": False,
             "transport": sys.argv[1] if len(sys.argv) > 1 else "mpi"}
-    ctx = W.Context(spec, geom)
+    ctx = Context(spec, geom)
     fat, long = W._links(ctx)
     d = StaggeredDslash(geom, fat, long)
     if n > 1:

@@ -1,4 +1,4 @@
-"""GPU halo benchmark: ``mpiexec -n 2 python -m comms.cuda.bench --transport mpi,event,stream_gated [--graph]``
+"""GPU halo benchmark: ``mpiexec -n 2 python -m bench.halo_cuda --transport mpi,event,stream_gated [--graph]``
 (``hmc bench halo --transport ...`` comes here when a GPU transport is named). Start it under MPS with
 ``python -m comms.cuda.mps run -- mpiexec ...`` (COMMS.md, "Several ranks on one GPU").
 
@@ -61,7 +61,7 @@ def _grid(n, tr):
     from comms import ProcessGrid, world
     from comms.halo import ProtocolState
 
-    from .transports import GpuHaloEngine
+    from comms.cuda.transports import GpuHaloEngine
 
     g = ProcessGrid((1, 1, 1, n), world(), partitioned=(False, False, False, True), transport=tr)
     if tr == "mpi":                 # the GPU engine with every link on MPI (device faces staged through the host)
@@ -248,7 +248,7 @@ def format_rows(rows, mps_line="") -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m comms.cuda.bench")
+    ap = argparse.ArgumentParser(prog="python -m bench.halo_cuda")
     ap.add_argument("--transport", default="mpi,event,stream_gated")
     ap.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16, 32])
     ap.add_argument("--element", choices=list(ELEMENTS), default="vector")
