@@ -18,6 +18,7 @@ def add_parsers(sub) -> None:
     _add_halo(bsub)
     _add_dslash(bsub)
     _add_mg(bsub)
+    _add_rhmc(bsub)
     _add_suite(bsub)
 
 
@@ -72,15 +73,29 @@ def _add_mg(bsub):
     b.set_defaults(run_command=_run_mg)
 
 
+def _add_rhmc(bsub):
+    from . import rhmc
+
+    b = bsub.add_parser("rhmc", help="HISQ 2+1+1 RHMC trajectories of a production deck on one L^4 lattice: the "
+                                     "per-phase times of each trajectory and the Dslash share of the solves",
+                        description=rhmc.__doc__.split("\n\n")[0])
+    rhmc.add_arguments(b)
+    b.set_defaults(run_command=_run_rhmc)
+
+
 def _add_suite(bsub):
     b = bsub.add_parser("suite", help="run a named device suite of bench/suites.toml (steps under mpiexec, MPS, "
-                                      "timeouts; results under the suite's output folder)")
+                                      "timeouts; results under the suite's output folder)",
+                        description="Run a named device suite of bench/suites.toml (the file's format: the "
+                                    "docstring of bench/suite.py).")
     b.add_argument("name", nargs="?", help="suite name (omitted: list the suites)")
     b.add_argument("--dry-run", action="store_true", help="print each step's command, environment and output "
                                                           "folder without running anything")
     b.add_argument("--file", help="suites file (default: bench/suites.toml)")
     b.add_argument("--set", nargs="+", metavar="VAR=VALUE", help="suite variables (see the suite's vars)")
     b.add_argument("--out", help="results folder (default: the suite's)")
+    b.add_argument("--steps", metavar="PATTERNS", help="only the steps whose names match these glob patterns, "
+                                                      "comma-separated (e.g. 'smoke*,bench*')")
     b.add_argument("--python", default=None, help="Python interpreter of the steps (default: this one)")
     b.set_defaults(run_command=_run_suite)
 
@@ -133,6 +148,12 @@ def _run_mg(args) -> int:
     from . import mg
 
     return mg.main_terminable(args=mg.finish_args(args))
+
+
+def _run_rhmc(args) -> int:
+    from .rhmc import bench_rhmc
+
+    return bench_rhmc(args)
 
 
 def _run_suite(args) -> int:
