@@ -34,7 +34,8 @@ a coarsest lattice of more than 5000 unknowns is solved by GCR instead); Nv 48 o
 50 set-up iterations (more do not help: solvers/multigrid's notes), smoothers (0, 4) (none on M itself), the
 preconditioner in double precision (``--mg-precision single``: K-cycle, smoothers, coarse operators and coarsest
 solve in complex64, the outer GCR in double).
-``--mg-*`` options (or the environment variables of tools/mg_bench.sh) change them.
+``--mg-*`` options (or the environment variables L, MG_TOL, THERM, BUDGET, OUT, MG_NV, MG_SETUP_ITERS, MG_BLOCKS,
+MG_LEVELS, MG_COARSEST, MG_SCAN, MG_PRECISION) change them; the suite ``mg`` of bench/suites.toml runs it on a GPU.
 """
 from __future__ import annotations
 

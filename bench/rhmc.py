@@ -91,8 +91,8 @@ def _trajectory_lines(r, t_op) -> list:
     head = (f"traj {r['traj']}: total {total:9.2f} s | solvers {solver:8.2f} s ({100 * solver / total:4.1f}%: "
             f"GR {solve['GR']:.2f} FA {solve['FA']:.2f} MD {solve['MD']:.2f}) | link smearing {smear:7.2f} s "
             f"({100 * smear / total:4.1f}%, {int(r['fermion_link_builds'])} builds) | fermion force w/o solves "
-            f"{fforce:7.2f} s ({100 * fforce / total:4.1f}%) | gauge force {gforce:7.2f} s ({100 * gforce / total:4.1f}%) "
-            f"| link updates {upd:6.2f} s | rest {rest:6.2f} s")
+            f"{fforce:7.2f} s ({100 * fforce / total:4.1f}%) | gauge force {gforce:7.2f} s "
+            f"({100 * gforce / total:4.1f}%) | link updates {upd:6.2f} s | rest {rest:6.2f} s")
     line = (f"        multishift iterations GR {r['cg_gr']} FA {r['cg_fa']} MD {r['cg_md']} (= applications of A), "
             f"dH {r['dH']:+.4f}, plaquette {(r['plaq_ss'] + r['plaq_st']) / 6:.6f}")
     if t_op:

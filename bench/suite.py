@@ -3,10 +3,10 @@ device suite of ``bench/suites.toml`` step by step, printing each step (its comm
 result; without NAME, list the suites. ``--dry-run`` prints the steps and runs nothing (a check on any machine).
 
 The file holds ``[suites.NAME]`` tables. A suite has ``description``; ``out`` (its results folder, ``{out}`` in
-the steps; ``--out`` replaces it); ``vars`` (substituted as ``{name}`` in commands, step names, environment values
-and paths, and in later vars; ``--set`` replaces them; ``budget``: the seconds the whole suite may take, see ``min_left``); ``env``
-and ``unset`` (the environment of every step); ``env_if_exists`` (``VAR = "path"``: set to the absolute path when
-it exists); and ``steps``.
+the steps; ``--out`` replaces it); ``vars`` (substituted as ``{name}`` in commands, step names, environment values,
+paths and later vars; ``--set`` replaces them; ``budget``: the seconds the whole suite may take, see ``min_left``);
+``env`` and ``unset`` (the environment of every step); ``env_if_exists`` (``VAR = "path"``: set to the absolute
+path when it exists); and ``steps``.
 
 A step is one of
 
@@ -287,8 +287,9 @@ class Runner:
                 self.failed += 1
             if st.spec.get("tail") and st.path("log"):
                 print(_tail(st.path("log"), int(st.spec["tail"])), flush=True)
-            print(f"    rc={rc}{' (timed out)' if rc == 124 else ''}{' (optional)' if rc and st.spec.get('optional') else ''}"
-                  f" in {time.monotonic() - t0:.1f} s", flush=True)
+            note = " (timed out)" if rc == 124 else ""
+            note += " (optional)" if rc and st.spec.get("optional") else ""
+            print(f"    rc={rc}{note} in {time.monotonic() - t0:.1f} s", flush=True)
         self.set_mps(False)
         return 1 if self.failed else 0
 

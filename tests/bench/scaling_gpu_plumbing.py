@@ -1,7 +1,8 @@
 """Run the scaling worker's GPU operations (bench.scaling.ops: op_halo_gpu, op_dslash_gpu, op_cg_gpu, the
-device-event timing and phase split) on the CPU, under mpiexec: CuPy is the stand-in of tests/bench/fake_cupy (host clocks), the hop is the
-NumPy twin of solvers.staggered_dist_cuda.DistHop (its real pack / exchange / ghost layout through the CPU
-transport), and DslashRunner / DeviceCG are NumPy stand-ins with the same interface. Rank 0 prints one JSON line.
+device-event timing and phase split) on the CPU, under mpiexec: CuPy is the stand-in of tests/bench/fake_cupy (host
+clocks), the hop is the NumPy twin of solvers.staggered_dist_cuda.DistHop (its real pack / exchange / ghost layout
+through the CPU transport), and DslashRunner / DeviceCG are NumPy stand-ins with the same interface. Rank 0 prints
+one JSON line.
 
     mpiexec -n 2 python tests/bench/scaling_gpu_plumbing.py shm
 """

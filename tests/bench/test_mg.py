@@ -1,6 +1,6 @@
-"""``hmc bench mg`` (bench/mg.py: issue 7's benchmark, run on the GPU by the suite ``mg`` of bench/suites.toml) end to end on a 4^4 lattice with
-NumPy: the field, the links, mixed-precision CG and multigrid, the JSON and Markdown it writes; and the hierarchy
-it picks per lattice size (an exact LU only on a 2^4 or 3^4 coarsest lattice)."""
+"""``hmc bench mg`` (bench/mg.py: issue 7's benchmark, run on the GPU by the suite ``mg`` of bench/suites.toml)
+end to end on a 4^4 lattice with NumPy: the field, the links, mixed-precision CG and multigrid, the JSON and
+Markdown it writes; and the hierarchy it picks per lattice size (an exact LU only on a 2^4 or 3^4 coarsest lattice)."""
 import json
 
 import pytest

@@ -38,9 +38,9 @@ def test_transports_suite_runs_the_scripts_commands(capsys):
     out = _dry(capsys, "transports", python="python3")
     for cmd in ("mpiexec --oversubscribe -n 2 python3 tests/comms/cuda_checks.py halo /tmp/out/rep/smoke_stream_gated "
                 "--transports stream_gated --partition xt --iters 20",
-                "mpiexec --oversubscribe -n 4 python3 -m bench.halo_cuda --transport mpi,event,stream_gated --sizes 2 8 "
-                "32 --reps 100 --repeats 3 --graph --graph-reps 200 --json /tmp/out/rep/bench_mps_4ranks.json --label "
-                "'4 ranks, one H200'",
+                "mpiexec --oversubscribe -n 4 python3 -m bench.halo_cuda --transport mpi,event,stream_gated "
+                "--sizes 2 8 32 --reps 100 --repeats 3 --graph --graph-reps 200 "
+                "--json /tmp/out/rep/bench_mps_4ranks.json --label '4 ranks, one H200'",
                 "python3 -m pytest tests/comms/test_gpu_transports.py -q -p no:cacheprovider -rA -k 'not legacy'"):
         assert f"    $ {cmd}\n" in out, cmd
     assert "HMC_P2P_ALLOC=legacy" in out and "pack /tmp/out/rep /tmp/out/reports.tgz" in out

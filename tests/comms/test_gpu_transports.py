@@ -184,7 +184,7 @@ def test_legacy_ipc_allocation(tmp_path, mps):
     Halos through event and stream_gated (depth 1 and 3, pipelined, two outstanding, NumPy faces, grown buffers) are
     bitwise mpi's; the transport table says ``legacy`` on every peer-to-peer link; push/pop re-opens the mappings;
     a graph-captured stream-gated round trip replays right on IPC memory; the registry is empty at teardown.
-    NOT YET RUN ON A GPU: written in a session without device time (``bash tools/gpu_transports.sh legacy``)."""
+    NOT YET RUN ON A GPU: written in a session without device time (``hmc bench suite transports --steps 'legacy*,pytest legacy'``)."""
     r = checks(2, "halo", tmp_path, mps, "--grid", "1x1x1x2", "--lattice", "4x4x4x8", "--partition", "xt",
                "--iters", "12", env=LEGACY)
     rep = json.loads(Path(tmp_path, "halo.json").read_text())
