@@ -27,8 +27,9 @@ CHECKOUT_PROVIDERS = ("bench.commands",)
 
 
 def _importable(module: str) -> bool:
+    """Whether ``module`` can be found on sys.path (its parent package is imported to look; nothing else is)."""
     try:
-        return importlib.util.find_spec(module.split(".")[0]) is not None
+        return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
 

@@ -159,6 +159,16 @@ def rhmc_text(study) -> str:
 
 
 def markdown(study, plots: list) -> str:
+    lines = _header_lines(study)
+    for lat in lattices_of(study):
+        lines += _lattice_lines(study, lat)
+    lines += _listing_lines(study, plots)
+    lines += _method_lines(study)
+    return "\n".join(lines)
+
+
+def _header_lines(study) -> list:
+    """Machine, commit, command, study hooks, the transports, what was measured, the RHMC note and notes."""
     meta = study["meta"]
     machine = meta.get("machine") or {}
     params = meta.get("parameters") or {}
@@ -208,69 +218,80 @@ def markdown(study, plots: list) -> str:
     for n in notes(study):
         lines.append(f"> Note: {n}.")
         lines.append("")
-    for lat in lats:
-        rows = [r for r in study["configs"] if r["lattice"] == lat]
-        lines += [f"## {lat_name(lat)}", ""]
-        ok = [r for r in rows if r["status"] == "ok"]
-        hu = _unit([r["ops"]["halo"]["median_s"] for r in ok if "halo" in r["ops"]])
-        du = _unit([r["ops"]["dslash"]["median_s"] for r in ok if "dslash" in r["ops"]])
-        cu = _unit([r["ops"]["cg"]["median_s"] for r in ok if "cg" in r["ops"]])
-        tu = _unit([r["ops"]["trajectory"]["median_s"] for r in ok if "trajectory" in r["ops"]])
-        ru = _unit([r["ops"]["rhmc"]["median_s"] for r in ok if "rhmc" in r["ops"]])
-        cols = ["ranks", "grid", "local", "transport", "links"]
-        have = {op: any(op in r["ops"] for r in ok) for op in OP_TITLES}
+    return lines
+
+
+def _lattice_lines(study, lat) -> list:
+    """The table of one lattice (times, speed-up, efficiency, shares, answers) and its transport ratios."""
+    lines = []
+    rows = [r for r in study["configs"] if r["lattice"] == lat]
+    lines += [f"## {lat_name(lat)}", ""]
+    ok = [r for r in rows if r["status"] == "ok"]
+    hu = _unit([r["ops"]["halo"]["median_s"] for r in ok if "halo" in r["ops"]])
+    du = _unit([r["ops"]["dslash"]["median_s"] for r in ok if "dslash" in r["ops"]])
+    cu = _unit([r["ops"]["cg"]["median_s"] for r in ok if "cg" in r["ops"]])
+    tu = _unit([r["ops"]["trajectory"]["median_s"] for r in ok if "trajectory" in r["ops"]])
+    ru = _unit([r["ops"]["rhmc"]["median_s"] for r in ok if "rhmc" in r["ops"]])
+    cols = ["ranks", "grid", "local", "transport", "links"]
+    have = {op: any(op in r["ops"] for r in ok) for op in OP_TITLES}
+    if have["halo"]:
+        cols.append(f"halo {hu}")
+    if have["dslash"]:
+        cols += [f"dslash {du}", "GFLOP/s", "speed-up", "efficiency", "halo share"]
+    if have["cg"]:
+        cols += [f"CG it. {cu}", "CG speed-up", "CG eff."]
+    if have["trajectory"]:
+        cols += [f"trajectory {tu}", "traj. eff."]
+    if have["rhmc"]:
+        cols += [f"RHMC traj. {ru}", "RHMC speed-up", "RHMC eff.", "RHMC solver share"]
+    cols += ["answers agree"]
+    lines += ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        over = "*" if r.get("oversubscribed") else ""
+        cells = [f"{r['ranks']}{over}", lat_name(r["grid"]), lat_name(r["local_dims"]), r["label"],
+                 r.get("links") or "-"]
+        ops = r["ops"]
         if have["halo"]:
-            cols.append(f"halo {hu}")
-        if have["dslash"]:
-            cols += [f"dslash {du}", "GFLOP/s", "speed-up", "efficiency", "halo share"]
-        if have["cg"]:
-            cols += [f"CG it. {cu}", "CG speed-up", "CG eff."]
-        if have["trajectory"]:
-            cols += [f"trajectory {tu}", "traj. eff."]
-        if have["rhmc"]:
-            cols += [f"RHMC traj. {ru}", "RHMC speed-up", "RHMC eff.", "RHMC solver share"]
-        cols += ["answers agree"]
-        lines += ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
-        for r in rows:
-            if r["status"] != "ok":
+            cells.append(_med(ops.get("halo"), hu))
+        for op, unit, extra in (("dslash", du, True), ("cg", cu, False), ("trajectory", tu, False),
+                                ("rhmc", ru, False)):
+            if not have[op]:
                 continue
-            over = "*" if r.get("oversubscribed") else ""
-            cells = [f"{r['ranks']}{over}", lat_name(r["grid"]), lat_name(r["local_dims"]), r["label"],
-                     r.get("links") or "-"]
-            ops = r["ops"]
-            if have["halo"]:
-                cells.append(_med(ops.get("halo"), hu))
-            for op, unit, extra in (("dslash", du, True), ("cg", cu, False), ("trajectory", tu, False),
-                                    ("rhmc", ru, False)):
-                if not have[op]:
-                    continue
-                d = ops.get(op)
-                cells.append(_med(d, unit))
-                base = baseline(study, lat, op)
-                sp = base / d["median_s"] if (d and base) else None
-                if op == "dslash":
-                    cells.append(f"{d['flops'] / d['median_s'] / 1e9:.2f}" if d and "flops" in d else "-")
-                if op != "trajectory":
-                    cells.append(f"{sp:.2f}" if sp else "-")
-                cells.append(f"{sp / r['ranks']:.2f}" if sp else "-")
-                if extra:
-                    hs = halo_share(d) if d else None
-                    cells.append(f"{100 * hs:.0f}%" if hs is not None and r["ranks"] > 1 else "-")
-                if op == "rhmc":
-                    ss = solver_share(d) if d else None
-                    cells.append(f"{100 * ss:.0f}%" if ss is not None else "-")
-            agree = r.get("answers_agree")
-            cells.append(("yes" if str(agree) == "True" else "**no**") + ("" if str(agree) == "True" else
-                                                                          f" ({r.get('answers_note', '')})"))
-            lines.append("| " + " | ".join(cells) + " |")
-        if any(r.get("oversubscribed") for r in ok):
-            lines.append("")
-            lines.append("\\* more ranks than cores (oversubscribed).")
+            d = ops.get(op)
+            cells.append(_med(d, unit))
+            base = baseline(study, lat, op)
+            sp = base / d["median_s"] if (d and base) else None
+            if op == "dslash":
+                cells.append(f"{d['flops'] / d['median_s'] / 1e9:.2f}" if d and "flops" in d else "-")
+            if op != "trajectory":
+                cells.append(f"{sp:.2f}" if sp else "-")
+            cells.append(f"{sp / r['ranks']:.2f}" if sp else "-")
+            if extra:
+                hs = halo_share(d) if d else None
+                cells.append(f"{100 * hs:.0f}%" if hs is not None and r["ranks"] > 1 else "-")
+            if op == "rhmc":
+                ss = solver_share(d) if d else None
+                cells.append(f"{100 * ss:.0f}%" if ss is not None else "-")
+        agree = r.get("answers_agree")
+        cells.append(("yes" if str(agree) == "True" else "**no**") + ("" if str(agree) == "True" else
+                                                                      f" ({r.get('answers_note', '')})"))
+        lines.append("| " + " | ".join(cells) + " |")
+    if any(r.get("oversubscribed") for r in ok):
         lines.append("")
-        ratio = ratio_rows(study, lat)
-        if ratio:
-            lines += ratio
-            lines.append("")
+        lines.append("\\* more ranks than cores (oversubscribed).")
+    lines.append("")
+    ratio = ratio_rows(study, lat)
+    if ratio:
+        lines += ratio
+        lines.append("")
+    return lines
+
+
+def _listing_lines(study, plots) -> list:
+    """Failed and skipped configurations, the plots and the resolved transport tables."""
+    lines = []
     bad = [r for r in study["configs"] if r["status"] != "ok"]
     if bad:
         lines += ["## Failed and skipped configurations", ""]
@@ -295,6 +316,12 @@ def markdown(study, plots: list) -> str:
             lines.append(f"{lat_name(r['lattice'])}, {r['label']}:")
             lines.append(t)
         lines += ["```", ""]
+    return lines
+
+
+def _method_lines(study) -> list:
+    """How the times, phases and answers were measured (CPU; GPU when device events were used)."""
+    lines = []
     lines += ["## Method", "",
               "Every configuration is one launch of `python -m bench.scaling.worker` under the launcher, with a "
               "timeout. Times: the slowest rank's wall time of a loop of operations, per operation; median and "
@@ -326,7 +353,7 @@ def markdown(study, plots: list) -> str:
                   "in each phase is stored as `phases_host`. Answers: the gathered dslash output and CG solution "
                   "against the 1-rank run (fused kernel) to rounding: |D psi|^2 to 1e-12, the CG residual after the "
                   "fixed iteration count to 1e-8; their digests are reported.", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def ratio_rows(study, lat) -> list:
