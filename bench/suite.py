@@ -6,7 +6,8 @@ The file holds ``[suites.NAME]`` tables. A suite has ``description``; ``out`` (i
 the steps; ``--out`` replaces it); ``vars`` (substituted as ``{name}`` in commands, step names, environment values,
 paths and later vars; ``--set`` replaces them; ``budget``: the seconds the whole suite may take, see ``min_left``);
 ``env`` and ``unset`` (the environment of every step); ``env_if_exists`` (``VAR = "path"``: set to the absolute
-path when it exists); and ``steps``.
+path when it exists); ``log`` (the runner's progress lines appended to this file under ``{out}`` too); and
+``steps``.
 
 A step is one of
 
@@ -126,6 +127,15 @@ class Runner:
     results: dict = field(default_factory=dict)
     mps: object = None
     failed: int = 0
+    log: Path | None = None
+
+    def say(self, text: str):
+        """A progress line on the console, and in the suite's log when it has one."""
+        print(text, flush=True)
+        if self.log is not None and not self.dry_run:
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log, "a") as f:
+                f.write(text + "\n")
 
     def values(self, name: str, overrides: dict, out=None) -> dict:
         """The placeholders of suite ``name``: its vars, then ``overrides``, then ``out``."""
@@ -240,16 +250,19 @@ class Runner:
             from comms.cuda.mps import Mps
 
             self.mps = Mps(True).start()
-            print(f"    {self.mps.line()}", flush=True)
+            self.say(f"    {self.mps.line()}")
         elif not on and self.mps is not None:
             self.mps.poll_servers()
-            print(f"    {self.mps.line()}; stopped", flush=True)
+            self.say(f"    {self.mps.line()}; stopped")
             self.mps.stop()
             self.mps = None
 
     def execute(self, st: Step) -> int:
         st.out.mkdir(parents=True, exist_ok=True)
         if "archive" in st.spec:
+            if not Path(st.argv[1]).is_dir():
+                self.say(f"    nothing to pack: {st.argv[1]} is not a folder")
+                return 1
             return pack(Path(st.argv[1]), Path(st.argv[2]), st.spec)
         for d in st.spec.get("mkdir", []):
             Path(_fmt(d, st.values)).mkdir(parents=True, exist_ok=True)
@@ -263,7 +276,7 @@ class Runner:
                 p = subprocess.Popen(self.argv(st), env=env, cwd=ROOT, stdout=of or lf, stderr=lf,
                                      start_new_session=True)
             except OSError as e:
-                print(f"    cannot start: {e}", flush=True)
+                self.say(f"    cannot start: {e}")
                 return 127
             return _wait(p, self.timeout(st), sig)
 
@@ -271,12 +284,12 @@ class Runner:
     def run(self, steps: list[Step]) -> int:
         n = len(steps)
         for i, st in enumerate(steps, 1):
-            print(self.describe(i, n, st), flush=True)
+            self.say(self.describe(i, n, st))
             if self.dry_run:
                 continue
             why = self.skip_reason(st)
             if why:
-                print(f"    skipped: {why}", flush=True)
+                self.say(f"    skipped: {why}")
                 continue
             if "archive" not in st.spec:
                 self.set_mps(_flag(st.spec.get("mps", False), st.values))
@@ -286,10 +299,10 @@ class Runner:
             if rc != 0 and not st.spec.get("optional"):
                 self.failed += 1
             if st.spec.get("tail") and st.path("log"):
-                print(_tail(st.path("log"), int(st.spec["tail"])), flush=True)
+                self.say(_tail(st.path("log"), int(st.spec["tail"])))
             note = " (timed out)" if rc == 124 else ""
             note += " (optional)" if rc and st.spec.get("optional") else ""
-            print(f"    rc={rc}{note} in {time.monotonic() - t0:.1f} s", flush=True)
+            self.say(f"    rc={rc}{note} in {time.monotonic() - t0:.1f} s")
         self.set_mps(False)
         return 1 if self.failed else 0
 
@@ -341,10 +354,7 @@ def gpu_count(values: dict) -> int:
 
 
 def pack(src: Path, dst: Path, spec: dict) -> int:
-    """``src`` into the gzipped tar ``dst`` (see the module docstring: as_folder, exclude, keep)."""
-    if not src.is_dir():
-        print(f"    nothing to pack: {src} is not a folder", flush=True)
-        return 1
+    """``src`` (a folder) into the gzipped tar ``dst`` (see the module docstring: as_folder, exclude, keep)."""
     skip = spec.get("exclude", [])
 
     def keep(info):
@@ -386,11 +396,14 @@ def cli(args) -> int:
             pats = [p for p in args.steps.split(",") if p]
             steps = [st for st in steps if any(fnmatch.fnmatch(st.name, p) for p in pats)]
         t0 = time.monotonic()
-        print(f"suite {args.name}: {len(steps)} steps{' (dry run)' if args.dry_run else ''}, out "
-              f"{r.values(args.name, over, args.out)['out']}", flush=True)
+        out = r.values(args.name, over, args.out)["out"]
+        if suites[args.name].get("log"):
+            r.log = Path(out) / suites[args.name]["log"]
+        r.say(f"suite {args.name}: {len(steps)} steps{' (dry run)' if args.dry_run else ''}, out {out}"
+              f"{', log ' + str(r.log) if r.log else ''}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
         rc = r.run(steps)
         done = "dry run" if args.dry_run else f"{r.failed} failed step(s), {len(r.results)} run"
-        print(f"suite {args.name}: {done} in {time.monotonic() - t0:.0f} s", flush=True)
+        r.say(f"suite {args.name}: {done} in {time.monotonic() - t0:.0f} s")
         return rc
     except SuiteError as e:
         print(f"hmc bench suite: error: {e}", file=sys.stderr)

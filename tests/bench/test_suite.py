@@ -64,6 +64,7 @@ SMALL = """
 [suites.small]
 description = "a small suite of shell commands"
 out = "{tmp}/out"
+log = "runner.txt"
 
 [suites.small.vars]
 tmp = "TMP"
@@ -120,6 +121,8 @@ def test_a_small_suite_runs(tmp_path, capsys):
     assert "skipped: only when 'fails' succeeded" in out and not (d / "never").exists()
     assert "rc=124 (timed out)" in out
     assert (d / "python.txt").read_text().strip() == sys.executable
+    runner = (d / "runner.txt").read_text()
+    assert "[1/10] echo a1" in runner and "suite small: 0 failed step(s), 9 run" in runner
     assert not (d / "rep").exists()
     with tarfile.open(d / "rep.tgz") as t:
         note = t.extractfile("note.txt").read().decode().split()
