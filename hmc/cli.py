@@ -1,4 +1,5 @@
-"""The ``hmc`` command line: init, run, info, measure, bench."""
+"""The ``hmc`` command line: init, run, info, measure, solve, spectrum, check; and the commands registered by the
+packages above (``bench``, ``scaling``: :mod:`hmc.commands`)."""
 from __future__ import annotations
 
 import argparse
@@ -77,47 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     _solve.add_parser(sub)
     _spectrum.add_parser(sub)
 
-    from . import scaling as _scaling  # hmc scaling: strong-scaling studies (hmc/scaling.py)
-
-    _scaling.add_parser(sub)
-
     p = sub.add_parser("check", help="regression suite: plaquette, actions, forces and a short trajectory against "
                                      "the references in runs/checks")
     p.add_argument("references", nargs="*", help="reference names (default: all in runs/checks)")
     p.add_argument("--update", action="store_true", help="write new reference values (printed old and new)")
     p.add_argument("--list", action="store_true", help="list the references")
 
-    p = sub.add_parser("bench", help="benchmarks (commands, not tests)")
-    bsub = p.add_subparsers(dest="bench", required=True)
-    b = bsub.add_parser("gauge", help="gauge force and pure-gauge trajectory time per site")
-    b.add_argument("--lattice", type=int, nargs=4, default=[8, 8, 8, 8], metavar=("NX", "NY", "NZ", "NT"))
-    b.add_argument("--action", choices=("wilson", "symanzik"), default="symanzik")
-    b.add_argument("--repeat", type=int, default=5)
-    b.add_argument("--json", action="store_true")
-    b = bsub.add_parser("halo", help="halo latency and bandwidth per transport and face size (run under mpiexec)")
-    b.add_argument("--transport", dest="bench_transport", default="mpi,shm",
-                   help="transports to measure, comma-separated: mpi,shm (CPU) or mpi,event,stream_gated (GPU, "
-                        "faces on the device); default mpi,shm")
-    b.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16], metavar="L",
-                   help="face sizes: L^3 sites (default: 2 4 8 16)")
-    b.add_argument("--element", choices=("matrix", "vector"), default="matrix",
-                   help="per-site data: 3x3 complex128 matrices (144 B) or 3-vectors (48 B)")
-    b.add_argument("--min-time", type=float, default=0.3, help="seconds per measurement loop")
-    b.add_argument("--json", action="store_true")
-    b = bsub.add_parser("dslash", help="HISQ dslash rate and bandwidth, CG iteration time, mixed vs double CG; "
-                                       "under mpiexec (or with --grid): the distributed GPU Dslash and CG iteration "
-                                       "per transport")
-    b.add_argument("--lattice", type=int, nargs=4, default=[8, 8, 8, 8], metavar=("NX", "NY", "NZ", "NT"))
-    b.add_argument("--precision", choices=("single", "double"), default="double")
-    b.add_argument("--repeat", type=int, default=20)
-    b.add_argument("--json", action="store_true")
-    b.add_argument("--local", type=int, nargs="+", metavar="L", help="distributed: local volumes L^4 per rank")
-    b.add_argument("--transports", help="distributed: transports, comma-separated (default: --transport, else "
-                                        "mpi,event,stream_gated)")
-    b.add_argument("--graph", action="store_true", help="distributed: also the graph-captured stream-gated D and CG "
-                                                        "iteration")
-    b.add_argument("--reps", type=int, default=100, help="distributed: calls per timing block")
-    b.add_argument("--out", help="distributed: write the rows as JSON here")
+    from .commands import add_provided_parsers  # bench, scaling: registered from above, never imported here
+
+    add_provided_parsers(sub)
     return ap
 
 
@@ -168,6 +137,8 @@ def _comms_options(args):
 
 
 def _dispatch(args) -> int:
+    if getattr(args, "run_command", None) is not None:       # a registered command (hmc.commands)
+        return args.run_command(args)
     if args.command == "init":
         from .run import init_run
 
@@ -205,28 +176,6 @@ def _dispatch(args) -> int:
         from . import solve, spectrum
 
         return (solve if args.command == "solve" else spectrum).cli(args)
-    if args.command == "scaling":
-        from . import scaling
-
-        return scaling.cli(args)
-    if args.command == "bench" and args.bench == "halo":
-        from comms.bench import bench_halo, format_rows
-        from comms.halo import check_transport_name
-
-        transports = [t.strip() for t in args.bench_transport.split(",") if t.strip()]
-        for t in transports:
-            check_transport_name(t)
-        rows = bench_halo(transports, args.sizes, args.element, args.min_time)
-        if _rank() == 0:
-            print(json.dumps(rows, indent=2) if args.json else format_rows(rows))
-        return 0
-    if args.command == "bench":
-        from . import bench
-
-        result = {"gauge": bench.bench_gauge, "dslash": bench.bench_dslash}[args.bench](args)
-        if args.json:
-            print(json.dumps(result, indent=2))
-        return 0
     return 1
 
 

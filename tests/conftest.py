@@ -80,7 +80,7 @@ def launch_env(extra=None) -> dict:
 
 def keep_gpu_report(name: str, data) -> None:
     """Keep a GPU test's report for the device log: ``data`` (JSON-able) as HMC_GPU_REPORT_DIR/``name`` when that
-    variable is set (tools/gpu_transports.sh, tools/mg_gpu_dist.sh and the device scripts set it)."""
+    variable is set (the device suites of bench/suites.toml set it)."""
     rdir = os.environ.get("HMC_GPU_REPORT_DIR")
     if rdir:
         import json

@@ -8,10 +8,9 @@ Modules: ``cu`` (checked driver calls, device facts), ``vmm`` (VMM allocations a
 check, fabric-then-POSIX-fd handle choice, the Unix-socket descriptor broker), ``ipc`` (legacy CUDA IPC allocations
 and mappings: cuMemAlloc + cuIpcGetMemHandle / cuIpcOpenMemHandle, in the same registry; not yet run on a GPU),
 ``alloc`` (the per-node choice fabric / posix_fd / legacy: pure functions, tested on the CPU), ``transports``
-(GpuHaloEngine: the probe, the per-link table, event and stream_gated, graph mode), ``mps`` (start/stop MPS),
-``checks`` (multi-rank checks that tests/comms/test_gpu_transports.py launches), ``bench`` (the GPU halo
-benchmark). On the device machine
-``bash tools/gpu_transports.sh`` runs the checks, the tests and the benchmarks in one call.
+(GpuHaloEngine: the probe, the per-link table, event and stream_gated, graph mode), ``mps`` (start/stop MPS).
+The multi-rank checks are tests/comms/cuda_checks.py, the GPU halo benchmark bench/halo_cuda.py; on the device
+machine ``hmc bench suite transports`` runs the checks, the tests and the benchmarks in one call.
 
 How it plugs in: ``ProcessGrid(transport="stream_gated")`` (or HMC_P2P_TRANSPORT / --transport) makes
 ``grid.halo`` a GpuHaloEngine (comms/grid.py hook); ``start({(dim, dir): face})`` takes CuPy faces (device to

@@ -22,7 +22,7 @@ cuIpcGetMemHandle needs the base address of a cuMemAlloc allocation (never a sub
 
 NOT YET RUN ON A GPU (written without device time; CPU tests cover the decision in comms/cuda/alloc.py and this
 module's bookkeeping against a stand-in driver): tests/comms/test_gpu_transports.py::test_legacy_ipc_allocation
-is its device test (``bash tools/gpu_transports.sh legacy``).
+is its device test (``hmc bench suite transports --steps 'legacy*,pytest legacy'``).
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ free field, within 5e-5 without the Naik term), where a degree-k smoother damps 
 (Nv 16, 24, 32: 44, 36, 30 outer iterations at m = 0.001), more set-up iterations do not (Nv 24 after 10, 50, 100,
 200 iterations: 37, 36, 37, 40).
 
-Scaling with the volume (issue 7; CPU, NumPy; tools/mg_bench.py's field: quenched Wilson beta 6.0, cold start and
+Scaling with the volume (issue 7; CPU, NumPy; bench/mg.py's field: quenched Wilson beta 6.0, cold start and
 20 pure-gauge MD trajectories, HISQ links, m = 0.001, tol 1e-10, random source; 4^4 then 2^4 blocks down to a 2^4 or
 3^4 coarsest lattice solved by LU; "exact": inner K-cycle solves to 1e-8; fine = applications of M per solve;
 CG = mixed-precision even-odd CG, M-equivalent applications; scratch scripts, not kept):
@@ -95,7 +95,7 @@ Mixed precision (:mod:`.precision`, ``multigrid(..., precision="single")``, ``--
 ``[multigrid] precision``), as QUDA: the outer flexible GCR, its true residual and the solution in double; the
 whole preconditioner (X^-1, the K-cycle's GCR and smoothers, P and R, the coarse stencils, the coarsest LU:
 SuperLU in single) in complex64, on copies of the double hierarchy made once per mass or link update (the set-up
-itself stays double). Measured (CPU, NumPy, tools/mg_bench.py's field as above, m = 0.001, tol 1e-10, the
+itself stays double). Measured (CPU, NumPy, bench/mg.py's field as above, m = 0.001, tol 1e-10, the
 defaults: 3 levels, Nv 48, 50 set-up iterations, smoothers (0, 4), coarsest LU; one set-up, then the preconditioner
 alternated double, single, double, single (two runs; in run 1 single first), solve time the best of 2 or 3
 repeats; per-level times and the rebuild (X^-1, Galerkin, single copies, LU) over all; a 2-core machine shared
@@ -117,7 +117,7 @@ outer level stays double, SuperLU's single solve is not faster (its factorizatio
 NumPy's complex64 shifts, gathers and small batched products are not twice as fast as complex128. On the GPU the
 batched kernels of :mod:`.cuda` come in complex64 too (session 3), so a single cycle keeps one kernel per stencil
 there and halves the bytes of Y, the coarse levels' main traffic. ``precision="double"`` stays the default until
-the GPU comparison (tools/mg_bench.py --mg-precision single) says otherwise.
+the GPU comparison (hmc bench mg --mg-precision single) says otherwise.
 
 Near-null relaxation (:func:`.transfer.relax_null_vectors`): the recursive residual of CG on A^dag A x = 0 left the
 true one (no restart, l8888 m = 0.001: |A v|/|v| 0.24 after 50 iterations, 0.41 after 200, 0.90 after 300). CG now

@@ -372,11 +372,3 @@ def test_bad_input(small_runfile, n, opts, env, match):
     ours = [l for l in r.stderr.splitlines() if l.startswith("hmc run: error:")]
     assert len(ours) == 1 and match in ours[0], r.stderr
     assert "Traceback" not in r.stderr
-
-
-@needs_mpi
-def test_bench_halo_runs(tmp_path):
-    r = launch(2, ["-m", "hmc", "bench", "halo", "--sizes", "2", "4", "--min-time", "0.02", "--json"])
-    rows = json.loads(r.stdout)
-    assert {(x["transport"], x["L"]) for x in rows} == {("mpi", 2), ("mpi", 4), ("shm", 2), ("shm", 4)}
-    assert all(x["one_way_us"] > 0 and x["round_trip_us"] > 0 for x in rows)

@@ -1,5 +1,5 @@
 """GPU halo transports (event, stream_gated over CUDA VMM buffers): every invariant of ../shared/COMMS.md that needs
-a GPU. They launch ``python -m comms.cuda.checks`` (or this file as a script) under mpiexec themselves, with timeouts,
+a GPU. They launch ``tests/comms/cuda_checks.py`` (or this file as a script) under mpiexec themselves, with timeouts,
 several ranks sharing the one GPU; with HMC_GPU_MPS=1 they run under MPS, started and stopped here (the line saying
 whether it ran goes to HMC_GPU_REPORT_DIR/mps.txt when that is set). They skip where no GPU is visible (CI).
 test_legacy_ipc_allocation (HMC_P2P_ALLOC=legacy, comms/cuda/ipc.py) was written without device time and has not
@@ -21,6 +21,7 @@ from tests.conftest import ROOT, launch_env
 pytestmark = [pytest.mark.gpu, pytest.mark.mpi]
 
 MPIEXEC = shutil.which("mpiexec")
+CHECKS = Path(__file__).with_name("cuda_checks.py")      # the multi-rank checks, run as a script
 needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec is not on PATH")
 TIMEOUT = int(os.environ.get("HMC_GPU_TEST_TIMEOUT", "150"))
 
@@ -64,7 +65,7 @@ def launch(n, args, mps, env=None, check=True):
 
 
 def checks(n, case, out, mps, *opts, env=None, check=True):
-    return launch(n, ["-m", "comms.cuda.checks", case, str(out)] + list(opts), mps, env, check)
+    return launch(n, [str(CHECKS), case, str(out)] + list(opts), mps, env, check)
 
 
 def _keep(tmp_path, name):
@@ -183,7 +184,7 @@ def test_legacy_ipc_allocation(tmp_path, mps):
     Halos through event and stream_gated (depth 1 and 3, pipelined, two outstanding, NumPy faces, grown buffers) are
     bitwise mpi's; the transport table says ``legacy`` on every peer-to-peer link; push/pop re-opens the mappings;
     a graph-captured stream-gated round trip replays right on IPC memory; the registry is empty at teardown.
-    NOT YET RUN ON A GPU: written in a session without device time (``bash tools/gpu_transports.sh legacy``)."""
+    NOT YET RUN ON A GPU: written in a session without device time (``hmc bench suite transports --steps 'legacy*,pytest legacy'``)."""
     r = checks(2, "halo", tmp_path, mps, "--grid", "1x1x1x2", "--lattice", "4x4x4x8", "--partition", "xt",
                "--iters", "12", env=LEGACY)
     rep = json.loads(Path(tmp_path, "halo.json").read_text())

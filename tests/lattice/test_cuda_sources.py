@@ -13,7 +13,7 @@ import pytest
 from lattice import cuda_source
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("comms", "lattice", "solvers", "force", "hmc")
+PACKAGES = ("comms", "lattice", "solvers", "force", "hmc", "bench")
 
 
 def _kernel_sources() -> list[Path]:

@@ -136,7 +136,8 @@ def _dist(out, grid_text, lattice_text):
     from lattice import Geometry, get_backend
     from solvers import StaggeredDslash, cg, multishift_cg
     from solvers.operator import set_reductions
-    from solvers.staggered_dist_cuda import DeviceCG, DistHop, close_graph_mode
+    from bench.dslash_dist_cuda import DeviceCG, close_graph_mode
+    from solvers.staggered_dist_cuda import DistHop
 
     comm = world()
     dims = tuple(int(v) for v in lattice_text.split("x"))
@@ -243,7 +244,7 @@ def _graph_checks(d, lpsi, lb, mass, n_dcg, x_uncaptured, fails):
     uncaptured D of that input; the captured CG iteration against the uncaptured one."""
     import cupy as cp
 
-    from solvers.staggered_dist_cuda import DeviceCG, DslashRunner
+    from bench.dslash_dist_cuda import DeviceCG, DslashRunner
 
     inputs = [lpsi * (1.0 + 0.25 * k) for k in range(4)]
     plain = DslashRunner(d, lpsi, graph=False)

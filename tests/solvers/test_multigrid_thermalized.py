@@ -4,7 +4,7 @@ to m = 0.001 while even-odd CG's grows, and without the Kahler-Dirac step the sa
 
 test_multigrid.py shows the same on MILC's lat.sample.l8888 (and skips without ../shared/fixtures). Here the
 field is quenched Wilson beta 6.0 from a cold start and 15 pure-gauge MD trajectories (Omelyan, 10 steps, tau 1,
-no accept/reject: warm-ups), the start of tools/mg_bench.py; its plaquette is checked to be within 1% of the
+no accept/reject: warm-ups), the start of bench/mg.py (hmc bench mg); its plaquette is checked to be within 1% of the
 equilibrium value 0.5937. Slow (about 40 s on one core): the field alone takes ~13 s.
 """
 import math

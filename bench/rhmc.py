@@ -1,0 +1,138 @@
+"""``hmc bench rhmc``: HISQ 2+1+1 RHMC trajectories of a production deck on one lattice, with the per-phase times
+the run file's history stores, trajectory by trajectory (issue 5).
+
+    hmc --backend cupy bench rhmc --lattice 32 --deck runs/hisq211_16.toml --trajectories 2 --steps 36 --out DIR
+
+For the lattice L^4: a deck written from ``--deck`` (dims L^4, ``--steps`` integrator steps or the deck's, the
+project's rational functions by absolute path, ``trajectories`` and ``warmups`` = ``--trajectories``), the time of
+one application of A = -D_eo D_oe from ``hmc bench dslash`` (double precision, 20 repeats), then ``hmc init`` (cold
+start) and ``hmc run``, each a process of its own with its log in DIR (``init_L_backend.log``, ``run_L_backend.log``,
+``dslash_L_backend.err``). The report per trajectory: solvers (heat bath GR, actions FA, force MD), link smearing
+(fat/long link builds), fermion force without its solves (outer products + HISQ chain rule), gauge force, link
+updates and the rest (actions, momenta, Metropolis); the multishift iteration counts, dH and the plaquette. The share
+of the solver time spent in the Dslash is estimated as (multishift iterations = applications of A) x (time of one
+A) / solver time. The first trajectory starts cold and, on the GPU, compiles the kernels: read the last one. The
+link-update time is not synchronized: on the GPU its kernel time shows up in the next phase (link smearing).
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RATIONALS = ROOT / "runs" / "rationals" / "rationals.hisq211_b580"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--lattice", type=int, required=True, metavar="L", help="L of the L^4 lattice")
+    p.add_argument("--deck", required=True, help="the production deck to start from (e.g. runs/hisq211_16.toml)")
+    p.add_argument("--trajectories", type=int, default=2, help="trajectories to run (default 2)")
+    p.add_argument("--steps", type=int, help="integrator steps (default: --steps-for, else the deck's)")
+    p.add_argument("--steps-for", nargs="*", default=[], metavar="L=STEPS",
+                   help="integrator steps per lattice size, used when --steps is not given (e.g. 32=36: eps ~ "
+                        "V^(-1/8) keeps the acceptance near 0.8)")
+    p.add_argument("--out", required=True, help="folder of the deck, run file, logs and the report")
+
+
+def make_deck(src: Path, dst: Path, L: int, steps: int | None, trajectories: int) -> None:
+    """``src`` with the lattice, steps, rationals path, trajectories and warm-ups replaced, line by line."""
+    subs = [(r"^dims = .*", f"dims = [{L}, {L}, {L}, {L}]"), (r"^rationals = .*", f'rationals = "{RATIONALS}"'),
+            (r"^trajectories = .*", f"trajectories = {trajectories}"), (r"^warmups = .*", f"warmups = {trajectories}")]
+    if steps is not None:
+        subs.append((r"^steps = .*", f"steps = {steps}"))
+    text = src.read_text()
+    for pat, new in subs:
+        text = re.sub(pat, new, text, flags=re.M)
+    dst.write_text(text)
+
+
+def _hmc(backend: str, *argv) -> list:
+    return [sys.executable, "-m", "hmc", "--backend", backend, *map(str, argv)]
+
+
+def operator_time(backend: str, L: int, err: Path) -> float | None:
+    """Seconds per application of A from ``hmc bench dslash --json`` (None when it fails: the share is left out)."""
+    with open(err, "w") as ef:
+        r = subprocess.run(_hmc(backend, "bench", "dslash", "--lattice", L, L, L, L, "--precision", "double",
+                                "--repeat", 20, "--json"), stdout=subprocess.PIPE, stderr=ef, text=True, cwd=ROOT)
+    try:
+        return float(json.loads(r.stdout)["cg_operator_s"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def report(path: Path, backend: str, t_op: float | None) -> str:
+    """The per-phase lines of every trajectory in the run file's history."""
+    from hmc.runfile import load
+
+    st = load(str(path))
+    dims = "x".join(map(str, st.deck["lattice"]["dims"]))
+    it = st.deck["integrator"]
+    lines = [f"== {dims} on {backend}: {it['scheme']} steps {it['steps']} tau {it['tau']}, 5 pseudofermions"]
+    for r in st.history:
+        lines += _trajectory_lines(r, t_op)
+    return "\n".join(lines)
+
+
+def _trajectory_lines(r, t_op) -> list:
+    def g(k):
+        return float(r.get(k, 0.0))
+
+    solve = {ph: g(f"time_fermion_solver_{ph}") for ph in ("GR", "FA", "MD")}
+    solver = sum(solve.values())
+    smear, gforce, upd, total = g("time_fermion_links"), g("time_force_gauge"), g("time_links"), g("time_total")
+    fforce = g("time_fermion_outer") + g("time_fermion_force_chain")
+    rest = total - solver - smear - fforce - gforce - upd
+    iters = int(r["cg_gr"] + r["cg_fa"] + r["cg_md"])
+    head = (f"traj {r['traj']}: total {total:9.2f} s | solvers {solver:8.2f} s ({100 * solver / total:4.1f}%: "
+            f"GR {solve['GR']:.2f} FA {solve['FA']:.2f} MD {solve['MD']:.2f}) | link smearing {smear:7.2f} s "
+            f"({100 * smear / total:4.1f}%, {int(r['fermion_link_builds'])} builds) | fermion force w/o solves "
+            f"{fforce:7.2f} s ({100 * fforce / total:4.1f}%) | gauge force {gforce:7.2f} s "
+            f"({100 * gforce / total:4.1f}%) | link updates {upd:6.2f} s | rest {rest:6.2f} s")
+    line = (f"        multishift iterations GR {r['cg_gr']} FA {r['cg_fa']} MD {r['cg_md']} (= applications of A), "
+            f"dH {r['dH']:+.4f}, plaquette {(r['plaq_ss'] + r['plaq_st']) / 6:.6f}")
+    if t_op:
+        frac = iters * t_op / solver if solver > 0 else float("nan")
+        line += f"; Dslash share of solver time ~ {100 * frac:.0f}% ({iters} x {1e3 * t_op:.3f} ms)"
+    return [head, line]
+
+
+def steps_for(args) -> int | None:
+    """``--steps``, else the ``--steps-for`` entry of this lattice size, else None (the deck's)."""
+    if args.steps is not None:
+        return args.steps
+    for item in args.steps_for:
+        size, eq, steps = item.partition("=")
+        if not (eq and size.isdigit() and steps.isdigit()):
+            raise SystemExit(f"hmc bench rhmc: error: --steps-for {item!r}: write L=STEPS, e.g. 32=36")
+        if int(size) == args.lattice:
+            return int(steps)
+    return None
+
+
+def bench_rhmc(args) -> int:
+    backend = args.backend or "auto"
+    L, out = args.lattice, Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    deck, run = out / f"hisq211_{L}_{backend}.toml", out / f"hisq211_{L}_{backend}.h5"
+    make_deck(ROOT / args.deck, deck, L, steps_for(args), args.trajectories)
+    t_op = operator_time(backend, L, out / f"dslash_{L}_{backend}.err")
+    t0 = time.monotonic()
+    log = out / f"run_{L}_{backend}.log"
+    with open(out / f"init_{L}_{backend}.log", "w") as f:
+        rc = subprocess.run(_hmc(backend, "init", deck, "-o", run, "--force"), stdout=f, stderr=f, cwd=ROOT).returncode
+    if rc == 0:
+        with open(log, "w") as f:
+            rc = subprocess.run(_hmc(backend, "run", run, "--trajectories", args.trajectories, "--no-progress"),
+                                stdout=f, stderr=f, cwd=ROOT).returncode
+    print(f"-- {L}^4 {backend}: hmc init + run of {args.trajectories} trajectories: exit {rc}, "
+          f"{time.monotonic() - t0:.0f} s wall (log {log})", flush=True)
+    if rc != 0:
+        print("\n".join(log.read_text(errors="replace").splitlines()[-5:]) if log.exists() else "")
+        return 1
+    print(report(run, backend, t_op), flush=True)
+    return 0
