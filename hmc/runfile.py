@@ -6,9 +6,9 @@ counters: the whole state of the counter-based generator; with MILC's generators
 :mod:`hmc.rngs`), ``/history`` (one row per trajectory), ``/comms`` (the resolved transport table), ``/params/files``
 (texts the run needs besides the deck, e.g. its rational functions, copied in at ``hmc init`` so that the run file
 does not depend on them staying where they were), ``/config`` (the run configuration of the run that wrote the file,
-comms.config.RunConfig: one attribute per setting, its value as JSON; absent in files of older versions). Every save writes a complete new file next to the old one,
-flushes it to disk and renames it over the old one, so a run killed at any moment leaves the last complete
-checkpoint.
+comms.config.RunConfig: one attribute per setting, its value as JSON; absent in files of older versions). Every
+save writes a complete new file next to the old one, flushes it to disk and renames it over the old one, so a run
+killed at any moment leaves the last complete checkpoint.
 """
 from __future__ import annotations
 

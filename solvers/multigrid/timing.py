@@ -17,8 +17,9 @@ On the GPU, work is queued: a host clock read around an exchange would see the e
 transfer (event, stream_gated), and a reduction's copy to the host would absorb every kernel queued before it.
 While timing is on - a level clock is active and a GPU operator has registered its stream
 (:func:`use_device`) - :func:`now` therefore synchronizes the current stream before reading the clock, so that
-the time between two readings is that communication's own. The run configuration's ``mg_timing_sync`` (HMC_MG_TIMING_SYNC=0; or the override :func:`set_sync`)
-skips the synchronizations (the split then shows host-side times).
+the time between two readings is that communication's own. The run configuration's ``mg_timing_sync``
+(HMC_MG_TIMING_SYNC=0; or the override :func:`set_sync`) skips the synchronizations (the split then shows host-side
+times).
 """
 from __future__ import annotations
 

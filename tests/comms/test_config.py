@@ -88,7 +88,8 @@ def test_a_child_rebuilds_the_same_configuration_from_to_env():
                             env={"HMC_SOLVER_SUMS": "exact", "HMC_COMMS_TIMEOUT": "7.5", "HMC_P2P_MASK": "0x8",
                                  "HMC_HISQ_KERNELS": "0", "HMC_PARTITION": "tz"})
     assert RunConfig.resolve(env=cfg.to_env()) == cfg
-    code = "import json; from comms.config import RunConfig; print(json.dumps(RunConfig.from_environment().to_record()))"
+    code = ("import json; from comms.config import RunConfig; "
+            "print(json.dumps(RunConfig.from_environment().to_record()))")
     env = child_env(dict(cfg.to_env(), PYTHONPATH=str(ROOT)))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True)
     assert RunConfig.from_record(json.loads(out.stdout)) == cfg
@@ -129,7 +130,8 @@ def test_grid_and_geometry_take_their_settings_from_the_configuration():
     old = mgcuda.set_emulation(True)
     try:
         assert not mgcuda.applies(geom, geom.xp.zeros(3, complex))
-        assert mgcuda.applies(Geometry((4, 4, 4, 4), get_backend("numpy"), config=RunConfig()), geom.xp.zeros(3, complex))
+        plain = Geometry((4, 4, 4, 4), get_backend("numpy"), config=RunConfig())
+        assert mgcuda.applies(plain, geom.xp.zeros(3, complex))
     finally:
         mgcuda.set_emulation(old)
     assert not hisq_cuda.enabled(cfg) and hisq_cuda.enabled(RunConfig())
