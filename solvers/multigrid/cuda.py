@@ -20,7 +20,8 @@ order) followed by the faces received in ONE depth-1 halo exchange over the part
 (:func:`extended`, through ``comms``: every transport, device to device with the GPU engine), with the
 neighbour table :class:`HaloTable` pointing into it (built once per lattice with NumPy) - the same kernel.
 The run configuration's ``mg_kernels`` (HMC_MG_KERNELS=0; or the override :func:`set_kernels`) turns them off.
-The index tables are built with NumPy (:func:`neighbour_table`, :func:`hypercube_table`, :class:`HaloTable`); :func:`stencil_reference` and
+The index tables are built with NumPy
+(:func:`neighbour_table`, :func:`hypercube_table`, :class:`HaloTable`); :func:`stencil_reference` and
 :func:`block_apply_reference` are the same contractions with NumPy fancy indexing, which the CPU tests compare with
 the array path (the tables are right) and the GPU test with the kernels. :func:`set_emulation` (a testing hook)
 sends NumPy fields through the kernel path with the references in place of the kernels, so that CPU runs under
