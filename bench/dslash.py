@@ -115,8 +115,6 @@ def bench_dslash_dist(args) -> dict:
     (A = 4m^2 - D_eo D_oe, device-resident scalars, reductions through the halo engine), device time per call
     (max over ranks, median of three blocks); with ``--graph`` also the stream-gated graph replays, the cost of
     per-replay memop updates (COMMS.md option 2) and the phase split of an uncaptured hop."""
-    import os
-
     from comms import ProcessGrid
     from comms.grid import choose_grid, world
     from comms.halo import check_transport_name
@@ -130,8 +128,8 @@ def bench_dslash_dist(args) -> dict:
         raise ValueError("hmc bench dslash --grid/--transports/--graph measures the distributed GPU hop: use "
                          "--backend cupy on a machine with a GPU")
     comm = world()
-    env_t = os.environ.get("HMC_P2P_TRANSPORT")
-    text = getattr(args, "transports", None) or env_t or "mpi,event,stream_gated"
+    config = getattr(args, "run_config", None)
+    text = getattr(args, "transports", None) or (config and config.transport) or "mpi,event,stream_gated"
     transports = [t.strip() for t in text.split(",") if t.strip()]
     for t in transports:
         check_transport_name(t)

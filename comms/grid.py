@@ -1,24 +1,26 @@
 """The process grid, split grids and global reductions (COMMS.md, DESIGN.md "Decomposition and halos").
 
 A single process needs no MPI library: mpi4py is imported only when the job has more than one rank (detected from
-the launcher's environment), when a dimension is partitioned with one rank (it then exchanges with itself through
-MPI.COMM_SELF), or when it is asked for explicitly (HMC_FORCE_MPI=1).
+the launcher's environment, :func:`comms.config.launcher`), when a dimension is partitioned with one rank (it then
+exchanges with itself through MPI.COMM_SELF), or when it is asked for explicitly (HMC_FORCE_MPI=1).
 
 Rank mapping is node-aware: the ranks are ordered node by node (MPI.COMM_TYPE_SHARED split), then numbered into
 the grid with x fastest, so consecutive grid positions, and therefore neighbours along the first split dimension,
 share a node. ``neighbours[dim][dir]`` is the rank (in ``comm``) of the backward (dir 0) and forward (dir 1)
 neighbour. ``partitioned[dim]`` says whether ``dim`` exchanges halos: true when it has more than one rank, or when
-forced (``partitioned=`` or HMC_PARTITION=t, =zt, ...): a one-rank partitioned dimension exchanges with itself
-through the whole pack/exchange/unpack path.
+forced (``partitioned=``, else the run configuration's ``partition``: HMC_PARTITION=t, =zt, ...): a one-rank
+partitioned dimension exchanges with itself through the whole pack/exchange/unpack path.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
 import numpy as np
 
 from . import reduce as _reduce
+from .config import ConfigError, RunConfig, launcher, set_mpi_defaults
 
 
 def _sum_scalars(comm, value):
@@ -53,22 +55,14 @@ class CommsTimeout(CommsError):
     """A host-side wait passed its deadline (HMC_COMMS_TIMEOUT). Raised on the rank that waited, not on all."""
 
 
-_LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
-
-
 def launched_size() -> int:
     """Rank count that the MPI launcher announced in the environment (1 when not under mpiexec)."""
-    for var in _LAUNCHER_SIZE_VARS[:4]:
-        if var in os.environ:
-            return int(os.environ[var])
-    return 1
+    return launcher().size
 
 
 def mpi():
-    """The mpi4py MPI module (initializing MPI on first use). Open MPI's UCX one-sided component is excluded
-    unless the user chose components: only shared-memory windows are used, and its probe prints errors on hosts
-    without UCX devices."""
-    os.environ.setdefault("OMPI_MCA_osc", "^ucx")
+    """The mpi4py MPI module (initializing MPI on first use, after :func:`comms.config.set_mpi_defaults`)."""
+    set_mpi_defaults()
     from mpi4py import MPI
 
     return MPI
@@ -106,7 +100,8 @@ def world():
     """COMM_WORLD from mpi4py when running under an MPI launcher, else a single-process stand-in."""
     global _world
     if _world is None:
-        if launched_size() > 1 or os.environ.get("HMC_FORCE_MPI") == "1":
+        launch = launcher()
+        if launch.size > 1 or launch.force_mpi:
             _world = mpi().COMM_WORLD
         else:
             _world = _SingleComm()
@@ -119,16 +114,6 @@ def is_mpi_comm(comm) -> bool:
 
 # ------------------------------------------------------------------------------------------------------------
 # grid shapes
-
-def _parse_ints(text: str, what: str) -> tuple:
-    try:
-        vals = tuple(int(v) for v in text.replace(",", " ").replace("x", " ").split())
-    except ValueError:
-        raise CommsError(f"{what}={text!r} is not four positive integers PX PY PZ PT") from None
-    if len(vals) != 4 or any(v < 1 for v in vals):
-        raise CommsError(f"{what}={text!r} is not four positive integers PX PY PZ PT")
-    return vals
-
 
 def _prime_factors(n: int) -> list:
     out, p = [], 2
@@ -206,29 +191,37 @@ def grid_coords(g: int, dims) -> tuple:
 class ProcessGrid:
     """A 4D Cartesian grid of ranks (x, y, z, t), with halo exchanges over the partitioned dimensions.
 
-    dims: ranks per dimension; None (or all ones on several ranks) chooses a grid from the rank count and the
-    lattice (given here or later by :meth:`bind`); HMC_GRID="PX PY PZ PT" (what ``--grid`` sets) overrides it for
-    grids on COMM_WORLD (``comm`` not given).
-    partitioned: force one-rank dimensions onto the halo path (tuple of 4 bools or letters "zt"; default
-    HMC_PARTITION). transport: "mpi" | "shm" | None (HMC_P2P_TRANSPORT, else the best every rank can use).
+    dims: ranks per dimension; None takes the configuration's ``grid`` (``--grid``, the deck's, HMC_GRID) for grids
+    on COMM_WORLD (``comm`` not given); None there too (or all ones on several ranks) chooses a grid from the rank
+    count and the lattice (given here or later by :meth:`bind`).
+    partitioned: force one-rank dimensions onto the halo path (tuple of 4 bools or letters "zt"; default: the
+    configuration's ``partition``). transport: "mpi" | "shm" | "event" | "stream_gated" | None (the configuration's
+    ``transport``, else the best every rank can use).
+    config: the run configuration (:class:`comms.config.RunConfig`; default: built from the environment now). The
+    halo engines and everything built on this grid read their settings from it (``grid.config``).
     """
 
-    def __init__(self, dims=None, comm=None, *, lattice=None, partitioned=None, transport=None):
+    def __init__(self, dims=None, comm=None, *, lattice=None, partitioned=None, transport=None, config=None):
         explicit_comm = comm is not None
+        self.config = config if config is not None else RunConfig.from_environment()
         self.comm = comm if comm is not None else world()
         self.size = self.comm.size
         self.rank = self.comm.rank
-        env_grid = None if explicit_comm else os.environ.get("HMC_GRID")
-        if env_grid:
-            dims = _parse_ints(env_grid, "HMC_GRID (--grid)")
-        elif dims is not None:
+        if dims is None and not explicit_comm:
+            dims = self.config.grid
+        if dims is not None:
             dims = tuple(int(d) for d in dims)
             if len(dims) != 4 or any(d < 1 for d in dims):
                 raise CommsError(f"process grid {dims} is not four positive integers: use --grid PX PY PZ PT")
             if self.size > 1 and dims == (1, 1, 1, 1):
                 dims = None          # the default grid of a deck: choose one for the rank count
-        self._forced = _parse_partition(partitioned if partitioned is not None else os.environ.get("HMC_PARTITION"))
-        self.transport_request = transport
+        self._forced = _parse_partition(partitioned if partitioned is not None else self.config.partition)
+        if transport is not None:                # this grid's own transport, checked by the configuration's rule
+            try:
+                self.config = dataclasses.replace(self.config, transport=transport)
+            except ConfigError as e:
+                raise CommsError(str(e)) from None
+        self.transport_request = self.config.transport
         self._stack = []
         self._ctx = None
         self._protocol = None

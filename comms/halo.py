@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from .config import ConfigError, RunConfig
 from .grid import DIRS, CommsError, CommsTimeout, is_mpi_comm, mpi
 
 TRANSPORTS = ("mpi", "shm")
@@ -71,24 +72,14 @@ def format_table(rows: list, title: str = "") -> str:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# configuration from the environment
+# transport settings (from the run configuration, comms.config: HMC_P2P_TRANSPORT, HMC_P2P_MASK, ...)
 
 def check_transport_name(name) -> None:
-    """A one-line CommsError for a transport this build cannot provide (checked before any MPI set-up)."""
-    req, _, _, err = _read_config(name)
+    """A one-line CommsError for a transport name that is unknown or that this build cannot provide (checked before
+    any MPI set-up)."""
+    err = _unavailable(_transport_name(name))
     if err:
         raise CommsError(err)
-
-
-def comms_timeout() -> float:
-    text = os.environ.get("HMC_COMMS_TIMEOUT", "60")
-    try:
-        t = float(text)
-    except ValueError:
-        raise CommsError(f"HMC_COMMS_TIMEOUT={text!r} is not a number of seconds") from None
-    if not t > 0:
-        raise CommsError(f"HMC_COMMS_TIMEOUT={text!r} must be positive")
-    return t
 
 
 # --- GPU transports hook (comms/cuda): event and stream_gated run where CuPy, cuda-bindings and a GPU are present
@@ -101,45 +92,32 @@ def gpu_transports_available() -> bool:
 
 
 def wants_gpu_transport(request) -> bool:
-    """True when ``request`` (else HMC_P2P_TRANSPORT) names a GPU transport that this machine can run."""
-    req = (request if request is not None else os.environ.get("HMC_P2P_TRANSPORT", "")) or ""
-    return req.strip().lower() in GPU_TRANSPORTS and gpu_transports_available()
+    """True when ``request`` (a resolved transport name or None) names a GPU transport that this machine can run."""
+    return request in GPU_TRANSPORTS and gpu_transports_available()
 # --- end of the GPU transports hook
 
 
-def _read_config(request):
-    """(transport request or None, mask, clique, error or None) from the argument and the environment."""
-    err = None
-    req = request if request is not None else os.environ.get("HMC_P2P_TRANSPORT", "")
-    req = (req or "").strip().lower() or None
-    if req == "auto":
-        req = None
-    if req in GPU_TRANSPORTS:
-        if not gpu_transports_available():          # GPU transports hook (comms/cuda)
-            err = (f"transport {req!r} needs CUDA buffers (the GPU transports are not part of this CPU build): "
-                   "use mpi or shm, or leave HMC_P2P_TRANSPORT unset")
-    elif req is not None and req not in TRANSPORTS:
-        err = f"unknown transport {req!r} (HMC_P2P_TRANSPORT / --transport): use one of mpi, shm"
-    mask, clique = 0, 0
-    text = os.environ.get("HMC_P2P_MASK", "0").strip() or "0"
+def _transport_name(name):
+    """``name`` checked and normalised by the configuration's rule ("auto" and "" mean None), else a CommsError."""
     try:
-        mask = int(text, 0)
-        if not 0 <= mask <= 15:
-            raise ValueError
-    except ValueError:
-        err = err or f"HMC_P2P_MASK={text!r} must be an integer 0..15 (bits x=1, y=2, z=4, t=8)"
-    text = os.environ.get("HMC_P2P_FAKE_CLIQUE", "0").strip() or "0"
-    try:
-        clique = int(text)
-        if clique < 0:
-            raise ValueError
-    except ValueError:
-        err = err or f"HMC_P2P_FAKE_CLIQUE={text!r} must be a non-negative integer (ranks per clique)"
-    try:
-        comms_timeout()
-    except CommsError as e:
-        err = err or str(e)
-    return req, mask, clique, err
+        return RunConfig(transport=name).transport
+    except ConfigError as e:
+        raise CommsError(str(e)) from None
+
+
+def _unavailable(req):
+    """Why transport ``req`` cannot run in this build, or None."""
+    if req in GPU_TRANSPORTS and not gpu_transports_available():          # GPU transports hook (comms/cuda)
+        return (f"transport {req!r} needs CUDA buffers (the GPU transports are not part of this CPU build): "
+                "use mpi or shm, or leave HMC_P2P_TRANSPORT unset")
+    return None
+
+
+def _read_config(request, config):
+    """(transport request or None, mask, clique, error or None): the request (a transport name, already checked by
+    the configuration, or None for the best every rank can use) and the configuration's mask and clique."""
+    req = _transport_name(request)
+    return req, config.p2p_mask, config.p2p_fake_clique, _unavailable(req)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -276,6 +254,7 @@ class HaloEngine:
     def __init__(self, grid, ctx, protocol: ProtocolState, request=None):
         MPI = mpi()
         self.grid, self.ctx, self.state = grid, ctx, protocol
+        self.config = grid.config                # the run configuration (comms.config): transport settings
         base = ctx.comm if is_mpi_comm(ctx.comm) else MPI.COMM_SELF
         self.comm = base.Dup()
         self.rank = self.comm.rank
@@ -298,7 +277,7 @@ class HaloEngine:
     def _agreed_config(self, request):
         """(req, mask, clique, world_of): this rank's transport settings, checked to be the same on every rank
         (collective; a bad setting or a disagreement is one CommsError on every rank)."""
-        req, mask, clique, err = _read_config(request)
+        req, mask, clique, err = _read_config(request, self.config)
         everyone = self.comm.allgather((self.world_rank, req, err, mask, clique))
         errors = [(r, e) for r, _, e, _, _ in everyone if e]
         if errors:
@@ -340,7 +319,7 @@ class HaloEngine:
     def _resolve(self, request):
         req, mask, clique, world_of = self._agreed_config(request)
         self.request = req
-        self.timeout = comms_timeout()
+        self.timeout = self.config.comms_timeout
         allow = self._link_permissions(req, mask, clique, world_of, self._node_members())
         tables = self.comm.allgather(allow)
         any_shm = False

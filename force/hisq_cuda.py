@@ -39,35 +39,50 @@ unpadded dimensions wrap (:func:`padded_active`). So does the chain rule: :func:
 its recomputed intermediates and three adjoint stages read, each stage on the interior grown by what the next one
 reads), and :func:`outer_acc` pads the colour vectors by :data:`OUTER_DEPTH`.
 
-Each kernel equals its twin to rounding (tests/force/test_hisq_gpu.py). ``HMC_HISQ_KERNELS=0`` switches them off
-(the twins then run on CuPy), e.g. to time the difference.
+Each kernel equals its twin to rounding (tests/force/test_hisq_gpu.py). The run configuration's ``hisq_kernels``
+(HMC_HISQ_KERNELS=0; or the override :func:`set_enabled`) switches them off (the twins then run on CuPy), e.g. to
+time the difference.
 """
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
 import numpy as np
 
+from comms.config import RunConfig
 from lattice import cuda_source
 from lattice.padded import PaddedLinks, pad_links, pad_offset, pads_on_gpu
 
-#: False: use the array-code twins on the GPU as well (tests and timings flip it; env HMC_HISQ_KERNELS=0).
-ENABLED = os.environ.get("HMC_HISQ_KERNELS", "1") != "0"
+_OVERRIDE = {"on": None}     # set_enabled: kernels on or off for every caller; None: each caller's configuration
+
+
+def set_enabled(on: bool | None) -> bool | None:
+    """The kernels on (True) or off (False: the array-code twins on the GPU as well) whatever the configuration
+    says, or None: as configured again (tests and timings); returns the previous override, to restore it with."""
+    old, _OVERRIDE["on"] = _OVERRIDE["on"], None if on is None else bool(on)
+    return old
+
+
+def enabled(config: RunConfig | None = None) -> bool:
+    """Whether the kernels may serve a caller with ``config`` (its geometry's; default: the environment's): the
+    override of :func:`set_enabled`, else the configuration's ``hisq_kernels``."""
+    if _OVERRIDE["on"] is not None:
+        return _OVERRIDE["on"]
+    return (config if config is not None else RunConfig.from_environment()).hisq_kernels
 
 BLOCK = 128
 
 
 def active(geom) -> bool:
     """Whether the kernels serve ``geom``: a CuPy backend, no partitioned dimension (the kernels wrap periodically
-    inside the local array), and ENABLED."""
-    return ENABLED and geom.backend.is_gpu and not any(geom.grid.partitioned)
+    inside the local array), and :func:`enabled` for its configuration."""
+    return geom.backend.is_gpu and not any(geom.grid.partitioned) and enabled(geom.config)
 
 
 def padded_active(geom, depth: int) -> bool:
-    """Whether the forward kernels serve ``geom`` on halo-padded links (:func:`pad`): ENABLED and the rule of
-    :func:`lattice.padded.pads_on_gpu`."""
-    return ENABLED and pads_on_gpu(geom, depth)
+    """Whether the forward kernels serve ``geom`` on halo-padded links (:func:`pad`): :func:`enabled` for its
+    configuration and the rule of :func:`lattice.padded.pads_on_gpu`."""
+    return pads_on_gpu(geom, depth) and enabled(geom.config)
 
 
 def read_depth(paths) -> int:

@@ -107,9 +107,10 @@ def _summed(xp, like, terms):
     return xp.zeros_like(like) if acc is None else acc
 
 
-def momentum_derivative(links, d_u):
-    """Pdot_mu(x) = TA[U_mu(x) D_U mu(x)] (= TA[U G^dag]) for a link derivative D_U."""
-    if type(links).__module__.startswith("cupy") and _cuda.ENABLED:
+def momentum_derivative(links, d_u, config=None):
+    """Pdot_mu(x) = TA[U_mu(x) D_U mu(x)] (= TA[U G^dag]) for a link derivative D_U (``config``: the run
+    configuration that allows the kernel, :func:`force.hisq_cuda.enabled`)."""
+    if type(links).__module__.startswith("cupy") and _cuda.enabled(config):
         from lattice.backend import get_backend
 
         return _cuda.ta_product(get_backend("cupy"), links, d_u)
@@ -170,12 +171,13 @@ def hisq_force_terms(u: GaugeField, fat_outer, long_outer, time_bc: str = "antip
     else:
         v, w, _ = hisq_level1(u, **unitarize_options)
     d_w = hisq_level2_vjp(geom, w, fat_outer, long_outer, time_bc)
-    d_v, info = u3_unitarize_vjp(v, d_w, force_filter)
+    d_v, info = u3_unitarize_vjp(v, d_w, force_filter, config=geom.config)
     info.n_filtered = int(geom.grid.sum(info.n_filtered))
     info.n = int(geom.grid.sum(info.n))
     info.min_eigenvalue = _global_min(geom, info.min_eigenvalue)
     d_u = fat_link_vjp(geom, u.links, FAT7, d_v)
-    return HisqForceTerms(d_w=d_w, d_v=d_v, d_u=d_u, pdot=momentum_derivative(u.links, d_u), filter=info)
+    return HisqForceTerms(d_w=d_w, d_v=d_v, d_u=d_u, pdot=momentum_derivative(u.links, d_u, geom.config),
+                          filter=info)
 
 
 def hisq_force(u: GaugeField, fat_outer, long_outer, time_bc: str = "antiperiodic", *,
@@ -207,4 +209,4 @@ def asqtad_link_derivative(u: GaugeField, u0: float, fat_outer, long_outer, time
 
 def asqtad_force(u: GaugeField, u0: float, fat_outer, long_outer, time_bc: str = "antiperiodic"):
     """Pdot = TA[U G^dag] for the asqtad links with MILC's tadpole-improved coefficients (u0)."""
-    return momentum_derivative(u.links, asqtad_link_derivative(u, u0, fat_outer, long_outer, time_bc))
+    return momentum_derivative(u.links, asqtad_link_derivative(u, u0, fat_outer, long_outer, time_bc), u.geom.config)

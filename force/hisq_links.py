@@ -88,7 +88,8 @@ def hisq_level1(u: GaugeField, *, allow_svd: bool = True, svd_rel_error: float =
     The info's n_svd and min_eigenvalue are global (summed / minimized over ranks)."""
     geom = u.geom
     v = fat_link(geom, u.links, FAT7)
-    w, info = u3_unitarize(v, allow_svd=allow_svd, svd_rel_error=svd_rel_error, svd_abs_error=svd_abs_error)
+    w, info = u3_unitarize(v, allow_svd=allow_svd, svd_rel_error=svd_rel_error, svd_abs_error=svd_abs_error,
+                           config=geom.config)
     info.n_svd = int(geom.grid.sum(info.n_svd))
     info.n = int(geom.grid.sum(info.n))
     info.min_eigenvalue = _global_min(geom, info.min_eigenvalue)

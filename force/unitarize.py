@@ -86,14 +86,15 @@ def eigenvalues_analytic(q, analytic_eps: float = ANALYTIC_EPS):
 
 
 def u3_unitarize(v, *, allow_svd: bool = True, svd_rel_error: float = SVD_REL_ERROR,
-                 svd_abs_error: float = SVD_ABS_ERROR, analytic_eps: float = ANALYTIC_EPS):
+                 svd_abs_error: float = SVD_ABS_ERROR, analytic_eps: float = ANALYTIC_EPS, config=None):
     """W = V (V^dag V)^(-1/2) for every 3x3 matrix of ``v`` (any leading shape): (W, UnitarizeInfo).
 
     MILC's ``u3_unitarize_analytic`` with its SVD fallback (module docstring). ``allow_svd=False`` gives the
     analytic formula everywhere (MILC without ``HISQ_REUNIT_ALLOW_SVD``). On a GPU the analytic part is one
-    kernel per link (:func:`force.hisq_cuda.u3_unitarize`), the fallback links the same masked SVD."""
+    kernel per link (:func:`force.hisq_cuda.u3_unitarize`), the fallback links the same masked SVD, where ``config``
+    (the run configuration, :func:`force.hisq_cuda.enabled`) allows it."""
     xp = array_module(v)
-    if xp is not np and _cuda.ENABLED:
+    if xp is not np and _cuda.enabled(config):
         return _u3_unitarize_gpu(v, allow_svd, svd_rel_error, svd_abs_error, analytic_eps)
     q = su3.dagger(v) @ v
     g, q2 = eigenvalues_analytic(q, analytic_eps)

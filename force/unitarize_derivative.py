@@ -51,13 +51,14 @@ class FilterInfo:
     mask: object = field(default=None, repr=False)
 
 
-def u3_unitarize_vjp(v, d_w, force_filter: float | None = FORCE_FILTER):
+def u3_unitarize_vjp(v, d_w, force_filter: float | None = FORCE_FILTER, config=None):
     """(D_V, FilterInfo): the link derivative with respect to V of S(W(V)), W = V (V^dag V)^(-1/2), given D_W.
 
     ``v``, ``d_w``: arrays of 3x3 matrices with the same leading shape. ``force_filter``: MILC's filter threshold
-    (5e-5); None or 0 gives the exact derivative everywhere (module docstring)."""
+    (5e-5); None or 0 gives the exact derivative everywhere (module docstring). ``config``: the run configuration
+    that allows the kernel (:func:`force.hisq_cuda.enabled`)."""
     xp = array_module(v)
-    if xp.__name__ == "cupy" and _cuda.ENABLED:     # all of it per link in one kernel (force.hisq_cuda.u3_vjp)
+    if xp.__name__ == "cupy" and _cuda.enabled(config):     # all of it per link in one kernel (force.hisq_cuda.u3_vjp)
         d_v, mask, gmin = _cuda.u3_vjp(get_backend("cupy"), v, d_w, force_filter)
         n = int(math.prod(v.shape[:-2]))
         return d_v, FilterInfo(n_filtered=int(mask.sum()) if force_filter else 0, n=n,

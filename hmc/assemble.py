@@ -2,19 +2,32 @@
 from __future__ import annotations
 
 import os
+import tomllib
 
 from force.gauge_action import SymanzikAction, WilsonAction
 from lattice import Geometry, get_backend
 from comms import ProcessGrid
+from comms.config import RunConfig
 
 from .deck import DeckError
 from .integrators import Level, build_schedule
 from .monomials import GaugeMonomial
 
 
-def make_geometry(deck: dict, backend_name: str | None = None) -> Geometry:
-    backend = get_backend(backend_name or deck["run"]["backend"])
-    return Geometry(tuple(deck["lattice"]["dims"]), backend, ProcessGrid(tuple(deck["lattice"]["grid"])))
+def run_config(deck_text: str, settings: dict | None = None) -> RunConfig:
+    """The run configuration of a run of the deck ``deck_text`` (its TOML): per setting the command line's
+    ``settings`` (e.g. {"backend": "cupy", "grid": None, "transport": "shm"}), else what the deck states, else the
+    environment, else the default (comms.config). A key the deck leaves out lets the environment through."""
+    return RunConfig.resolve(cli=settings, deck=tomllib.loads(deck_text))
+
+
+def make_geometry(deck: dict, backend_name: str | None = None, config: RunConfig | None = None) -> Geometry:
+    """The geometry of a validated deck on the configuration's backend and grid (``config``: :func:`run_config`).
+    Without one (library callers) the validated deck's backend and grid count as stated, ``backend_name`` first."""
+    if config is None:
+        config = RunConfig.resolve(cli={"backend": backend_name}, deck=deck)
+    return Geometry(tuple(deck["lattice"]["dims"]), get_backend(None, config),
+                    ProcessGrid(lattice=tuple(deck["lattice"]["dims"]), config=config))
 
 
 def make_gauge_action(g: dict):

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from comms.config import RunConfig
 from lattice import CounterRNG, GaugeField, plaquette, su3
 
 from . import deck as deckmod
-from .assemble import make_geometry, make_monomials, make_schedule
+from .assemble import make_geometry, make_monomials, make_schedule, run_config
 from .momenta import random_momenta
 from .trajectory import hmc_trajectory
 
@@ -51,8 +51,10 @@ class Row:
         return self.rel is not None and self.rel <= self.tol
 
 
-def checks_dir() -> Path:
-    return Path(os.environ.get("HMC_CHECKS_DIR", Path(__file__).resolve().parents[1] / "runs" / "checks"))
+def checks_dir(config: RunConfig | None = None) -> Path:
+    """The references: the configuration's ``checks_dir`` (HMC_CHECKS_DIR; default: runs/checks of this tree)."""
+    where = (config if config is not None else RunConfig.from_environment()).checks_dir
+    return Path(where) if where else Path(__file__).resolve().parents[1] / "runs" / "checks"
 
 
 def available() -> list[str]:
@@ -84,10 +86,13 @@ def _start_field(geom, seed: int, fermions: bool) -> GaugeField:
     return GaugeField(geom, su3.expm_su3(0.3 * omega) @ GaugeField.unit(geom).links)
 
 
-def compute(name: str, backend: str | None = None) -> list[tuple[str, float, float]]:
-    """(quantity, value, tolerance) for one reference deck."""
-    d, _ = deckmod.load(checks_dir() / f"{name}.toml")
-    geom = make_geometry(d, backend)
+def compute(name: str, backend: str | None = None, settings: dict | None = None) -> list[tuple[str, float, float]]:
+    """(quantity, value, tolerance) for one reference deck (``settings``: the command line's run settings)."""
+    d, text = deckmod.load(checks_dir() / f"{name}.toml")
+    settings = dict(settings or {})
+    if backend:
+        settings["backend"] = backend
+    geom = make_geometry(d, config=run_config(text, settings))
     seed = d["run"]["seed"]
     monomials = make_monomials(d, base_dir=str(checks_dir()))
     u = _start_field(geom, seed, any(m.kind == "fermion" for m in monomials))
@@ -119,7 +124,8 @@ def compute(name: str, backend: str | None = None) -> list[tuple[str, float, flo
     return out
 
 
-def run_checks(names=None, update: bool = False, backend: str | None = None, log=print) -> int:
+def run_checks(names=None, update: bool = False, backend: str | None = None, log=print,
+               settings: dict | None = None) -> int:
     """Run the named references (all by default); returns the number of failures."""
     names = names or available()
     unknown = [n for n in names if n not in available()]
@@ -131,7 +137,7 @@ def run_checks(names=None, update: bool = False, backend: str | None = None, log
         t0 = time.perf_counter()
         ref_path = checks_dir() / f"{name}.json"
         stored = json.loads(ref_path.read_text()) if ref_path.exists() else {}
-        values = compute(name, backend)
+        values = compute(name, backend, settings)
         for q, v, tol in values:
             # the force/finite-difference ratio is checked against its exact value, 1
             rows.append(Row(name, q, v, 1.0 if q.endswith("finite difference") else stored.get(q), tol))

@@ -9,6 +9,7 @@ import sys
 import time
 
 from comms import CommsError
+from comms.config import ConfigError, RunConfig
 from lattice.backend import BackendError
 from lattice.geometry import GeometryError
 
@@ -16,7 +17,8 @@ from .deck import DeckError
 from .integrators import IntegratorError
 from .runfile import RunFileError
 
-USER_ERRORS = (DeckError, RunFileError, GeometryError, BackendError, CommsError, IntegratorError, FileNotFoundError)
+USER_ERRORS = (DeckError, RunFileError, GeometryError, BackendError, CommsError, ConfigError, IntegratorError,
+               FileNotFoundError)
 
 
 def _user_errors():
@@ -41,9 +43,11 @@ def _add_action_args(p):
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hmc", description="HISQ/staggered HMC in Python, MILC conventions.")
     ap.add_argument("--backend", choices=("numpy", "cupy", "auto"), default=None,
-                    help="array backend (default: $HMC_BACKEND or the deck's)")
+                    help="array backend (default: the deck's [run] backend if it states one, else $HMC_BACKEND, "
+                         "else numpy)")
     ap.add_argument("--grid", type=int, nargs=4, metavar=("PX", "PY", "PZ", "PT"),
-                    help="process grid under mpiexec (default: the deck's, or chosen from the rank count)")
+                    help="process grid under mpiexec (default: the deck's [lattice] grid if it states one, else "
+                         "$HMC_GRID, else chosen from the rank count)")
     ap.add_argument("--transport", metavar="mpi|shm|event|stream_gated",
                     help="halo transport (default: $HMC_P2P_TRANSPORT, else shm between ranks of a node)")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -93,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        _comms_options(args)
+        _run_settings(args)
         return _dispatch(args)
     except BrokenPipeError:  # output piped into head: not an error
         sys.stderr.close()
@@ -125,15 +129,17 @@ def _rank() -> int:
     return world().rank
 
 
-def _comms_options(args):
-    """--grid and --transport reach every ProcessGrid through the environment (HMC_GRID, HMC_P2P_TRANSPORT)."""
-    if args.grid:
-        os.environ["HMC_GRID"] = " ".join(map(str, args.grid))
+def _run_settings(args):
+    """The settings the command line states (``args.settings``: they win over the deck and the environment) and the
+    run configuration of a command without a deck (``args.run_config``, comms.config.RunConfig); built, and so
+    checked, before anything runs. Commands with a deck (init, run, check) build theirs with the deck's values."""
+    args.settings = {"backend": args.backend, "grid": tuple(args.grid) if args.grid else None,
+                     "transport": args.transport}
+    args.run_config = RunConfig.resolve(cli=args.settings)
     if args.transport:
         from comms.halo import check_transport_name
 
         check_transport_name(args.transport)
-        os.environ["HMC_P2P_TRANSPORT"] = args.transport
 
 
 def _dispatch(args) -> int:
@@ -142,13 +148,13 @@ def _dispatch(args) -> int:
     if args.command == "init":
         from .run import init_run
 
-        init_run(args.deck, args.output, args.from_lattice, args.force, args.ignore_checksum, args.backend,
-                 rationals=args.rationals)
+        init_run(args.deck, args.output, args.from_lattice, args.force, args.ignore_checksum,
+                 rationals=args.rationals, settings=args.settings)
         return 0
     if args.command == "run":
         from .run import run
 
-        run(args.runfile, args.trajectories, args.backend, show_progress=not args.no_progress)
+        run(args.runfile, args.trajectories, show_progress=not args.no_progress, settings=args.settings)
         return 0
     if args.command == "info":
         from .info import info
@@ -171,7 +177,7 @@ def _dispatch(args) -> int:
         if args.list:
             print("\n".join(check.available()))
             return 0
-        return 1 if check.run_checks(args.references, args.update, args.backend) else 0
+        return 1 if check.run_checks(args.references, args.update, settings=args.settings) else 0
     if args.command in ("solve", "spectrum"):
         from . import solve, spectrum
 

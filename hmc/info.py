@@ -31,6 +31,7 @@ def info(path: str, as_json: bool = False, schedule: bool = False) -> str:
         "file": path, "name": d["run"]["name"], "lattice": d["lattice"]["dims"], "grid": d["lattice"]["grid"],
         "gauge": d["gauge"], "integrator": d["integrator"], "seed": d["run"]["seed"], "source": st.source,
         "trajectories_done": st.trajectory, "trajectories_planned": d["run"]["trajectories"],
+        "config": None if st.config is None else st.config.to_record(),
     }
     measured = [r for r in hist if not r["warmup"]]
     if measured:
@@ -53,7 +54,8 @@ def info(path: str, as_json: bool = False, schedule: bool = False) -> str:
              f" start: {st.source}",
              f"  gauge: {d['gauge']}",
              f"  integrator: {d['integrator']['scheme']}, steps {d['integrator']['steps']}, tau {d['integrator']['tau']}",
-             f"  trajectories: {st.trajectory} done of {d['run']['trajectories']} planned"]
+             f"  trajectories: {st.trajectory} done of {d['run']['trajectories']} planned",
+             "  run configuration: " + (st.config.describe() if st.config is not None else "not recorded")]
     if measured:
         lines.append(f"  acceptance {summary['acceptance']:.3f}, <exp(-dH)> = {summary['exp_mdH_mean']:.4f}"
                      + (f" +- {summary['exp_mdH_err']:.4f}" if summary["exp_mdH_err"] is not None else "")

@@ -10,7 +10,7 @@ from lattice import CounterRNG, GaugeField, link_trace, plaquette, polyakov_loop
 
 from . import deck as deckmod
 from . import runfile
-from .assemble import load_rationals, make_geometry, make_monomials, make_schedule, rationals_path
+from .assemble import load_rationals, make_geometry, make_monomials, make_schedule, rationals_path, run_config
 from .integrators import IntegratorError
 from .progress import Progress
 from .rngs import copy_rng, draw_momenta, make_rng, rng_from_state
@@ -44,11 +44,13 @@ def _run_files(d: dict, deck_path: str | None, rationals: str | None) -> dict:
 
 def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, force: bool = False,
              ignore_checksum: bool = False, backend: str | None = None, log=print,
-             rationals: str | None = None) -> runfile.RunState:
+             rationals: str | None = None, settings: dict | None = None) -> runfile.RunState:
     """Validate the deck (or the embedded quick deck), build the starting configuration, write the run file.
 
     With ``[fermions]`` the rational functions (the deck's ``rationals``, relative to the deck's folder, or
-    ``rationals``, relative to the working directory) are checked against the deck and copied into the run file."""
+    ``rationals``, relative to the working directory) are checked against the deck and copied into the run file.
+    ``settings``: the command line's explicit run settings (:func:`hmc.assemble.run_config`; ``backend`` is one);
+    the run configuration they give is stored in the run file."""
     if deck_path is None:
         text = deckmod.default_deck_text()
         d = deckmod.loads(text)
@@ -58,12 +60,13 @@ def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, f
         raise runfile.RunFileError(f"{out} exists already: continue it with 'hmc run {out}', or pass --force to "
                                    "overwrite it")
     files = _run_files(d, deck_path, rationals)
-    geom = make_geometry(d, backend)
+    config = run_config(text, _with_backend(settings, backend))
+    geom = make_geometry(d, config=config)
     u, source = _starting_links(d, geom, from_lattice, ignore_checksum)
     ss, st = plaquette(u)                    # collective: every rank has checked for an existing file by now
     rng = make_rng(d["run"]["rng"], d["run"]["seed"], geom.dims)
     state = runfile.RunState(d, text, geom.gather(u.site_major()), 0,   # the whole lattice on rank 0
-                             rng.state(), [], [], source, files)
+                             rng.state(), [], [], source, files, config)
     if geom.grid.is_root:
         runfile.save(out, state)
         log(f"wrote {out}: {d['run']['name']}, lattice {'x'.join(map(str, d['lattice']['dims']))}, {source}, "
@@ -122,12 +125,22 @@ def summary_line(row: dict) -> str:
             f"time {row['time_total']:.2f} s")
 
 
+def _with_backend(settings: dict | None, backend: str | None) -> dict:
+    out = dict(settings or {})
+    if backend:
+        out["backend"] = backend
+    return out
+
+
 def run(path: str, trajectories: int | None = None, backend: str | None = None, show_progress: bool = True,
-        log=print) -> runfile.RunState:
-    """Run (or resume) the trajectories the run file describes; checkpoint atomically as the deck says."""
+        log=print, settings: dict | None = None) -> runfile.RunState:
+    """Run (or resume) the trajectories the run file describes; checkpoint atomically as the deck says. The run
+    configuration comes from ``settings`` (the command line's), the stored deck and the environment, as at
+    ``hmc init``; the run file records the one of the run that wrote it."""
     state = runfile.load(path)
     d = state.deck
-    geom = make_geometry(d, backend)
+    state.config = run_config(state.deck_text, _with_backend(settings, backend))
+    geom = make_geometry(d, config=state.config)
     root = geom.grid.is_root
     monomials = make_monomials(d, state.files)
     fermions = [m for m in monomials if m.kind == "fermion"]

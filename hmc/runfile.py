@@ -5,9 +5,10 @@ MILC's site-major order, with trajectory, plaquette and SHA-256 attributes), ``/
 counters: the whole state of the counter-based generator; with MILC's generators, ``/rng/milc`` holds their state,
 :mod:`hmc.rngs`), ``/history`` (one row per trajectory), ``/comms`` (the resolved transport table), ``/params/files``
 (texts the run needs besides the deck, e.g. its rational functions, copied in at ``hmc init`` so that the run file
-does not depend on them staying where they were). Every save writes a complete new file next to the old one,
-flushes it to disk and renames it over the old one, so a run killed at any moment leaves the last complete
-checkpoint.
+does not depend on them staying where they were), ``/config`` (the run configuration of the run that wrote the file,
+comms.config.RunConfig: one attribute per setting, its value as JSON; absent in files of older versions). Every
+save writes a complete new file next to the old one, flushes it to disk and renames it over the old one, so a run
+killed at any moment leaves the last complete checkpoint.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 
 import h5py
 import numpy as np
+
+from comms.config import ConfigError, RunConfig
 
 from . import deck as deckmod
 
@@ -41,6 +44,7 @@ class RunState:
     comms: list = field(default_factory=list)
     source: str = ""                 # where the starting configuration came from
     files: dict = field(default_factory=dict)   # name -> text (e.g. "rationals": the RHMC rational functions)
+    config: RunConfig | None = None  # the run configuration (None: a file written before it was stored)
 
 
 def links_digest(links: np.ndarray) -> str:
@@ -58,9 +62,10 @@ def _history_array(rows: list[dict]):
 _save_count = 0
 
 
-def _maybe_fault(stage: str):
-    """Testing hook: HMC_FAULT_INJECT=kill_during_checkpoint:N kills this process halfway through the N-th save."""
-    spec = os.environ.get("HMC_FAULT_INJECT", "")
+def _maybe_fault(stage: str, config: RunConfig | None):
+    """Testing hook: the configuration's fault_inject (HMC_FAULT_INJECT=kill_during_checkpoint:N) kills this process
+    halfway through the N-th save."""
+    spec = config.fault_inject if config is not None else ""
     if spec.startswith("kill_during_checkpoint:") and stage == "half":
         if _save_count == int(spec.split(":")[1]):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -90,7 +95,7 @@ def save(path, state: RunState) -> None:
             g.attrs["sha256"] = links_digest(state.links)
             g.attrs["trajectory"] = state.trajectory
             f.flush()
-            _maybe_fault("half")
+            _maybe_fault("half", state.config)
             r = f.create_group("rng")
             r.attrs["seed"] = state.rng.get("seed", 0)
             r.attrs["counters_json"] = json.dumps(state.rng.get("counters", {}), sort_keys=True)
@@ -102,6 +107,10 @@ def save(path, state: RunState) -> None:
                 h.create_dataset("rows", data=arr)
             c = f.create_group("comms")
             c.attrs["table_json"] = json.dumps(state.comms)
+            if state.config is not None:
+                cg = f.create_group("config")
+                for name, value in state.config.to_record().items():
+                    cg.attrs[name] = json.dumps(value)
             f.flush()
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
@@ -146,6 +155,7 @@ def load(path) -> RunState:
             rows = f["history/rows"][()] if "rows" in f["history"] else None
             comms = json.loads(f["comms"].attrs["table_json"])
             source = str(f.attrs.get("source", ""))
+            record = {k: json.loads(v) for k, v in f["config"].attrs.items()} if "config" in f else None
         except (KeyError, OSError, ValueError) as e:
             raise RunFileError(f"{path} is incomplete or damaged ({e}): start a new run with 'hmc init'") from None
     try:
@@ -166,7 +176,11 @@ def load(path) -> RunState:
     if len(history) != traj:
         raise RunFileError(f"{path}: {traj} trajectories recorded but {len(history)} history rows: the file is "
                            "inconsistent")
-    return RunState(d, deck_text, links, traj, rng, history, comms, source, files)
+    try:
+        config = None if record is None else RunConfig.from_record(record)
+    except ConfigError as e:
+        raise RunFileError(f"{path}: its stored run configuration is not valid ({e}): start a new run") from None
+    return RunState(d, deck_text, links, traj, rng, history, comms, source, files, config)
 
 
 def _same_deck(d: dict, stored: dict) -> bool:

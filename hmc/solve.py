@@ -165,7 +165,7 @@ def load_links(args):
     if not os.path.exists(args.config):
         raise SolveError(f"{args.config}: no such file (check the path)")
     u, info = read_gauge(args.config, backend=getattr(args, "backend", None), ignore_checksum=args.ignore_checksum,
-                         reunitarize=args.reunitarize)
+                         reunitarize=args.reunitarize, config=getattr(args, "run_config", None))
     if args.action == "hisq":
         links = hisq_links(u, eps=args.eps, time_bc=args.time_bc)
     else:

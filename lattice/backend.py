@@ -2,14 +2,16 @@
 
 Physics code receives a :class:`Backend` and uses ``backend.xp`` for every array operation; the only places
 that know which library is underneath are this module and the hand-written kernels (which each have a NumPy
-twin). Selected by ``--backend`` or ``HMC_BACKEND=numpy|cupy|auto`` (auto: cupy when a GPU is visible).
+twin). Selected by the run configuration (:class:`comms.config.RunConfig`: ``--backend``, the deck's ``[run]
+backend``, ``HMC_BACKEND=numpy|cupy|auto``; auto: cupy when a GPU is visible).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from comms.config import RunConfig
 
 BACKEND_NAMES = ("numpy", "cupy", "auto")
 
@@ -61,25 +63,16 @@ class Backend:
 
 _cache: dict[str, Backend] = {}
 
-# launchers' node-local rank variables (Open MPI, MPICH/Intel MPI, Slurm, MVAPICH)
-_LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "MV2_COMM_WORLD_LOCAL_RANK")
 
-
-def node_local_gpu(count: int) -> int:
-    """The GPU this process uses: ``HMC_CUDA_DEVICE`` if set, else its node-local rank modulo the visible GPUs (one
-    rank per GPU on a multi-GPU host; every rank on GPU 0 where there is one). Chosen before the first allocation, so
-    that fields and the comms engine (comms.cuda.cu.device, which picks the same ordinal) live on the same GPU."""
-    if "HMC_CUDA_DEVICE" in os.environ:
-        return int(os.environ["HMC_CUDA_DEVICE"])
-    for var in _LOCAL_RANK_VARS:
-        if var in os.environ and count > 0:
-            return int(os.environ[var]) % count
-    return 0
-
-
-def get_backend(name: str | None = None) -> Backend:
-    """The backend named ``name`` (or ``$HMC_BACKEND``, default ``numpy``); ``auto`` picks cupy if a GPU is visible."""
-    name = (name or os.environ.get("HMC_BACKEND") or "numpy").lower()
+def get_backend(name: str | None = None, config: RunConfig | None = None) -> Backend:
+    """The backend named ``name`` (or the configuration's ``backend``; ``config`` default: built from the environment
+    now); ``auto`` picks cupy if a GPU is visible. The first cupy backend selects the configuration's GPU
+    (:meth:`RunConfig.gpu_ordinal`) before the first allocation, so that fields and the comms engine
+    (comms.cuda.cu.device, which picks the same ordinal) live on the same GPU."""
+    if not name:
+        config = config if config is not None else RunConfig.from_environment()
+        name = config.backend
+    name = name.lower()
     if name not in BACKEND_NAMES:
         raise BackendError(f"unknown backend {name!r}: use one of numpy, cupy, auto (--backend or HMC_BACKEND)")
     if name == "auto":
@@ -92,7 +85,8 @@ def get_backend(name: str | None = None) -> Backend:
                     "(pip install '.[gpu]') on a machine with a GPU, or use --backend numpy")
             import cupy
 
-            cupy.cuda.Device(node_local_gpu(cupy.cuda.runtime.getDeviceCount())).use()
+            config = config if config is not None else RunConfig.from_environment()
+            cupy.cuda.Device(config.gpu_ordinal(cupy.cuda.runtime.getDeviceCount())).use()
             _cache[name] = Backend("cupy", cupy)
         else:
             _cache[name] = Backend("numpy", np)

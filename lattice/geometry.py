@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from comms import ProcessGrid
+from comms.config import RunConfig
 
 from .backend import Backend, get_backend
 
@@ -80,9 +81,15 @@ class SiteLattice:
 
 @dataclass
 class Geometry(SiteLattice):
+    """The lattice ``dims`` on ``grid`` (default: ``ProcessGrid(lattice=dims, config=config)``) with arrays of
+    ``backend`` (default: the configuration's). ``config``: the run configuration (:class:`comms.config.RunConfig`)
+    for a grid and backend built here (default: from the environment, now); with a grid given, the grid's own
+    configuration governs. ``geom.config`` is the one every layer above reads its settings from."""
+
     dims: tuple            # global extents (nx, ny, nz, nt)
-    backend: Backend = field(default_factory=get_backend)
+    backend: Backend | None = None
     grid: ProcessGrid | None = None
+    config: RunConfig | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         self.dims = tuple(int(n) for n in self.dims)
@@ -93,7 +100,10 @@ class Geometry(SiteLattice):
                 raise GeometryError(f"lattice extent {n} in direction {DIRS[mu]} must be even and at least 2 "
                                     "(staggered fermions need an even-odd split)")
         if self.grid is None:
-            self.grid = ProcessGrid(lattice=self.dims)
+            self.grid = ProcessGrid(lattice=self.dims, config=self.config)
+        self.config = self.grid.config
+        if self.backend is None:
+            self.backend = get_backend(None, self.config)
         self.grid.bind(self.dims)
         self.local_dims = tuple(n // p for n, p in zip(self.dims, self.grid.dims))
         self.offset = tuple(c * n for c, n in zip(self.grid.coords, self.local_dims))
@@ -196,8 +206,8 @@ def _send(face, staging):
 
 
 class ShiftHandle:
-    """A shift in flight (:meth:`Geometry.shift_start`). On the GPU with a GPU halo engine (HMC_P2P_TRANSPORT
-    event or stream_gated) the face goes device to device; the engine may read ``f`` until :meth:`finish`, so
+    """A shift in flight (:meth:`Geometry.shift_start`). On the GPU with a GPU halo engine (transport event or
+    stream_gated) the face goes device to device; the engine may read ``f`` until :meth:`finish`, so
     ``f`` must not be written before then."""
 
     def __init__(self, geom: Geometry, f, mu: int, step: int):

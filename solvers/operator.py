@@ -16,9 +16,9 @@ and reductions run instead as a few fused kernels (:func:`fused_blas`, the one s
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
+
+from comms.config import RunConfig
 
 COMPLEX_DTYPES = (np.dtype(np.complex128), np.dtype(np.complex64))
 
@@ -172,25 +172,31 @@ class ShiftedOperator(Operator):
 # * "exact": geom.sum receives the per-element products and returns their correctly rounded sum, so every
 #   reduction, and with it every solver iterate, is bitwise the same for any decomposition and rank count. It costs
 #   an exact summation over the field (about 10 ms for a 16^4 field with NumPy) and, on a GPU, a copy to the host.
-# Choose with set_reductions("exact") or HMC_SOLVER_SUMS=exact. Two real numbers travel in one complex sum.
+# The mode is the run configuration's ``solver_sums`` (HMC_SOLVER_SUMS=exact), read from the geometry at each
+# reduction; set_reductions("exact") overrides it for the whole process (tests, timings). Two real numbers travel in
+# one complex sum.
 
 _REDUCTION_MODES = ("fast", "exact")
-_reductions = {"mode": os.environ.get("HMC_SOLVER_SUMS", "fast").lower()}
-if _reductions["mode"] not in _REDUCTION_MODES:
-    raise ValueError(f"HMC_SOLVER_SUMS={_reductions['mode']!r}: use fast or exact")
+_reductions = {"override": None}        # set_reductions: a mode for every geometry, or None: each its configuration's
 
 
-def set_reductions(mode: str) -> str:
-    """Select the solvers' reduction mode ("fast" or "exact"); returns the previous one."""
-    mode = mode.lower()
-    if mode not in _REDUCTION_MODES:
-        raise ValueError(f"reduction mode {mode!r}: use one of {_REDUCTION_MODES}")
-    old, _reductions["mode"] = _reductions["mode"], mode
+def set_reductions(mode: str | None) -> str | None:
+    """Select the solvers' reduction mode ("fast" or "exact") for every geometry, or None to follow each geometry's
+    configuration again; returns the previous override (None when there was none), to restore it with."""
+    if mode is not None:
+        mode = mode.lower()
+        if mode not in _REDUCTION_MODES:
+            raise ValueError(f"reduction mode {mode!r}: use one of {_REDUCTION_MODES}")
+    old, _reductions["override"] = _reductions["override"], mode
     return old
 
 
-def reductions() -> str:
-    return _reductions["mode"]
+def reductions(geom=None) -> str:
+    """The reduction mode for ``geom``: the override, else its configuration's (default: the environment's)."""
+    mode = _reductions["override"]
+    if mode is not None:
+        return mode
+    return (geom.config if geom is not None else RunConfig.from_environment()).solver_sums
 
 
 def _local_vdot(xp, a, b):
@@ -202,14 +208,14 @@ def _local_vdot(xp, a, b):
 
 def inner(geom, a, b) -> complex:
     """<a, b> = sum_x a(x)^dag b(x), global."""
-    if _reductions["mode"] == "exact":
+    if (_reductions["override"] or geom.config.solver_sums) == "exact":
         return complex(geom.sum(a.conj() * b))
     return complex(geom.sum(_local_vdot(geom.xp, a, b)))
 
 
 def norm2(geom, a) -> float:
     """|a|^2, global."""
-    if _reductions["mode"] == "exact":
+    if (_reductions["override"] or geom.config.solver_sums) == "exact":
         return float(geom.sum(a.real * a.real + a.imag * a.imag))
     return float(geom.sum(_local_vdot(geom.xp, a, a).real))
 
@@ -217,7 +223,7 @@ def norm2(geom, a) -> float:
 def norm2_and_redot(geom, a, b) -> tuple[float, float]:
     """(|a|^2, Re<a, b>) with a single global reduction (one host synchronisation)."""
     xp = geom.xp
-    if _reductions["mode"] == "exact":
+    if (_reductions["override"] or geom.config.solver_sums) == "exact":
         z = geom.sum((a.real * a.real + a.imag * a.imag) + 1j * (a.real * b.real + a.imag * b.imag))
     else:
         z = geom.sum(_local_vdot(xp, a, a).real + 1j * _local_vdot(xp, a, b).real)
@@ -230,8 +236,9 @@ def norm2_and_redot(geom, a, b) -> tuple[float, float]:
 # (solvers.blas_cuda for cupy). The one switch is fused_blas(): a solver asks it once per solve and runs its NumPy
 # path when it answers None, which it does when no kernel set is registered for the backend, when the factory
 # declines the geometry (an odd local x extent; with several ranks the kernels' sums go through geom.sum), in
-# the "exact" reduction mode, and when switched off (set_fused_blas(False) or HMC_SOLVER_FUSED=0). For an even-odd
-# operator the kernels visit only the sites of its parity; set_fused_blas("all") or HMC_SOLVER_FUSED=all makes them
+# the "exact" reduction mode, and when switched off (the configuration's solver_fused: HMC_SOLVER_FUSED=0, or the
+# override set_fused_blas(False)). For an even-odd operator the kernels visit only the sites of its parity;
+# solver_fused "all" (HMC_SOLVER_FUSED=all, set_fused_blas("all")) makes them
 # visit every site (the NumPy path's full-array arithmetic; the other parity holds zeros): in the interleaved
 # full-lattice layout a parity-restricted kernel writes 48 of every 96 bytes, so which one moves fewer bytes through
 # DRAM depends on the hardware's partial-sector writes (see solvers.blas_cuda).
@@ -240,18 +247,7 @@ def norm2_and_redot(geom, a, b) -> tuple[float, float]:
 _FUSED_BLAS: dict = {}
 
 
-def _fused_mode(value):
-    v = str(value).strip().lower()
-    if v in ("0", "no", "off", "false"):
-        return False
-    if v == "all":
-        return "all"
-    if v in ("1", "yes", "on", "true", "parity", ""):
-        return True
-    raise ValueError(f"HMC_SOLVER_FUSED / set_fused_blas: {value!r}: use 1 (on), 0 (off) or all (every site)")
-
-
-_fused = {"mode": _fused_mode(os.environ.get("HMC_SOLVER_FUSED", "1"))}
+_fused = {"override": None}             # set_fused_blas: a mode for every geometry, or None: each its configuration's
 
 
 def register_fused_blas(backend_name: str, factory) -> None:
@@ -262,10 +258,14 @@ def register_fused_blas(backend_name: str, factory) -> None:
 
 
 def set_fused_blas(mode):
-    """Switch the fused solver linear algebra on (True, the default) or off (False; HMC_SOLVER_FUSED=0), or on over
-    every site of even-odd fields ("all"; HMC_SOLVER_FUSED=all); returns the previous setting."""
-    old = _fused["mode"]
-    _fused["mode"] = _fused_mode(mode) if isinstance(mode, str) else bool(mode)
+    """Switch the fused solver linear algebra on (True) or off (False), or on over every site of even-odd fields
+    ("all"), for every geometry; None follows each geometry's configuration (``solver_fused``, HMC_SOLVER_FUSED)
+    again. Returns the previous override (None when there was none), to restore it with."""
+    old = _fused["override"]
+    if mode is None or isinstance(mode, str):
+        _fused["override"] = None if mode is None else RunConfig(solver_fused=mode).solver_fused
+    else:
+        _fused["override"] = "on" if mode else "off"
     return old
 
 
@@ -283,8 +283,9 @@ def fused_blas(op, source=None):
     """The fused linear algebra for solving with ``op`` (fields of its precision, on its sites), or None for the
     NumPy path. ``source``: the right-hand side; the kernels are restricted to the operator's parity only when it
     vanishes on the other one."""
-    mode = _fused["mode"]
-    if not mode or _reductions["mode"] != "fast":
+    config = op.geom.config
+    mode = _fused["override"] or config.solver_fused
+    if mode == "off" or (_reductions["override"] or config.solver_sums) != "fast":
         return None
     factory = _FUSED_BLAS.get(op.geom.backend.name)
     if factory is None:

@@ -44,7 +44,7 @@ def timed(be, f, repeat, inner=1):
 def profile(L, kernels, repeat):
     be = get_backend("cupy")
     cp = be.xp
-    hisq_cuda.ENABLED = kernels
+    hisq_cuda.set_enabled(kernels)
     geom = Geometry((L, L, L, L), be)
     rng = CounterRNG(7)
     w8 = rng.gaussian("s", geom.site_ids(), 32).reshape(geom.shape + (4, 8))

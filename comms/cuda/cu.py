@@ -6,7 +6,6 @@ initialise the context, retains the same primary context through the driver API 
 """
 from __future__ import annotations
 
-import os
 
 from cuda.bindings import driver as drv
 
@@ -95,16 +94,16 @@ class Device:
 _DEVICE = None
 
 
-def device(node_rank: int = 0) -> Device:
-    """This process's Device (created once): the GPU ``node_rank % count`` when several are visible and CuPy's
-    device was not chosen through HMC_CUDA_DEVICE, else CuPy's current device."""
+def device(node_rank: int = 0, cuda_device: int | None = None) -> Device:
+    """This process's Device (created once): ``cuda_device`` (the configuration's, HMC_CUDA_DEVICE) when given, else
+    the GPU ``node_rank % count`` when several are visible, else GPU 0."""
     global _DEVICE
     if _DEVICE is None:
         import cupy
 
         n = cupy.cuda.runtime.getDeviceCount()
-        if "HMC_CUDA_DEVICE" in os.environ:
-            ordinal = int(os.environ["HMC_CUDA_DEVICE"])
+        if cuda_device is not None:
+            ordinal = int(cuda_device)
         elif n > 1:
             ordinal = node_rank % n
         else:

@@ -17,9 +17,11 @@ import sys
 import tempfile
 import time
 
+from ..config import child_env
+
 
 class Mps:
-    """Context manager: ``with Mps() as m: env = m.env(os.environ)``; ``m.ran`` / ``m.why`` / ``m.servers``."""
+    """Context manager: ``with Mps() as m: env = m.env()``; ``m.ran`` / ``m.why`` / ``m.servers``."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -30,7 +32,7 @@ class Mps:
         self.vars = {}
 
     def _control(self, text: str, timeout=20) -> str:
-        env = dict(os.environ, **self.vars)
+        env = child_env(self.vars)
         r = subprocess.run(["nvidia-cuda-mps-control"], input=text + "\n", capture_output=True, text=True,
                            env=env, timeout=timeout)
         return (r.stdout + r.stderr).strip()
@@ -47,7 +49,7 @@ class Mps:
                      "CUDA_MPS_LOG_DIRECTORY": os.path.join(self.dir, "log")}
         for d in self.vars.values():
             os.makedirs(d, mode=0o700)
-        r = subprocess.run([exe, "-d"], env=dict(os.environ, **self.vars), capture_output=True, text=True,
+        r = subprocess.run([exe, "-d"], env=child_env(self.vars), capture_output=True, text=True,
                            timeout=30)
         if r.returncode != 0:
             self.why = f"nvidia-cuda-mps-control -d exited {r.returncode}: {(r.stdout + r.stderr).strip()[:200]}"
@@ -62,7 +64,10 @@ class Mps:
         return self
 
     def env(self, base=None) -> dict:
-        env = dict(os.environ if base is None else base)
+        """The environment of an MPS client: ``base`` (default: this process's) with MPS's variables."""
+        if base is None:
+            return child_env(self.vars)
+        env = dict(base)
         env.update(self.vars)
         return env
 

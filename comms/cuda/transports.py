@@ -44,8 +44,7 @@ import numpy as np
 from cuda.bindings import driver as drv
 
 from ..grid import CommsError, CommsTimeout, DIRS, mpi
-from ..halo import (GPU_TRANSPORTS, MIN_CAPACITY, TAG_BASE, _LIVE, HaloEngine, comms_timeout,
-                    link_name)
+from ..halo import GPU_TRANSPORTS, MIN_CAPACITY, TAG_BASE, _LIVE, HaloEngine, link_name
 from . import alloc as alloc_policy
 from . import cu, ipc, vmm
 from .cu import WAIT_EQ, WAIT_FLUSH, WAIT_GEQ, WRITE_DEFAULT, call, try_call
@@ -139,10 +138,10 @@ class GpuHaloEngine(HaloEngine):
             raise CommsError(f"GpuHaloEngine serves the GPU transports {GPU_TRANSPORTS} (and mpi with device "
                              f"faces), not {req!r}")
         self.request = req
-        self.timeout = comms_timeout()
+        self.timeout = self.config.comms_timeout
         rank0 = self.rank == 0
         node_members = self._node_members()
-        self.dev = cu.device(self.node.rank)
+        self.dev = cu.device(self.node.rank, self.config.cuda_device)
         self.aux = cupy.cuda.Stream(non_blocking=True)
 
         # start-up checks (collective): 64-bit memops, FLUSH, data policy
@@ -154,15 +153,13 @@ class GpuHaloEngine(HaloEngine):
                 raise CommsError(f"transport 'stream_gated' needs 64-bit stream memory operations, but "
                                  f"CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0 on rank(s) {bad} "
                                  f"({facts[bad[0]]['name']}): use --transport event or mpi")
-        data_req = (os.environ.get("HMC_P2P_DATA", "copy_engine").strip().lower() or "copy_engine")
-        if data_req not in ("copy_engine", "remote_write"):
-            raise CommsError(f"HMC_P2P_DATA={data_req!r}: use copy_engine or remote_write")
+        data_req = self.config.p2p_data                # copy_engine or remote_write (checked by the configuration)
         self.policy = "copy_engine"
         self.wait_flags = WAIT_GEQ
         self.flush_answer = None
         if req == "stream_gated":
             flush_all = all(f["flush_remote_writes"] for f in facts)
-            force = os.environ.get("HMC_P2P_FORCE_FLUSH", "0").strip() == "1"
+            force = self.config.p2p_force_flush
             if force:
                 ok, text = self._try_flush_wait()
                 answers = self.comm.allgather((ok, text))
@@ -237,7 +234,7 @@ class GpuHaloEngine(HaloEngine):
         # stream_gated receives: each link's chain (wait, reset, copy out, credit) on its own stream, joined by events,
         # so that they overlap (in a graph: parallel branches); HMC_P2P_PARALLEL_RECV=0: one after the other on the
         # compute stream. Decided collectively (it changes no protocol step, only where the steps are enqueued).
-        par = os.environ.get("HMC_P2P_PARALLEL_RECV", "1").strip() != "0"
+        par = self.config.p2p_parallel_recv
         self.parallel_recv = all(self.comm.allgather(par))
         if any_p2p:
             self._new_segment(MIN_CAPACITY)
@@ -251,7 +248,7 @@ class GpuHaloEngine(HaloEngine):
         against a stand-in driver; tests/comms/test_gpu_transports.py::test_legacy_ipc_allocation on the device.)"""
         request = err = None
         try:
-            request = alloc_policy.agree(self.comm.allgather(os.environ.get("HMC_P2P_ALLOC")))
+            request = alloc_policy.agree(self.comm.allgather(self.config.p2p_alloc))
         except CommsError as e:
             err = str(e)
         if err is None:
@@ -261,7 +258,7 @@ class GpuHaloEngine(HaloEngine):
             elif not dev.vmm:
                 mine = alloc_policy.rank_facts(0)
             else:
-                allow_fabric = os.environ.get("HMC_P2P_FABRIC", "1").strip() != "0"
+                allow_fabric = self.config.p2p_fabric
                 ht, note = vmm.choose_handle_type(dev.ordinal, allow_fabric)
                 mine = alloc_policy.rank_facts(1, int(ht) == int(vmm.FABRIC), note,
                                                vmm.posix_fd_export_error(dev.ordinal))

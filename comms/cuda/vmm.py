@@ -269,7 +269,7 @@ class FdBroker:
         err = None
         if node.rank == 0:
             try:
-                base = os.environ.get("TMPDIR") or "/tmp"
+                base = tempfile.gettempdir()
                 if len(base) > 60:
                     base = "/tmp"
                 self.dir = tempfile.mkdtemp(prefix="hmc-fd-", dir=base)      # mode 0700, owned by us

@@ -59,11 +59,13 @@ def read_site_major(path, ignore_checksum: bool = False):
         raise fail(path, f"read failed ({e.strerror or e})", "check the file and the file system") from None
 
 
-def read_gauge(path, geom=None, backend=None, ignore_checksum: bool = False, reunitarize: bool = False):
+def read_gauge(path, geom=None, backend=None, ignore_checksum: bool = False, reunitarize: bool = False,
+               config=None):
     """Read a gauge file of any supported format: (GaugeField, info).
 
     ``geom``: the Geometry to read into (its global dims must match the file's; each rank keeps its own sites);
-    without one, a single-rank Geometry of the file's dims on ``backend`` (a name, a Backend or None).
+    without one, a Geometry of the file's dims on ``backend`` (a name, a Backend or None) with the run configuration
+    ``config`` (comms.config.RunConfig; default: from the environment), which also gives its process grid.
     ``ignore_checksum``: read even if the checksums (or NERSC's PLAQUETTE / LINK_TRACE) disagree.
     ``reunitarize``: apply MILC's reunit_su3 in double precision after reading (not done by default).
 
@@ -77,9 +79,9 @@ def read_gauge(path, geom=None, backend=None, ignore_checksum: bool = False, reu
     a, info = read_site_major(path, ignore_checksum)
     dims = tuple(info["dims"])
     if geom is None:
-        be = backend if isinstance(backend, Backend) else get_backend(backend)
+        be = backend if isinstance(backend, Backend) else get_backend(backend, config)
         try:
-            geom = Geometry(dims, backend=be)
+            geom = Geometry(dims, backend=be, config=config)
         except ValueError as e:
             raise fail(path, f"lattice {'x'.join(map(str, dims))} cannot be used ({e})", "use another lattice") \
                 from None

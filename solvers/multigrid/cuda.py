@@ -20,7 +20,8 @@ volume). The stencil on a grid with partitioned dimensions reads an *extended* a
 order) followed by the faces received in ONE depth-1 halo exchange over the partitioned dimensions
 (:func:`extended`, through ``comms``: every transport, device to device with the GPU engine), with the
 neighbour table :class:`HaloTable` pointing into it (built once per lattice with NumPy) - the same kernel.
-``HMC_MG_KERNELS=0`` (or :func:`set_kernels`) turns them off. The index tables are built with NumPy
+The run configuration's ``mg_kernels`` (HMC_MG_KERNELS=0; or the override :func:`set_kernels`) turns them off.
+The index tables are built with NumPy
 (:func:`neighbour_table`, :func:`hypercube_table`, :class:`HaloTable`); :func:`stencil_reference` and
 :func:`block_apply_reference` are the same contractions with NumPy fancy indexing, which the CPU tests compare with
 the array path (the tables are right) and the GPU test with the kernels. :func:`set_emulation` (a testing hook)
@@ -28,8 +29,6 @@ sends NumPy fields through the kernel path with the references in place of the k
 mpiexec check the whole distributed route (tables, exchange, operator plumbing, timing) against the array path.
 """
 from __future__ import annotations
-
-import os
 
 import numpy as np
 
@@ -39,7 +38,7 @@ from lattice.geometry import HaloHandle, site_axis
 from . import timing
 from .lattice import to_blocks
 
-_STATE = {"on": os.environ.get("HMC_MG_KERNELS", "1") != "0", "emulate": False}
+_STATE = {"on": None, "emulate": False}    # on: set_kernels' override (None: the geometry's configuration decides)
 
 # The kernel file's variants (solvers/multigrid/kernels/coarse.cu, a template): complex<double> (suffix c128) and
 # complex<float> (c64, the single-precision preconditioner of MultigridParams.precision).
@@ -49,9 +48,10 @@ PRECISIONS = {np.dtype(np.complex128): {"SUF": "c128", "C": "complex<double>", "
 BLOCK = 128
 
 
-def set_kernels(on: bool) -> bool:
-    """Use the kernels (True) or the array path (False); returns the previous setting."""
-    old, _STATE["on"] = _STATE["on"], bool(on)
+def set_kernels(on: bool | None) -> bool | None:
+    """Use the kernels (True) or the array path (False) for every geometry, or None: each geometry's configuration
+    (``mg_kernels``) decides again; returns the previous override (None when there was none), to restore it with."""
+    old, _STATE["on"] = _STATE["on"], None if on is None else bool(on)
     return old
 
 
@@ -65,7 +65,8 @@ def set_emulation(on: bool) -> bool:
 def applies(geom, *arrays) -> bool:
     """Whether the kernels serve these fields: switched on, CuPy arrays (NumPy ones under :func:`set_emulation`)
     of one dtype, complex128 or complex64, on any process grid (partitioned dimensions: :func:`extended` and :class:`HaloTable`)."""
-    if not _STATE["on"] or not (geom.backend.is_gpu or _STATE["emulate"]):
+    on = _STATE["on"] if _STATE["on"] is not None else geom.config.mg_kernels
+    if not on or not (geom.backend.is_gpu or _STATE["emulate"]):
         return False
     dtypes = {np.dtype(a.dtype) for a in arrays}
     return len(dtypes) == 1 and dtypes <= set(PRECISIONS)

@@ -33,7 +33,7 @@ class CoarseGeometry(SiteLattice):
 
     def __init__(self, fine, block):
         self.fine = fine
-        self.backend, self.grid = fine.backend, fine.grid
+        self.backend, self.grid, self.config = fine.backend, fine.grid, fine.config
         self.block = tuple(int(b) for b in block)
         self.dims = tuple(n // b for n, b in zip(fine.dims, self.block))
         self.local_dims = tuple(n // b for n, b in zip(fine.local_dims, self.block))

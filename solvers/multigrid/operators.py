@@ -180,7 +180,7 @@ class LevelOperator:
         self.dtype = M.dtype
         self.flops_per_apply = M.flops + (0 if kd is None else 8 * 48 * 48 * kd.nhc)
         if self.geom.backend.is_gpu:
-            timing.use_device(self.geom.backend.synchronize)      # the level clocks' readings (timing.now)
+            timing.use_device(self.geom.backend.synchronize, self.geom.config.mg_timing_sync)   # timing.now
 
     @property
     def shape(self):
@@ -245,7 +245,7 @@ class CoarseOperator:
         self._adj = None
         self.flops_per_apply = 9 * 8 * self.n * self.n * cgeom.volume
         if cgeom.backend.is_gpu:
-            timing.use_device(cgeom.backend.synchronize)
+            timing.use_device(cgeom.backend.synchronize, cgeom.config.mg_timing_sync)
 
     def converted(self, dtype) -> "CoarseOperator":
         """The stencil Y in ``dtype`` (same lattice, counter and level)."""

@@ -17,12 +17,12 @@ On the GPU, work is queued: a host clock read around an exchange would see the e
 transfer (event, stream_gated), and a reduction's copy to the host would absorb every kernel queued before it.
 While timing is on - a level clock is active and a GPU operator has registered its stream
 (:func:`use_device`) - :func:`now` therefore synchronizes the current stream before reading the clock, so that
-the time between two readings is that communication's own. ``HMC_MG_TIMING_SYNC=0`` (or :func:`set_sync`)
-skips the synchronizations (the split then shows host-side times).
+the time between two readings is that communication's own. The run configuration's ``mg_timing_sync``
+(HMC_MG_TIMING_SYNC=0; or the override :func:`set_sync`) skips the synchronizations (the split then shows host-side
+times).
 """
 from __future__ import annotations
 
-import os
 import time
 from contextlib import contextmanager
 
@@ -73,24 +73,26 @@ def charge_reduce(seconds: float):
         c.reduce_count += 1
 
 
-_SYNC = {"on": os.environ.get("HMC_MG_TIMING_SYNC", "1") != "0", "device": None}
+_SYNC = {"on": None, "configured": True, "device": None}    # on: set_sync's override; configured: use_device's
 
 
-def use_device(synchronize):
-    """Register the device stream's ``synchronize`` (a GPU level operator does, once built)."""
-    _SYNC["device"] = synchronize
+def use_device(synchronize, sync: bool = True):
+    """Register the device stream's ``synchronize`` (a GPU level operator does, once built) and whether the clock
+    readings synchronize it (``sync``: its geometry's configuration, ``mg_timing_sync``)."""
+    _SYNC["device"], _SYNC["configured"] = synchronize, bool(sync)
 
 
-def set_sync(on: bool) -> bool:
-    """Synchronize the device at clock readings while timing is on (True, the default) or never; returns the
-    previous setting."""
-    old, _SYNC["on"] = _SYNC["on"], bool(on)
+def set_sync(on: bool | None) -> bool | None:
+    """Synchronize the device at clock readings while timing is on (True) or never (False), whatever the
+    configuration says, or None: as configured again; returns the previous override (None when there was none)."""
+    old, _SYNC["on"] = _SYNC["on"], None if on is None else bool(on)
     return old
 
 
 def now() -> float:
     """time.perf_counter(), after synchronizing the registered device stream while timing is on (see above)."""
     sync = _SYNC["device"]
-    if sync is not None and _SYNC["on"] and current() is not None:
+    on = _SYNC["on"] if _SYNC["on"] is not None else _SYNC["configured"]
+    if sync is not None and on and current() is not None:
         sync()
     return time.perf_counter()

@@ -252,6 +252,7 @@ SCENARIO = r'''
 import json, os, sys, types
 from cuda.bindings import driver as drv
 from comms.cuda import ipc, vmm
+from comms.config import RunConfig
 from comms.cuda.transports import GpuHaloEngine, GpuLink
 from comms.grid import CommsError
 
@@ -281,6 +282,7 @@ def engine(vmm_attr=1, others=None):
     e.links, e.peer_maps, e._views = {}, {}, {}
     e._opened_events, e._owned_events, e._ipc_keys = [], [], []
     e.request = "stream_gated"
+    e.config = RunConfig.from_environment()     # the engine's run configuration (HMC_P2P_ALLOC of the scenario)
     return e
 
 out = {}

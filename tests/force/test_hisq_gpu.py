@@ -123,12 +123,11 @@ def test_links_and_force_chain(geoms):
     for name in ("d_w", "d_v", "d_u", "pdot"):
         close(getattr(got, name), getattr(ref, name))
     assert got.filter.n_filtered == ref.filter.n_filtered
-    old = hisq_cuda.ENABLED
+    old = hisq_cuda.set_enabled(False)
     try:
-        hisq_cuda.ENABLED = False
         twin = hisq_force_terms(ug, as_gpu(fat), as_gpu(long), links=got_links[0])
     finally:
-        hisq_cuda.ENABLED = old
+        hisq_cuda.set_enabled(old)
     close(twin.pdot, ref.pdot)
 
 

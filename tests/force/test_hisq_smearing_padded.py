@@ -162,10 +162,11 @@ def test_gate():
     unpartitioned grid, keeps the current path), and the kernels enabled."""
     from types import SimpleNamespace as NS
 
+    from comms.config import RunConfig
     from force import hisq_cuda
 
     def geom(local, parts, gpu=True):
-        return NS(local_dims=local, grid=NS(partitioned=parts), backend=NS(is_gpu=gpu))
+        return NS(local_dims=local, grid=NS(partitioned=parts), backend=NS(is_gpu=gpu), config=RunConfig())
 
     thin = geom((1, 4, 4, 4), (True, False, False, False))
     assert hisq_cuda.padded_active(thin, 1) and not hisq_cuda.padded_active(thin, 2)

@@ -1,0 +1,46 @@
+"""The run configuration in the run file: stored at ``hmc init`` (the command line's settings over the deck's over
+the environment's), replaced by the one of each ``hmc run``, read back equal, shown by ``hmc info``."""
+from __future__ import annotations
+
+import json
+
+import h5py
+
+from comms.config import RunConfig
+from hmc import runfile
+from hmc.info import info
+from hmc.run import init_run, run
+
+
+def quiet(*a):
+    pass
+
+
+def test_the_run_file_keeps_the_configuration_of_the_run_that_wrote_it(tmp_path, monkeypatch):
+    out = str(tmp_path / "t.h5")
+    monkeypatch.setenv("HMC_BACKEND", "auto")             # the quick deck names no backend: the environment's counts
+    monkeypatch.setenv("HMC_SOLVER_SUMS", "exact")
+    monkeypatch.setenv("HMC_P2P_TRANSPORT", "mpi")
+    init_run(None, out, log=quiet, settings={"backend": None, "grid": None, "transport": "shm"})
+    want = RunConfig(backend="auto", transport="shm", solver_sums="exact")
+    st = runfile.load(out)
+    assert st.config == want
+    with h5py.File(out, "r") as f:
+        assert json.loads(f["config"].attrs["solver_sums"]) == "exact" and json.loads(f["config"].attrs["grid"]) is None
+    text = info(out)
+    assert "  run configuration: backend auto, grid chosen, transport shm; HMC_SOLVER_SUMS=exact" in text.splitlines()
+    assert json.loads(info(out, as_json=True))["config"] == want.to_record()
+
+    monkeypatch.delenv("HMC_SOLVER_SUMS")
+    monkeypatch.setenv("HMC_COMMS_TIMEOUT", "9")
+    run(out, 1, show_progress=False, log=quiet, settings={"backend": "numpy"})
+    assert runfile.load(out).config == RunConfig(backend="numpy", transport="mpi", comms_timeout=9.0)
+
+
+def test_a_run_file_without_a_stored_configuration_still_loads(tmp_path):
+    out = str(tmp_path / "old.h5")
+    state = init_run(None, out, log=quiet, settings={"backend": "numpy"})
+    state.config = None                                   # as an hmc version that did not store it wrote the file
+    runfile.save(out, state)
+    assert runfile.load(out).config is None
+    assert "  run configuration: not recorded" in info(out).splitlines()
