@@ -82,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     _scaling.add_parser(sub)
 
     p = sub.add_parser("check", help="regression suite: plaquette, actions, forces and a short trajectory against "
-                                     "the references in runs/checks")
-    p.add_argument("references", nargs="*", help="reference names (default: all in runs/checks)")
+                                     "the references shipped in hmc/checks (or $HMC_CHECKS_DIR)")
+    p.add_argument("references", nargs="*", help="reference names (default: all; --list shows them)")
     p.add_argument("--update", action="store_true", help="write new reference values (printed old and new)")
     p.add_argument("--list", action="store_true", help="list the references")
 
@@ -195,12 +195,7 @@ def _dispatch(args) -> int:
                 print(f"{k}: {v}")
         return 0
     if args.command == "check":
-        from . import check
-
-        if args.list:
-            print("\n".join(check.available()))
-            return 0
-        return 1 if check.run_checks(args.references, args.update, args.backend) else 0
+        return _check(args)
     if args.command in ("solve", "spectrum"):
         from . import solve, spectrum
 
@@ -228,6 +223,20 @@ def _dispatch(args) -> int:
             print(json.dumps(result, indent=2))
         return 0
     return 1
+
+
+def _check(args) -> int:
+    """hmc check: 1 on any failed value, and when there is no reference to run (a check that finds nothing fails)."""
+    from . import check
+
+    try:
+        if args.list:
+            print("\n".join(check.listing()))
+            return 0
+        return 1 if check.run_checks(args.references, args.update, args.backend) else 0
+    except check.CheckError as e:
+        print(f"hmc check: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
