@@ -31,6 +31,7 @@ def info(path: str, as_json: bool = False, schedule: bool = False) -> str:
         "file": path, "name": d["run"]["name"], "lattice": d["lattice"]["dims"], "grid": d["lattice"]["grid"],
         "gauge": d["gauge"], "integrator": d["integrator"], "seed": d["run"]["seed"], "source": st.source,
         "trajectories_done": st.trajectory, "trajectories_planned": d["run"]["trajectories"],
+        "format_version": st.format_version,
     }
     measured = [r for r in hist if not r["warmup"]]
     if measured:
@@ -54,6 +55,9 @@ def info(path: str, as_json: bool = False, schedule: bool = False) -> str:
              f"  gauge: {d['gauge']}",
              f"  integrator: {d['integrator']['scheme']}, steps {d['integrator']['steps']}, tau {d['integrator']['tau']}",
              f"  trajectories: {st.trajectory} done of {d['run']['trajectories']} planned"]
+    if st.format_version < runfile.FORMAT_VERSION:
+        lines.append(f"  run-file format version {st.format_version} (an older hmc's layout; files without a version "
+                     f"are version 1): readable, rewritten as version {runfile.FORMAT_VERSION} by the next hmc run")
     if measured:
         lines.append(f"  acceptance {summary['acceptance']:.3f}, <exp(-dH)> = {summary['exp_mdH_mean']:.4f}"
                      + (f" +- {summary['exp_mdH_err']:.4f}" if summary["exp_mdH_err"] is not None else "")
