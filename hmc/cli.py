@@ -67,10 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", action="store_true", help="print the integrator schedule")
 
     p = sub.add_parser("measure", help="plaquette, link trace, Polyakov loop, checksums and gauge action of a lattice")
-    p.add_argument("config", help="a lattice file (MILC, NERSC, ILDG, SciDAC)")
+    p.add_argument("config", help="a lattice file (MILC, NERSC, ILDG, SciDAC) or a run file (RUN.h5, RUN.h5:N)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--ignore-checksum", action="store_true")
     _add_action_args(p)
+
+    _add_export_parser(sub)
 
     from . import solve as _solve, spectrum as _spectrum  # light at import: solvers and force load on use
 
@@ -119,6 +121,32 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--reps", type=int, default=100, help="distributed: calls per timing block")
     b.add_argument("--out", help="distributed: write the rows as JSON here")
     return ap
+
+
+def _add_export_parser(sub):
+    from .lattice_source import EXPORT_FORMATS
+
+    p = sub.add_parser("export", help="write a run file's configuration as a MILC, NERSC or ILDG gauge file")
+    p.add_argument("runfile", help="the run file (RUN.h5, or RUN.h5:N for trajectory N)")
+    p.add_argument("-o", "--output", required=True, help="the gauge file to write")
+    p.add_argument("--format", required=True, choices=EXPORT_FORMATS,
+                   help="milc: MILC v5 (single precision); nersc: 4D_SU3_GAUGE_3x3 IEEE64BIG; ildg: 64-bit ILDG")
+    p.add_argument("--trajectory", type=int, metavar="N", help="the trajectory whose configuration to write (the run "
+                                                                "file keeps its latest; default: that one)")
+    p.add_argument("--precision", type=int, choices=(32, 64), help="nersc and ildg: 32 or 64 bits (default 64)")
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+
+
+def _export(args) -> int:
+    from .lattice_source import export
+
+    result = export(args.runfile, args.output, args.format, args.trajectory, args.precision)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"wrote {result['file']}: {result['format']}, the configuration of trajectory {result['trajectory']} "
+              f"of {args.runfile}")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -184,6 +212,8 @@ def _dispatch(args) -> int:
 
         print(info(args.runfile, as_json=args.json, schedule=args.schedule))
         return 0
+    if args.command == "export":
+        return _export(args)
     if args.command == "measure":
         from .measure import measure
 
