@@ -16,6 +16,7 @@ from .integrators import IntegratorError
 from .runfile import RunFileError
 
 USER_ERRORS = (DeckError, RunFileError, GeometryError, BackendError, CommsError, IntegratorError, FileNotFoundError)
+EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
 
 def _user_errors():
@@ -26,7 +27,41 @@ def _user_errors():
         errs.append(GaugeFileError)
     except ImportError:
         pass
-    return tuple(errs)
+    return tuple(errs) + _runtime_errors()
+
+
+def _runtime_errors():
+    """Failures of work that had started (exit 1), as opposed to bad input (exit 2): a solve that did not converge
+    (also in an RHMC trajectory), a peer rank that stopped answering."""
+    from comms import CommsTimeout
+    from solvers.cg import SolverConvergenceError
+
+    return (SolverConvergenceError, CommsTimeout)
+
+
+def _exit_code(e) -> int:
+    return EXIT_RUNTIME if isinstance(e, _runtime_errors()) else EXIT_USAGE
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, exit status 2."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _count(minimum: int):
+    """An argparse type: an integer of at least ``minimum`` (a number of trajectories, repeats, ...)."""
+    def parse(text):
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"{n} is not allowed: give an integer >= {minimum}")
+        return n
+    parse.__name__ = "count"
+    return parse
 
 
 def _add_action_args(p):
@@ -38,7 +73,10 @@ def _add_action_args(p):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="hmc", description="HISQ/staggered HMC in Python, MILC conventions.")
+    from . import __version__
+
+    ap = _Parser(prog="hmc", description="HISQ/staggered HMC in Python, MILC conventions.")
+    ap.add_argument("--version", action="version", version=f"hmc (hisq-hmc) {__version__}")
     ap.add_argument("--backend", choices=("numpy", "cupy", "auto"), default=None,
                     help="array backend (default: $HMC_BACKEND or the deck's)")
     ap.add_argument("--grid", type=int, nargs=4, metavar=("PX", "PY", "PZ", "PT"),
@@ -58,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run or resume the trajectories a run file describes")
     p.add_argument("runfile")
-    p.add_argument("--trajectories", type=int, help="how many trajectories to run now (default: up to the deck's total)")
+    p.add_argument("--trajectories", type=_count(1),
+                   help="how many trajectories to run now, >= 1 (default: up to the deck's total)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("info", help="parameters, history and how to continue a run file")
@@ -94,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("gauge", help="gauge force and pure-gauge trajectory time per site")
     b.add_argument("--lattice", type=int, nargs=4, default=[8, 8, 8, 8], metavar=("NX", "NY", "NZ", "NT"))
     b.add_argument("--action", choices=("wilson", "symanzik"), default="symanzik")
-    b.add_argument("--repeat", type=int, default=5)
+    b.add_argument("--repeat", type=_count(1), default=5)
     b.add_argument("--json", action="store_true")
     b = bsub.add_parser("halo", help="halo latency and bandwidth per transport and face size (run under mpiexec)")
     b.add_argument("--transport", dest="bench_transport", default="mpi,shm",
@@ -111,14 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
                                        "per transport")
     b.add_argument("--lattice", type=int, nargs=4, default=[8, 8, 8, 8], metavar=("NX", "NY", "NZ", "NT"))
     b.add_argument("--precision", choices=("single", "double"), default="double")
-    b.add_argument("--repeat", type=int, default=20)
+    b.add_argument("--repeat", type=_count(1), default=20)
     b.add_argument("--json", action="store_true")
     b.add_argument("--local", type=int, nargs="+", metavar="L", help="distributed: local volumes L^4 per rank")
     b.add_argument("--transports", help="distributed: transports, comma-separated (default: --transport, else "
                                         "mpi,event,stream_gated)")
     b.add_argument("--graph", action="store_true", help="distributed: also the graph-captured stream-gated D and CG "
                                                         "iteration")
-    b.add_argument("--reps", type=int, default=100, help="distributed: calls per timing block")
+    b.add_argument("--reps", type=_count(1), default=100, help="distributed: calls per timing block")
     b.add_argument("--out", help="distributed: write the rows as JSON here")
     return ap
 
@@ -131,7 +170,7 @@ def _add_export_parser(sub):
     p.add_argument("-o", "--output", required=True, help="the gauge file to write")
     p.add_argument("--format", required=True, choices=EXPORT_FORMATS,
                    help="milc: MILC v5 (single precision); nersc: 4D_SU3_GAUGE_3x3 IEEE64BIG; ildg: 64-bit ILDG")
-    p.add_argument("--trajectory", type=int, metavar="N", help="the trajectory whose configuration to write (the run "
+    p.add_argument("--trajectory", type=_count(0), metavar="N", help="the trajectory whose configuration to write (the run "
                                                                 "file keeps its latest; default: that one)")
     p.add_argument("--precision", type=int, choices=(32, 64), help="nersc and ildg: 32 or 64 bits (default 64)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
@@ -150,20 +189,27 @@ def _export(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    """The ``hmc`` command: exit 0 on success, 1 when started work fails, 2 on bad input, 130 on Ctrl-C."""
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        return _interrupted(None)
     try:
         _comms_options(args)
         return _dispatch(args)
     except BrokenPipeError:  # output piped into head: not an error
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        return _interrupted(args)
     except _user_errors() as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        code = _exit_code(e)
         from comms import CommsTimeout, launched_size
 
         if launched_size() <= 1:
             print(f"hmc {args.command}: error: {msg}", file=sys.stderr)
-            return 2
+            return code
         # Several ranks. Bad input fails alike everywhere: rank 0 says so and exits at once, and the launcher ends
         # the others. A rank whose error rank 0 does not share (a timeout waiting for a peer) speaks for itself.
         # Never wait in MPI_Finalize: a peer may be stuck in an exchange.
@@ -175,7 +221,17 @@ def main(argv=None) -> int:
             time.sleep(2.0)            # ended by the launcher meanwhile when rank 0 had the same error
             print(f"hmc {args.command}: error: rank {_rank()}: {msg}", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        os._exit(2)
+        os._exit(code)
+
+
+def _interrupted(args) -> int:
+    """Ctrl-C: one line, no traceback, exit 130. A run file keeps its last checkpoint (saves are atomic)."""
+    command = f"hmc {args.command}" if args is not None else "hmc"
+    note = ""
+    if args is not None and args.command == "run":
+        note = f"; {args.runfile} keeps its last checkpoint: 'hmc run {args.runfile}' resumes"
+    print(f"{chr(10) if sys.stderr.isatty() else ''}{command}: interrupted{note}", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
 
 
 def _rank() -> int:
@@ -210,7 +266,9 @@ def _dispatch(args) -> int:
     if args.command == "info":
         from .info import info
 
-        print(info(args.runfile, as_json=args.json, schedule=args.schedule))
+        text = info(args.runfile, as_json=args.json, schedule=args.schedule)
+        if _rank() == 0:                          # under mpiexec every rank reads the file; one prints
+            print(text)
         return 0
     if args.command == "export":
         return _export(args)

@@ -152,8 +152,9 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
         log(f"{path}: run-file format version {state.format_version} (an older hmc's layout), rewritten as version "
             f"{runfile.FORMAT_VERSION} at the next checkpoint")
     if root:
-        log(f"{d['run']['name']}: resuming after trajectory {state.trajectory}, running {remaining} more "
-            f"({geom.backend.name}, {'; '.join(m.describe() for m in monomials)})")
+        what = (f"resuming after trajectory {state.trajectory}, running {remaining} more" if state.trajectory else
+                f"starting ({state.source}), running {remaining} trajectories")
+        log(f"{d['run']['name']}: {what} ({geom.backend.name}, {'; '.join(m.describe() for m in monomials)})")
         log(f"integrator {d['integrator']['scheme']} steps {d['integrator']['steps']} tau {d['integrator']['tau']}: "
             f"{len(schedule)} operations")
     bar = Progress(remaining, "trajectories", enabled=root and show_progress)

@@ -496,14 +496,17 @@ def format_result(r: dict) -> str:
 
 
 def report_error(args, e) -> int:
+    """One line; exit status 1 for a solve that did not converge (a runtime failure), 2 for bad input."""
+    from solvers import SolverConvergenceError
+
     msg = str(e).splitlines()[0] if str(e) else type(e).__name__
     print(f"hmc {args.command}: error: {msg}", file=sys.stderr)
-    return 2
+    return 1 if isinstance(e, SolverConvergenceError) else 2
 
 
 def cli(args) -> int:
-    """Entry point of ``hmc solve`` (called by hmc.cli). Bad parameters and solves that do not converge are
-    one-line errors with exit status 2; file errors reach hmc.cli's handler, which does the same."""
+    """Entry point of ``hmc solve`` (called by hmc.cli). Bad parameters (exit status 2) and solves that do not
+    converge (1) are one-line errors; file errors reach hmc.cli's handler (2)."""
     from solvers import SolverConvergenceError
 
     try:
