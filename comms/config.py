@@ -173,7 +173,7 @@ SETTINGS = {
     "mg_timing_sync": Setting("HMC_MG_TIMING_SYNC", _flag(True), True, "multigrid clocks synchronize the device"),
     "solver_fused": Setting("HMC_SOLVER_FUSED", _fused, "on", "fused solver linear algebra: on, off or all"),
     "solver_sums": Setting("HMC_SOLVER_SUMS", _choice("fast", "exact"), "fast", "solver reductions"),
-    "checks_dir": Setting("HMC_CHECKS_DIR", _optional(_text), None, "hmc check references (None: runs/checks)"),
+    "checks_dir": Setting("HMC_CHECKS_DIR", _optional(_text), None, "hmc check references (None: the package's hmc/checks)"),
     "fault_inject": Setting("HMC_FAULT_INJECT", _text, "", "testing: a fault to inject, e.g. "
                                                             "kill_during_checkpoint:3"),
     # read by the benchmark and scaling harness (converted when it moves into its own package)

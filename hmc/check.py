@@ -1,14 +1,16 @@
 """``hmc check``: the regression suite users run after a change.
 
-Each reference is a deck ``runs/checks/NAME.toml`` (a small lattice, a hot start from a fixed seed; a smooth random
-field for RHMC decks, whose rational functions are read relative to runs/checks/) and its stored values
-``runs/checks/NAME.json``. For every reference the check recomputes, at fixed seeds: the plaquette; for
+Each reference is a deck ``hmc/checks/NAME.toml`` (a small lattice, a hot start from a fixed seed; a smooth random
+field for RHMC decks, whose rational functions are read relative to the deck's folder) and its stored values
+``hmc/checks/NAME.json``: package data, so an installed ``hmc`` finds them from any folder (``HMC_CHECKS_DIR``
+names another folder of references). For every reference the check recomputes, at fixed seeds: the plaquette; for
 each monomial its action after the refresh, the norm of its force and its directional derivative along a fixed
 random direction Omega, which must also equal the central difference of the action (of the MD action for RHMC
 fermions, whose exact derivative the force is: the force test of CONVENTIONS.md 5.2); and one short trajectory (dH
 and the final plaquette). Every quantity is compared with the stored value under a stated relative tolerance; the
 table is printed and any failure makes the exit code non-zero. ``--update`` rewrites the stored values, printing
-old and new side by side: never silently.
+old and new side by side: never silently. Finding no reference to run is a failure (:class:`CheckError`), not a
+pass.
 """
 from __future__ import annotations
 
@@ -51,14 +53,28 @@ class Row:
         return self.rel is not None and self.rel <= self.tol
 
 
+class CheckError(RuntimeError):
+    """The check cannot run: no reference found (a broken installation or an empty HMC_CHECKS_DIR)."""
+
+
 def checks_dir(config: RunConfig | None = None) -> Path:
-    """The references: the configuration's ``checks_dir`` (HMC_CHECKS_DIR; default: runs/checks of this tree)."""
+    """The references: the configuration's ``checks_dir`` (HMC_CHECKS_DIR), else the package's own ``hmc/checks/``."""
     where = (config if config is not None else RunConfig.from_environment()).checks_dir
-    return Path(where) if where else Path(__file__).resolve().parents[1] / "runs" / "checks"
+    return Path(where) if where else Path(__file__).resolve().parent / "checks"
 
 
 def available() -> list[str]:
     return sorted(p.stem for p in checks_dir().glob("*.toml"))
+
+
+def _require_references() -> list[str]:
+    names = available()
+    if not names:
+        where = (f"HMC_CHECKS_DIR={checks_dir()}" if RunConfig.from_environment().checks_dir
+                 else f"{checks_dir()} (the package's references)")
+        raise CheckError(f"no reference decks (NAME.toml) in {where}: nothing to check; reinstall hisq-hmc or point "
+                         "HMC_CHECKS_DIR at a folder of references")
+    return names
 
 
 def _directional(monomials, u, omega):
@@ -127,11 +143,12 @@ def compute(name: str, backend: str | None = None, settings: dict | None = None)
 def run_checks(names=None, update: bool = False, backend: str | None = None, log=print,
                settings: dict | None = None) -> int:
     """Run the named references (all by default); returns the number of failures."""
-    names = names or available()
-    unknown = [n for n in names if n not in available()]
+    known = _require_references()
+    names = names or known
+    unknown = [n for n in names if n not in known]
     if unknown:
         raise deckmod.DeckError(f"no reference named {', '.join(unknown)} in {checks_dir()}: known references are "
-                                f"{', '.join(available()) or 'none'}")
+                                f"{', '.join(known)}")
     rows = []
     for name in names:
         t0 = time.perf_counter()
@@ -155,4 +172,16 @@ def run_checks(names=None, update: bool = False, backend: str | None = None, log
         failures += (not update) and not r.ok
         log(f"{r.reference:22s} {r.quantity:44s} {r.value:22.15e} {stored:>22s} {rel:>9s} {r.tol:7.0e}  {word}")
     log(f"hmc check: {len(rows)} values, {failures} failed" + (" (references updated)" if update else ""))
+    if not rows:
+        raise CheckError(f"the references {', '.join(names)} gave no values: nothing was checked")
     return failures
+
+
+def listing() -> list[str]:
+    """``hmc check --list``: one line per reference, its name and its deck's run name."""
+    names = _require_references()
+    out = []
+    for name in names:
+        d, _ = deckmod.load(checks_dir() / f"{name}.toml")
+        out.append(f"{name:22s} {d['run']['name']}")
+    return out

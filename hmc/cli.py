@@ -19,6 +19,7 @@ from .runfile import RunFileError
 
 USER_ERRORS = (DeckError, RunFileError, GeometryError, BackendError, CommsError, ConfigError, IntegratorError,
                FileNotFoundError)
+EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
 
 def _user_errors():
@@ -29,7 +30,41 @@ def _user_errors():
         errs.append(GaugeFileError)
     except ImportError:
         pass
-    return tuple(errs)
+    return tuple(errs) + _runtime_errors()
+
+
+def _runtime_errors():
+    """Failures of work that had started (exit 1), as opposed to bad input (exit 2): a solve that did not converge
+    (also in an RHMC trajectory), a peer rank that stopped answering."""
+    from comms import CommsTimeout
+    from solvers.cg import SolverConvergenceError
+
+    return (SolverConvergenceError, CommsTimeout)
+
+
+def _exit_code(e) -> int:
+    return EXIT_RUNTIME if isinstance(e, _runtime_errors()) else EXIT_USAGE
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, exit status 2."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _count(minimum: int):
+    """An argparse type: an integer of at least ``minimum`` (a number of trajectories, repeats, ...)."""
+    def parse(text):
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"{n} is not allowed: give an integer >= {minimum}")
+        return n
+    parse.__name__ = "count"
+    return parse
 
 
 def _add_action_args(p):
@@ -41,7 +76,10 @@ def _add_action_args(p):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="hmc", description="HISQ/staggered HMC in Python, MILC conventions.")
+    from . import __version__
+
+    ap = _Parser(prog="hmc", description="HISQ/staggered HMC in Python, MILC conventions.")
+    ap.add_argument("--version", action="version", version=f"hmc (hisq-hmc) {__version__}")
     ap.add_argument("--backend", choices=("numpy", "cupy", "auto"), default=None,
                     help="array backend (default: the deck's [run] backend if it states one, else $HMC_BACKEND, "
                          "else numpy)")
@@ -63,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run or resume the trajectories a run file describes")
     p.add_argument("runfile")
-    p.add_argument("--trajectories", type=int, help="how many trajectories to run now (default: up to the deck's total)")
+    p.add_argument("--trajectories", type=_count(1),
+                   help="how many trajectories to run now, >= 1 (default: up to the deck's total)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("info", help="parameters, history and how to continue a run file")
@@ -72,10 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", action="store_true", help="print the integrator schedule")
 
     p = sub.add_parser("measure", help="plaquette, link trace, Polyakov loop, checksums and gauge action of a lattice")
-    p.add_argument("config", help="a lattice file (MILC, NERSC, ILDG, SciDAC)")
+    p.add_argument("config", help="a lattice file (MILC, NERSC, ILDG, SciDAC) or a run file (RUN.h5, RUN.h5:N)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--ignore-checksum", action="store_true")
     _add_action_args(p)
+
+    _add_export_parser(sub)
 
     from . import solve as _solve, spectrum as _spectrum  # light at import: solvers and force load on use
 
@@ -83,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     _spectrum.add_parser(sub)
 
     p = sub.add_parser("check", help="regression suite: plaquette, actions, forces and a short trajectory against "
-                                     "the references in runs/checks")
-    p.add_argument("references", nargs="*", help="reference names (default: all in runs/checks)")
+                                     "the references shipped in hmc/checks (or $HMC_CHECKS_DIR)")
+    p.add_argument("references", nargs="*", help="reference names (default: all; --list shows them)")
     p.add_argument("--update", action="store_true", help="write new reference values (printed old and new)")
     p.add_argument("--list", action="store_true", help="list the references")
 
@@ -94,21 +135,54 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _add_export_parser(sub):
+    from .lattice_source import EXPORT_FORMATS
+
+    p = sub.add_parser("export", help="write a run file's configuration as a MILC, NERSC or ILDG gauge file")
+    p.add_argument("runfile", help="the run file (RUN.h5, or RUN.h5:N for trajectory N)")
+    p.add_argument("-o", "--output", required=True, help="the gauge file to write")
+    p.add_argument("--format", required=True, choices=EXPORT_FORMATS,
+                   help="milc: MILC v5 (single precision); nersc: 4D_SU3_GAUGE_3x3 IEEE64BIG; ildg: 64-bit ILDG")
+    p.add_argument("--trajectory", type=_count(0), metavar="N", help="the trajectory whose configuration to write (the run "
+                                                                "file keeps its latest; default: that one)")
+    p.add_argument("--precision", type=int, choices=(32, 64), help="nersc and ildg: 32 or 64 bits (default 64)")
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+
+
+def _export(args) -> int:
+    from .lattice_source import export
+
+    result = export(args.runfile, args.output, args.format, args.trajectory, args.precision)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"wrote {result['file']}: {result['format']}, the configuration of trajectory {result['trajectory']} "
+              f"of {args.runfile}")
+    return 0
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    """The ``hmc`` command: exit 0 on success, 1 when started work fails, 2 on bad input, 130 on Ctrl-C."""
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        return _interrupted(None)
     try:
         _run_settings(args)
         return _dispatch(args)
     except BrokenPipeError:  # output piped into head: not an error
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        return _interrupted(args)
     except _user_errors() as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        code = _exit_code(e)
         from comms import CommsTimeout, launched_size
 
         if launched_size() <= 1:
             print(f"hmc {args.command}: error: {msg}", file=sys.stderr)
-            return 2
+            return code
         # Several ranks. Bad input fails alike everywhere: rank 0 says so and exits at once, and the launcher ends
         # the others. A rank whose error rank 0 does not share (a timeout waiting for a peer) speaks for itself.
         # Never wait in MPI_Finalize: a peer may be stuck in an exchange.
@@ -120,7 +194,17 @@ def main(argv=None) -> int:
             time.sleep(2.0)            # ended by the launcher meanwhile when rank 0 had the same error
             print(f"hmc {args.command}: error: rank {_rank()}: {msg}", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        os._exit(2)
+        os._exit(code)
+
+
+def _interrupted(args) -> int:
+    """Ctrl-C: one line, no traceback, exit 130. A run file keeps its last checkpoint (saves are atomic)."""
+    command = f"hmc {args.command}" if args is not None else "hmc"
+    note = ""
+    if args is not None and args.command == "run":
+        note = f"; {args.runfile} keeps its last checkpoint: 'hmc run {args.runfile}' resumes"
+    print(f"{chr(10) if sys.stderr.isatty() else ''}{command}: interrupted{note}", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
 
 
 def _rank() -> int:
@@ -159,8 +243,12 @@ def _dispatch(args) -> int:
     if args.command == "info":
         from .info import info
 
-        print(info(args.runfile, as_json=args.json, schedule=args.schedule))
+        text = info(args.runfile, as_json=args.json, schedule=args.schedule)
+        if _rank() == 0:                          # under mpiexec every rank reads the file; one prints
+            print(text)
         return 0
+    if args.command == "export":
+        return _export(args)
     if args.command == "measure":
         from .measure import measure
 
@@ -172,17 +260,26 @@ def _dispatch(args) -> int:
                 print(f"{k}: {v}")
         return 0
     if args.command == "check":
-        from . import check
-
-        if args.list:
-            print("\n".join(check.available()))
-            return 0
-        return 1 if check.run_checks(args.references, args.update, settings=args.settings) else 0
+        return _check(args)
     if args.command in ("solve", "spectrum"):
         from . import solve, spectrum
 
         return (solve if args.command == "solve" else spectrum).cli(args)
     return 1
+
+
+def _check(args) -> int:
+    """hmc check: 1 on any failed value, and when there is no reference to run (a check that finds nothing fails)."""
+    from . import check
+
+    try:
+        if args.list:
+            print("\n".join(check.listing()))
+            return 0
+        return 1 if check.run_checks(args.references, args.update, settings=args.settings) else 0
+    except check.CheckError as e:
+        print(f"hmc check: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 from lattice import link_trace, plaquette, polyakov_loop
-from lattice.io import read_gauge
-
 from .assemble import make_gauge_action
+from .lattice_source import read_lattice
 
 
 def measure(path: str, args) -> dict:
     """CHECK PLAQ and LINKTR as stored (MILC prints them before re-unitarizing), then the Polyakov loop,
-    plaquette and, with --beta, the gauge action S_g on the re-unitarized links (CONVENTIONS.md 1.1, 2)."""
-    u, info = read_gauge(path, backend=args.backend, ignore_checksum=args.ignore_checksum,
-                         config=getattr(args, "run_config", None))
+    plaquette and, with --beta, the gauge action S_g on the re-unitarized links (CONVENTIONS.md 1.1, 2). ``path``: a
+    gauge file or a run file (``RUN.h5``, ``RUN.h5:N``)."""
+    u, info = read_lattice(path, backend=args.backend, ignore_checksum=args.ignore_checksum,
+                           config=getattr(args, "run_config", None))
     ss, st = plaquette(u)
     out = {"file": path, "format": info.get("format"), "dims": list(u.geom.dims),
            "checksums": info.get("checksums"),

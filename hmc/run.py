@@ -66,7 +66,7 @@ def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, f
     ss, st = plaquette(u)                    # collective: every rank has checked for an existing file by now
     rng = make_rng(d["run"]["rng"], d["run"]["seed"], geom.dims)
     state = runfile.RunState(d, text, geom.gather(u.site_major()), 0,   # the whole lattice on rank 0
-                             rng.state(), [], [], source, files, config)
+                             rng.state(), [], [], source, files, config, (ss, st))
     if geom.grid.is_root:
         runfile.save(out, state)
         log(f"wrote {out}: {d['run']['name']}, lattice {'x'.join(map(str, d['lattice']['dims']))}, {source}, "
@@ -154,14 +154,20 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
             log(f"{path}: all {state.trajectory} trajectories of the deck are done; run more with "
                 f"'hmc run {path} --trajectories N'")
         return state
+    if not state.plaquette:                               # a version-1 file: /gauge had no plaquette
+        state.plaquette = plaquette(u)
     state.comms = geom.grid.transport_table()             # collective; the resolved links of every rank on rank 0
     if root and state.comms:
         from comms.halo import format_table
 
         log(format_table(state.comms, geom.grid.describe()))
+    if root and state.format_version < runfile.FORMAT_VERSION:
+        log(f"{path}: run-file format version {state.format_version} (an older hmc's layout), rewritten as version "
+            f"{runfile.FORMAT_VERSION} at the next checkpoint")
     if root:
-        log(f"{d['run']['name']}: resuming after trajectory {state.trajectory}, running {remaining} more "
-            f"({geom.backend.name}, {'; '.join(m.describe() for m in monomials)})")
+        what = (f"resuming after trajectory {state.trajectory}, running {remaining} more" if state.trajectory else
+                f"starting ({state.source}), running {remaining} trajectories")
+        log(f"{d['run']['name']}: {what} ({geom.backend.name}, {'; '.join(m.describe() for m in monomials)})")
         log(f"integrator {d['integrator']['scheme']} steps {d['integrator']['steps']} tau {d['integrator']['tau']}: "
             f"{len(schedule)} operations")
     bar = Progress(remaining, "trajectories", enabled=root and show_progress)
@@ -174,7 +180,7 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
         # a trajectory that cannot be integrated (e.g. a solver that did not converge): the run file keeps the last
         # good trajectory; those completed since the last checkpoint are written first
         if unsaved:
-            state.links, state.rng = unsaved["links"], unsaved["rng"]
+            state.links, state.rng, state.plaquette = unsaved["links"], unsaved["rng"], unsaved["plaquette"]
             if root:
                 runfile.save(path, state)
         if root:
@@ -225,8 +231,10 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
         if (i + 1) % every == 0 or i + 1 == remaining:
             state.links = geom.gather(u.site_major())      # collective: the whole lattice on rank 0
             state.rng = rng.state()
+            state.plaquette = (row["plaq_ss"], row["plaq_st"])
             unsaved.clear()
             if root:
                 runfile.save(path, state)
         else:                                              # kept in case a later trajectory fails
-            unsaved.update(links=geom.gather(u.site_major()), rng=rng.state())
+            unsaved.update(links=geom.gather(u.site_major()), rng=rng.state(),
+                           plaquette=(row["plaq_ss"], row["plaq_st"]))

@@ -1,9 +1,12 @@
 """The run file (``trajectory.h5``): deck, current configuration, RNG state and history, written atomically.
 
-Layout (DESIGN.md): ``/params`` (validated deck as JSON, and the TOML text it came from), ``/gauge`` (links in
-MILC's site-major order, with trajectory, plaquette and SHA-256 attributes), ``/rng`` (seed and per-stream draw
+Layout (docs/runfile.md, the schema written down; every dataset and history column carries its own ``units`` and
+``description``, :mod:`hmc.runfile_schema`): ``/params`` (validated deck as JSON, and the TOML text it came from),
+``/gauge`` (links in MILC's site-major order with their axis and direction order, dims and boundary conditions, and
+trajectory, plaquette and SHA-256 attributes), ``/rng`` (seed and per-stream draw
 counters: the whole state of the counter-based generator; with MILC's generators, ``/rng/milc`` holds their state,
-:mod:`hmc.rngs`), ``/history`` (one row per trajectory), ``/comms`` (the resolved transport table), ``/params/files``
+:mod:`hmc.rngs`), ``/history`` (one dataset per column, one entry per trajectory; format version 1, files
+written before the version was recorded, kept one compound dataset ``rows``), ``/comms`` (the resolved transport table), ``/params/files``
 (texts the run needs besides the deck, e.g. its rational functions, copied in at ``hmc init`` so that the run file
 does not depend on them staying where they were), ``/config`` (the run configuration of the run that wrote the file,
 comms.config.RunConfig: one attribute per setting, its value as JSON; absent in files of older versions). Every
@@ -24,9 +27,12 @@ import numpy as np
 from comms.config import ConfigError, RunConfig
 
 from . import deck as deckmod
+from . import runfile_schema as schema
 
 FORMAT = "hisq-hmc run file"
-FORMAT_VERSION = 1
+#: 2: self-describing (attributes on every dataset, one dataset per history column of a fixed dtype, /gauge
+#: plaquette); 1: the first layout (history as one compound dataset), also every file without the attribute
+FORMAT_VERSION = 2
 
 
 class RunFileError(ValueError):
@@ -45,18 +51,42 @@ class RunState:
     source: str = ""                 # where the starting configuration came from
     files: dict = field(default_factory=dict)   # name -> text (e.g. "rationals": the RHMC rational functions)
     config: RunConfig | None = None  # the run configuration (None: a file written before it was stored)
+    plaquette: tuple = ()            # MILC's (ss, st) of ``links``: written as /gauge attributes
+    format_version: int = FORMAT_VERSION        # of the file it was read from
 
 
 def links_digest(links: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(links).tobytes()).hexdigest()
 
 
-def _history_array(rows: list[dict]):
+def _describe(obj, description: str, units: str = "") -> None:
+    obj.attrs["description"] = description
+    if units:
+        obj.attrs["units"] = units
+
+
+def _write_history(h, rows: list[dict]) -> None:
+    """One dataset per column (``columns``: their order), each with its schema dtype, units and description."""
+    h.attrs["description"] = ("one entry per trajectory of the run, in order; the datasets are the columns (their "
+                              "order in attribute 'columns'), each with its units and description")
     if not rows:
-        return None
-    names = list(rows[0].keys())
-    dtype = [(n, "f8") if isinstance(rows[0][n], float) else (n, "i8") for n in names]
-    return np.array([tuple(r[n] for n in names) for r in rows], dtype=dtype)
+        h.attrs["columns"] = ""
+        return
+    cols = schema.history_columns(rows)
+    h.attrs["columns"] = ",".join(cols)
+    for name, values in cols.items():
+        _, units, description = schema.history_column(name)
+        _describe(h.create_dataset(name, data=values), description, units)
+
+
+def _read_history(h, version: int) -> list[dict]:
+    if version == 1:                   # one compound dataset, a column's dtype that of its first value
+        rows = h["rows"][()] if "rows" in h else None
+        return [] if rows is None else [{n: r[n].item() for n in rows.dtype.names} for r in rows]
+    names = [n for n in str(h.attrs["columns"]).split(",") if n]
+    cols = {n: h[n][()] for n in names}
+    ntraj = len(cols[names[0]]) if names else 0
+    return [{n: cols[n][i].item() for n in names} for i in range(ntraj)]
 
 
 _save_count = 0
@@ -83,34 +113,40 @@ def save(path, state: RunState) -> None:
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["trajectory"] = state.trajectory
             f.attrs["source"] = state.source
+            f.attrs["description"] = ("an HMC run of hisq-hmc: its deck (/params), current configuration (/gauge), "
+                                      "generator state (/rng), history (/history) and halo transports (/comms); "
+                                      "schema: docs/runfile.md")
             par = f.create_group("params")
             par.attrs["deck_json"] = json.dumps(state.deck, sort_keys=True)
-            par.create_dataset("deck_toml", data=state.deck_text)
+            _describe(par, "the run's parameters: attribute deck_json is the validated deck (every key, defaults "
+                           "filled), as JSON")
+            _describe(par.create_dataset("deck_toml", data=state.deck_text),
+                      schema.DATASET_DESCRIPTIONS["params/deck_toml"], "text (UTF-8 TOML)")
             if state.files:
                 fg = par.create_group("files")
                 for name, text in state.files.items():
-                    fg.create_dataset(name, data=text)
-            g = f.create_group("gauge")
-            g.create_dataset("links", data=state.links)
-            g.attrs["sha256"] = links_digest(state.links)
-            g.attrs["trajectory"] = state.trajectory
+                    _describe(fg.create_dataset(name, data=text), schema.DATASET_DESCRIPTIONS["params/files"],
+                              "text")
+            _write_gauge(f, state)
             f.flush()
             _maybe_fault("half", state.config)
             r = f.create_group("rng")
             r.attrs["seed"] = state.rng.get("seed", 0)
             r.attrs["counters_json"] = json.dumps(state.rng.get("counters", {}), sort_keys=True)
+            _describe(r, schema.DATASET_DESCRIPTIONS["rng"])
             if "milc" in state.rng:
                 _write_state(r.create_group("milc"), state.rng["milc"])
-            h = f.create_group("history")
-            arr = _history_array(state.history)
-            if arr is not None:
-                h.create_dataset("rows", data=arr)
+            _write_history(f.create_group("history"), state.history)
             c = f.create_group("comms")
             c.attrs["table_json"] = json.dumps(state.comms)
             if state.config is not None:
                 cg = f.create_group("config")
                 for name, value in state.config.to_record().items():
                     cg.attrs[name] = json.dumps(value)
+                _describe(cg, "the run configuration of the hmc run that wrote the file (comms.config.RunConfig): "
+                              "one attribute per setting, its value as JSON; docs/configuration.md")
+            _describe(c, "attribute table_json: the halo transport of every link between ranks, as resolved by the "
+                         "last hmc run (JSON; [] on one rank)")
             f.flush()
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
@@ -123,6 +159,41 @@ def save(path, state: RunState) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _write_gauge(f, state: RunState) -> None:
+    """/gauge/links and the attributes that make it readable without this code (docs/runfile.md)."""
+    if len(state.plaquette) != 2:
+        raise ValueError("RunState.plaquette must hold MILC's (ss, st) plaquette of its links")
+    ss, st = (float(v) for v in state.plaquette)
+    g = f.create_group("gauge")
+    links = g.create_dataset("links", data=state.links)
+    for k, v in schema.LINKS_ATTRS.items():
+        links.attrs[k] = v
+    nt, nz, ny, nx = state.links.shape[:4]
+    links.attrs["dims"] = np.array([nx, ny, nz, nt], dtype=np.int64)
+    g.attrs["sha256"] = links_digest(state.links)
+    g.attrs["trajectory"] = state.trajectory
+    g.attrs["plaquette"] = (ss + st) / 6.0
+    g.attrs["plaquette_ss"], g.attrs["plaquette_st"] = ss, st
+    _describe(g, schema.GAUGE_ATTRS_DESCRIPTION)
+
+
+def _file_version(f, path) -> int:
+    """The format version: the attribute, or 1 for a file written before it was recorded; a newer one is refused."""
+    if "format_version" not in f.attrs:
+        return 1
+    try:
+        version = int(f.attrs["format_version"])
+    except (TypeError, ValueError):
+        version = 0
+    if version > FORMAT_VERSION:
+        raise RunFileError(f"{path} has run-file format version {version}, newer than this hmc reads (up to "
+                           f"{FORMAT_VERSION}): upgrade hisq-hmc to read it")
+    if version < 1:
+        raise RunFileError(f"{path} has an invalid run-file format version {f.attrs['format_version']!r}: the file is "
+                           "damaged; start a new run with 'hmc init'")
+    return version
 
 
 def load(path) -> RunState:
@@ -138,10 +209,7 @@ def load(path) -> RunState:
     with f:
         if f.attrs.get("format") != FORMAT:
             raise RunFileError(f"{path} is an HDF5 file but not a hisq-hmc run file: create one with 'hmc init'")
-        version = int(f.attrs.get("format_version", -1))
-        if version != FORMAT_VERSION:
-            raise RunFileError(f"{path} has run-file format version {version}, this hmc reads version "
-                               f"{FORMAT_VERSION}: use the hmc version that wrote it, or start a new run")
+        version = _file_version(f, path)
         try:
             deck_text = f["params/deck_toml"][()].decode()
             stored = json.loads(f["params"].attrs["deck_json"])
@@ -152,10 +220,13 @@ def load(path) -> RunState:
             if "milc" in f["rng"]:
                 rng["milc"] = _read_state(f["rng/milc"])
             files = {k: v[()].decode() for k, v in f["params/files"].items()} if "files" in f["params"] else {}
-            rows = f["history/rows"][()] if "rows" in f["history"] else None
+            history = _read_history(f["history"], version)
+            plaq = tuple(float(f["gauge"].attrs[k]) for k in ("plaquette_ss", "plaquette_st")
+                         if k in f["gauge"].attrs)
             comms = json.loads(f["comms"].attrs["table_json"])
             source = str(f.attrs.get("source", ""))
-            record = {k: json.loads(v) for k, v in f["config"].attrs.items()} if "config" in f else None
+            record = ({k: json.loads(v) for k, v in f["config"].attrs.items() if k != "description"}
+                      if "config" in f else None)
         except (KeyError, OSError, ValueError) as e:
             raise RunFileError(f"{path} is incomplete or damaged ({e}): start a new run with 'hmc init'") from None
     try:
@@ -172,7 +243,6 @@ def load(path) -> RunState:
     if links_digest(links) != digest:
         raise RunFileError(f"{path}: the stored configuration does not match its SHA-256 digest: the file is "
                            "damaged; start from an earlier copy")
-    history = [] if rows is None else [{n: r[n].item() for n in rows.dtype.names} for r in rows]
     if len(history) != traj:
         raise RunFileError(f"{path}: {traj} trajectories recorded but {len(history)} history rows: the file is "
                            "inconsistent")
@@ -180,7 +250,8 @@ def load(path) -> RunState:
         config = None if record is None else RunConfig.from_record(record)
     except ConfigError as e:
         raise RunFileError(f"{path}: its stored run configuration is not valid ({e}): start a new run") from None
-    return RunState(d, deck_text, links, traj, rng, history, comms, source, files, config)
+    return RunState(d, deck_text, links, traj, rng, history, comms, source, files, config, plaq,
+                    version)
 
 
 def _same_deck(d: dict, stored: dict) -> bool:
@@ -203,9 +274,10 @@ def _same_deck(d: dict, stored: dict) -> bool:
 
 def _write_state(group, st: dict) -> None:
     """A generator state (scalars and numpy arrays) into an HDF5 group: arrays as datasets, the rest as attributes."""
+    _describe(group, "MILC's generator state: arrays as datasets, scalars as attributes (hmc/rngs.py)")
     for k, v in st.items():
         if isinstance(v, np.ndarray):
-            group.create_dataset(k, data=v)
+            _describe(group.create_dataset(k, data=v), schema.DATASET_DESCRIPTIONS["rng/milc"], "1")
         else:
             group.attrs[k] = v
 

@@ -83,7 +83,8 @@ class SolveError(ValueError):
 # ------------------------------------------------------------------------------------------------ arguments
 def add_link_args(p) -> None:
     """The arguments that choose the configuration and the fermion links (shared with ``hmc spectrum``)."""
-    p.add_argument("config", help="a stored configuration (MILC v5/1996, NERSC, ILDG, SciDAC)")
+    p.add_argument("config", help="a stored configuration (MILC v5/1996, NERSC, ILDG, SciDAC) or a run file "
+                                  "(RUN.h5, RUN.h5:N)")
     p.add_argument("--action", choices=ACTIONS, required=True, help="fermion links: HISQ or asqtad")
     p.add_argument("--mass", type=float, required=True, help="bare quark mass m (M = 2m + D, MILC's convention)")
     p.add_argument("--u0", type=float, default=None,
@@ -159,13 +160,14 @@ def validate(args) -> None:
 def load_links(args):
     """(GaugeField, FermionLinks, read info) for the configuration and link options in ``args``."""
     from force.hisq_links import asqtad_links, hisq_links
-    from lattice.io import read_gauge
+
+    from .lattice_source import read_lattice, split_spec
 
     validate(args)
-    if not os.path.exists(args.config):
+    if not os.path.exists(split_spec(args.config)[0]):
         raise SolveError(f"{args.config}: no such file (check the path)")
-    u, info = read_gauge(args.config, backend=getattr(args, "backend", None), ignore_checksum=args.ignore_checksum,
-                         reunitarize=args.reunitarize, config=getattr(args, "run_config", None))
+    u, info = read_lattice(args.config, backend=getattr(args, "backend", None), ignore_checksum=args.ignore_checksum,
+                           reunitarize=args.reunitarize, config=getattr(args, "run_config", None))
     if args.action == "hisq":
         links = hisq_links(u, eps=args.eps, time_bc=args.time_bc)
     else:
@@ -494,14 +496,17 @@ def format_result(r: dict) -> str:
 
 
 def report_error(args, e) -> int:
+    """One line; exit status 1 for a solve that did not converge (a runtime failure), 2 for bad input."""
+    from solvers import SolverConvergenceError
+
     msg = str(e).splitlines()[0] if str(e) else type(e).__name__
     print(f"hmc {args.command}: error: {msg}", file=sys.stderr)
-    return 2
+    return 1 if isinstance(e, SolverConvergenceError) else 2
 
 
 def cli(args) -> int:
-    """Entry point of ``hmc solve`` (called by hmc.cli). Bad parameters and solves that do not converge are
-    one-line errors with exit status 2; file errors reach hmc.cli's handler, which does the same."""
+    """Entry point of ``hmc solve`` (called by hmc.cli). Bad parameters (exit status 2) and solves that do not
+    converge (1) are one-line errors; file errors reach hmc.cli's handler (2)."""
     from solvers import SolverConvergenceError
 
     try:

@@ -15,8 +15,8 @@ from . import lime, milc, nersc, scidac
 from .common import KNOWN_FORMATS, GaugeFileError, atomic_write, fail
 from .scidac import read_color_matrices, read_color_vector, read_field
 
-__all__ = ["read_gauge", "write_gauge", "detect_format", "read_site_major", "GaugeFileError", "read_field",
-           "read_color_vector", "read_color_matrices", "FORMATS"]
+__all__ = ["read_gauge", "gauge_from_site_major", "write_gauge", "detect_format", "read_site_major", "GaugeFileError",
+           "read_field", "read_color_vector", "read_color_matrices", "FORMATS"]
 
 FORMATS = ("milc", "nersc", "ildg")
 _READERS = {"milc-v5": milc.read, "milc-1996": milc.read_1996, "nersc": nersc.read, "lime": scidac.read_gauge}
@@ -72,11 +72,18 @@ def read_gauge(path, geom=None, backend=None, ignore_checksum: bool = False, reu
     info: format ('milc-v5', 'milc-1996', 'nersc', 'ildg', 'scidac'), path, dims (nx, ny, nz, nt), precision
     (bits of the stored reals), endian, checksums {expected, computed, ok}, header (the format's header fields).
     """
+    a, info = read_site_major(path, ignore_checksum)
+    return gauge_from_site_major(path, a, info, geom, backend, reunitarize, config)
+
+
+def gauge_from_site_major(path, a, info: dict, geom=None, backend=None, reunitarize: bool = False, config=None):
+    """(GaugeField, info) of the whole lattice ``a`` (site-major, read from ``path``; ``info["dims"]`` its extents)
+    placed as :func:`read_gauge` places a file's: each rank of ``geom`` keeps its sites, or a single-rank Geometry
+    on ``backend``; re-unitarized on request."""
     from ..backend import Backend, get_backend
     from ..gauge import GaugeField
     from ..geometry import Geometry
 
-    a, info = read_site_major(path, ignore_checksum)
     dims = tuple(info["dims"])
     if geom is None:
         be = backend if isinstance(backend, Backend) else get_backend(backend, config)

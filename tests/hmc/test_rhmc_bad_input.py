@@ -96,7 +96,7 @@ def test_solver_failure_in_the_first_trajectory(tmp_path, capsys):
     assert main(["init", str(tmp_path / "d.toml"), "-o", f]) == 0
     before = load(f)
     capsys.readouterr()
-    assert main(["run", f, "--no-progress"]) == 2
+    assert main(["run", f, "--no-progress"]) == 1  # a runtime failure: the solve ran and did not converge
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert err.startswith("hmc run: error: fermion: the heat-bath (GR) multishift solve of pseudofermion 0")
@@ -126,7 +126,7 @@ def test_solver_failure_keeps_the_last_good_trajectory(tmp_path, capsys, monkeyp
 
     monkeypatch.setattr(FermionMonomial, "refresh", failing_refresh)
     capsys.readouterr()
-    assert main(["run", bad, "--no-progress"]) == 2
+    assert main(["run", bad, "--no-progress"]) == 1
     out, err = capsys.readouterr()
     assert len(err.strip().splitlines()) == 1 and "did not converge: 3 iterations" in err
     assert "STOPPED in trajectory 2" in out and "keeps trajectory 1" in out

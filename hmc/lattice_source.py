@@ -1,0 +1,82 @@
+"""The lattice argument of ``hmc measure``, ``solve``, ``spectrum`` and ``export``: a gauge file (MILC, NERSC, ILDG,
+SciDAC) or a run file, ``RUN.h5`` (its configuration) or ``RUN.h5:N`` (trajectory N's, which must be the one it
+keeps: a run file holds only its latest configuration, docs/runfile.md)."""
+from __future__ import annotations
+
+import os
+import re
+
+from lattice.io import GaugeFileError, gauge_from_site_major, read_gauge, write_gauge
+
+from . import runfile
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+EXPORT_FORMATS = ("milc", "nersc", "ildg")
+
+
+def split_spec(spec) -> tuple[str, int | None]:
+    """``RUN.h5:N`` -> (``RUN.h5``, N); anything else (an existing path with a colon too) -> (spec, None)."""
+    spec = os.fspath(spec)
+    m = re.fullmatch(r"(.+):(\d+)", spec)
+    if m and not os.path.exists(spec) and os.path.exists(m.group(1)):
+        return m.group(1), int(m.group(2))
+    return spec, None
+
+
+def is_hdf5(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == HDF5_SIGNATURE
+    except OSError:
+        return False
+
+
+def run_file_configuration(path: str, trajectory: int | None = None):
+    """(site-major links, info as :func:`lattice.io.read_gauge` gives it) of a run file's configuration."""
+    st = runfile.load(path)
+    if trajectory is not None and trajectory != st.trajectory:
+        raise runfile.RunFileError(f"{path} keeps the configuration of trajectory {st.trajectory} only, not "
+                                   f"{trajectory}: give {path} or {path}:{st.trajectory}")
+    nt, nz, ny, nx = st.links.shape[:4]
+    info = {"format": "hisq-hmc run file", "path": path, "dims": (nx, ny, nz, nt), "precision": 64,
+            "trajectory": st.trajectory, "checksums": {"sha256": runfile.links_digest(st.links), "ok": True},
+            "plaquette": list(st.plaquette), "name": st.deck["run"]["name"]}
+    return st.links, info
+
+
+def read_lattice(spec, geom=None, backend=None, ignore_checksum: bool = False, reunitarize: bool = False,
+                 config=None):
+    """(GaugeField, info) of a gauge file or a run file (``RUN.h5`` or ``RUN.h5:N``), as :func:`read_gauge`."""
+    path, trajectory = split_spec(spec)
+    if not is_hdf5(path):
+        if trajectory is not None:
+            raise GaugeFileError(f"{spec}: ':{trajectory}' picks a trajectory of a run file, and {path} is not one; "
+                                 f"give {path} alone")
+        return read_gauge(path, geom=geom, backend=backend, ignore_checksum=ignore_checksum, reunitarize=reunitarize,
+                          config=config)
+    a, info = run_file_configuration(path, trajectory)
+    return gauge_from_site_major(path, a, info, geom, backend, reunitarize, config)
+
+
+def export(spec: str, out: str, fmt: str, trajectory: int | None = None, precision: int | None = None) -> dict:
+    """Write a run file's configuration as a MILC v5 (single precision, as MILC writes), NERSC
+    (4D_SU3_GAUGE_3x3, IEEE64BIG or with precision 32 IEEE32BIG) or ILDG (64-bit unless precision 32, with its
+    ildg-data-lfn) file, through :func:`lattice.io.write_gauge`; returns what was written."""
+    path, at = split_spec(spec)
+    if trajectory is not None and at is not None and trajectory != at:
+        raise runfile.RunFileError(f"{spec} and --trajectory {trajectory} disagree: give one of them")
+    if fmt == "milc" and precision not in (None, 32):
+        raise runfile.RunFileError("MILC v5 files are single precision (precision 64 is an extension other codes do "
+                                   "not read): drop --precision, or export as nersc or ildg")
+    a, info = run_file_configuration(path, at if trajectory is None else trajectory)
+    if os.path.abspath(out) == os.path.abspath(path):
+        raise runfile.RunFileError(f"-o {out} is the run file itself: give another output file")
+    options = {}
+    if fmt == "nersc":
+        options = {"floating_point": "IEEE32BIG" if precision == 32 else "IEEE64BIG",
+                   "ensemble_id": re.sub(r"\s+", "_", info["name"]), "sequence_number": info["trajectory"]}
+    elif fmt == "ildg":
+        options = {"precision": precision or 64, "lfn": os.path.basename(out),
+                   "info": f"{info['name']}: trajectory {info['trajectory']} of {os.path.abspath(path)}"}
+    written = write_gauge(out, a, fmt, **options)
+    return {"file": out, "format": fmt, "trajectory": info["trajectory"], "written": written}

@@ -1,0 +1,101 @@
+"""What the run file says about itself (docs/runfile.md): the attributes that describe ``/gauge/links`` and every
+dataset, and the dtype, units and description of every ``/history`` column.
+
+A column's dtype is fixed here, not taken from its first value (``f_start`` is 0, an integer, in a pure-gauge run,
+and still a float64 column). Columns whose names carry a monomial, a phase or a mass index are matched by pattern.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+#: the attributes of /gauge/links: its layout, and what a link is
+LINKS_ATTRS = {
+    "axis_order": "t,z,y,x,mu,row,col",
+    "direction_order": "x,y,z,t",
+    "dims_order": "x,y,z,t",
+    "boundary_conditions": "periodic,periodic,periodic,periodic",
+    "units": "1 (dimensionless SU(3) matrices)",
+    "description": "the gauge configuration: links[t, z, y, x, mu] is the SU(3) matrix U_mu(x) on the link from site "
+                   "x to x + mu-hat (mu = 0, 1, 2, 3 for x, y, z, t), indexed [row, col]; MILC's site-major file "
+                   "order, no staggered phases or boundary signs folded in (the fermions' time boundary condition "
+                   "is the deck's [fermions] time_bc)",
+}
+
+GAUGE_ATTRS_DESCRIPTION = (
+    "the configuration after attribute 'trajectory' trajectories; 'plaquette' is <ReTr P>/3 over all sites and the "
+    "six planes (1 on unit links), 'plaquette_ss' and 'plaquette_st' MILC's PLAQ (<ReTr P> over the three "
+    "space-space and the three space-time planes, 3 on unit links); 'sha256' the digest of the links' bytes "
+    "(complex128, little-endian, C order)")
+
+DATASET_DESCRIPTIONS = {
+    "params/deck_toml": ("the run deck's TOML text as given to hmc init (validated, defaults filled, in the "
+                         "attribute deck_json of /params)"),
+    "params/files": "a text the run needs besides the deck, copied in at hmc init (e.g. the RHMC rational functions)",
+    "rng": "the generator state: seed and per-stream draw counters of the counter-based generator; /rng/milc holds "
+           "MILC's per-site generators when the deck's [run] rng is milc or milc_old",
+    "rng/milc": "a dataset of MILC's generator state (hmc/rngs.py)",
+}
+
+#: name -> (dtype, units, description) of the fixed columns, in row order
+_FIXED = {
+    "traj": ("i8", "1", "trajectory number, 1 for the first trajectory of the run"),
+    "warmup": ("i8", "1", "1 for a warm-up trajectory (no Metropolis test, left out of statistics), else 0"),
+    "accepted": ("i8", "1", "1 if the trajectory's end configuration was kept (always 1 for warm-ups), else 0"),
+    "dH": ("f8", "1 (action, hbar = 1)", "H(end) - H(start): MILC's delta S"),
+    "exp_mdH": ("f8", "1", "exp(-dH), whose average is 1 in equilibrium (Creutz's equality)"),
+    "xrandom": ("f8", "1", "the uniform random number of the Metropolis test, accepted if exp(-dH) >= xrandom"),
+    "g_start": ("f8", "1 (action)", "gauge action at the start of the trajectory (MILC's ACTION g)"),
+    "h_start": ("f8", "1 (action)", "momentum term sum_{x,mu} [Tr(P^dag P)/2 - 4] at the start (MILC's ACTION h, "
+                                    "hmom_action)"),
+    "f_start": ("f8", "1 (action)", "pseudofermion action at the start (MILC's ACTION f; 0 without fermions)"),
+    "g_end": ("f8", "1 (action)", "gauge action at the end of the molecular dynamics"),
+    "h_end": ("f8", "1 (action)", "momentum term at the end of the molecular dynamics"),
+    "f_end": ("f8", "1 (action)", "pseudofermion action at the end of the molecular dynamics"),
+    "plaq_ss": ("f8", "1", "MILC's PLAQ space-space: <ReTr P> over the xy, xz, yz planes (3 on unit links), of the "
+                           "configuration kept after the trajectory"),
+    "plaq_st": ("f8", "1", "MILC's PLAQ space-time: <ReTr P> over the xt, yt, zt planes (3 on unit links)"),
+    "ploop_re": ("f8", "1", "MILC's P_LOOP, real part: the spatial average of Tr prod_t U_t (not divided by 3)"),
+    "ploop_im": ("f8", "1", "MILC's P_LOOP, imaginary part"),
+    "link_trace": ("f8", "1", "MILC's LINKTR: <ReTr U>/3 over all links (1 on unit links)"),
+}
+
+_PHASES = {"gr": "heat-bath (GR)", "fa": "action (FA)", "md": "force (MD)"}
+_PBP = {"re_even": "Re <psi-bar psi> on even sites", "re_odd": "Re <psi-bar psi> on odd sites",
+        "im_even": "Im <psi-bar psi> on even sites", "im_odd": "Im <psi-bar psi> on odd sites",
+        "faction": "MILC's FACTION", "iters": "CG iterations of the PBP solves, all sources"}
+
+
+def history_column(name: str) -> tuple[str, str, str]:
+    """(dtype, units, description) of a history column; an unknown name gets float64 and says it is undescribed."""
+    if name in _FIXED:
+        return _FIXED[name]
+    if name == "time_total":
+        return "f8", "s", "wall-clock seconds of the whole trajectory"
+    if name == "time_links":
+        return "f8", "s", "wall-clock seconds of the link updates (and re-unitarizations) of the molecular dynamics"
+    if m := re.fullmatch(r"time_fermion_(\w+)", name):
+        return "f8", "s", f"wall-clock seconds of the fermion monomial's {m.group(1)} work, summed over phases"
+    if m := re.fullmatch(r"time_force_(\w+)", name):
+        return "f8", "s", f"wall-clock seconds of the force evaluations of monomial {m.group(1)!r}"
+    if m := re.fullmatch(r"(cg|solves)_(gr|fa|md)", name):
+        what = "multishift CG iterations (MILC's count)" if m.group(1) == "cg" else "solves"
+        return "i8", "1", f"{what} of the {_PHASES[m.group(2)]} phase, all pseudofermions"
+    if name == "fermion_link_builds":
+        return "i8", "1", "HISQ/asqtad link smearings computed in the trajectory"
+    if m := re.fullmatch(r"pbp(\d+)_(\w+)", name):
+        if m.group(2) in _PBP:
+            dtype = "i8" if m.group(2) == "iters" else "f8"
+            return dtype, "1", (f"{_PBP[m.group(2)]}, valence mass number {m.group(1)} of [fermions] pbp_masses, "
+                                "averaged over the sources")
+    return "f8", "1", "a column not described in hmc/runfile_schema.py"
+
+
+def history_columns(rows: list[dict]) -> dict[str, np.ndarray]:
+    """The rows as one array per column, each of its schema dtype (rows must share their keys)."""
+    names = list(rows[0].keys())
+    for i, r in enumerate(rows):
+        if list(r.keys()) != names:
+            raise ValueError(f"history row {i + 1} has columns {list(r)} but row 1 has {names}")
+    return {n: np.array([r[n] for r in rows], dtype=history_column(n)[0]) for n in names}

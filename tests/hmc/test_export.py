@@ -1,0 +1,87 @@
+"""hmc export: a run file's configuration as MILC, NERSC and ILDG files, read back by lattice.io (and their
+checksums accepted); hmc measure, solve and spectrum take the run file itself (RUN.h5, RUN.h5:N) as the lattice."""
+import json
+
+import numpy as np
+import pytest
+
+from hmc.cli import main
+from hmc.runfile import load
+from lattice.io import read_site_major
+
+
+@pytest.fixture(scope="module")
+def run_file(tmp_path_factory):
+    """The quick deck (a hot start) after 2 trajectories: a configuration far from unit links."""
+    path = str(tmp_path_factory.mktemp("export") / "r.h5")
+    assert main(["init", "-o", path]) == 0
+    assert main(["run", path, "--trajectories", "2", "--no-progress"]) == 0
+    return path
+
+
+def json_out(capsys, argv):
+    capsys.readouterr()
+    assert main(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("fmt,precision,kind,tol", [
+    ("milc", None, "milc-v5", 1e-7),          # MILC v5 is single precision
+    ("nersc", None, "nersc", 0.0),
+    ("nersc", 32, "nersc", 1e-7),
+    ("ildg", None, "ildg", 0.0),
+    ("ildg", 32, "ildg", 1e-7),
+])
+def test_export_round_trip(run_file, tmp_path, capsys, fmt, precision, kind, tol):
+    out = str(tmp_path / f"lat.{fmt}")
+    extra = ["--precision", str(precision)] if precision else []
+    r = json_out(capsys, ["export", run_file, "-o", out, "--format", fmt, *extra])
+    assert r["trajectory"] == 2 and r["format"] == fmt
+    a, info = read_site_major(out)
+    links = load(run_file).links
+    assert info["format"] == kind and info["checksums"]["ok"] and tuple(info["dims"]) == (4, 4, 4, 4)
+    assert np.abs(a - links).max() <= tol
+    if tol == 0.0:
+        assert np.array_equal(a, links)
+    if fmt == "ildg":
+        assert info["header"]["lfn"] == "lat.ildg"                  # ildg-data-lfn, which Grid requires
+    m_file = json_out(capsys, ["measure", out])
+    m_run = json_out(capsys, ["measure", run_file])
+    assert abs(m_file["plaquette"] - m_run["plaquette"]) <= 1e-12 + 10 * tol
+
+
+def test_measure_run_file_reports_the_recorded_plaquette(run_file, capsys):
+    st = load(run_file)
+    for spec in (run_file, f"{run_file}:2"):
+        r = json_out(capsys, ["measure", spec])
+        assert r["format"] == "hisq-hmc run file"
+        assert abs(r["check_plaq_ss"] - st.plaquette[0]) < 1e-13 and abs(r["check_plaq_st"] - st.plaquette[1]) < 1e-13
+
+
+def test_solve_and_spectrum_take_a_run_file(run_file, tmp_path, capsys):
+    """The same solve and correlator on the run file and on its exported ILDG copy (bitwise the same links)."""
+    ildg = str(tmp_path / "lat.ildg")
+    assert main(["export", run_file, "-o", ildg, "--format", "ildg"]) == 0
+    links = ["--action", "hisq", "--mass", "0.5", "--tol", "1e-10"]
+    a = json_out(capsys, ["solve", run_file, *links])
+    b = json_out(capsys, ["solve", ildg, *links])
+    assert a["converged"] and a["iters"] == b["iters"] and a["true_residual"] == b["true_residual"]
+    c = json_out(capsys, ["spectrum", f"{run_file}:2", *links])
+    d = json_out(capsys, ["spectrum", ildg, *links])
+    assert c["correlator"] == d["correlator"]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--trajectory", "1"], ["keeps the configuration of trajectory 2 only", "r.h5:2"]),
+    (["--format", "milc", "--precision", "64"], ["single precision"]),
+])
+def test_export_bad_input_is_one_line(run_file, tmp_path, capsys, argv, words):
+    args = ["export", run_file, "-o", str(tmp_path / "x")] + (argv if "--format" in argv else argv + ["--format",
+                                                                                                      "nersc"])
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hmc export: error:"), err
+    for w in words:
+        assert w in err[0], err[0]
+    assert not (tmp_path / "x").exists()
