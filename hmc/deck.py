@@ -60,7 +60,7 @@ SCHEMA = {
         "action": Key(str, "wilson", None, "", ("wilson", "symanzik")),
         "beta": Key((int, float), None, _positive, "a positive number"),
         "u0": Key((int, float), 1.0, _positive, "a positive tadpole factor (1 for none)"),
-        "quark_loops": Key(str, "none", None, "", ("none", "asqtad", "hisq")),
+        "quark_loops": Key(str, "none", None, "", ("none", "asqtad", "asqtad_nf", "hisq")),
         "nf": Key(int, 0, _nonneg, "the number of dynamical flavours, >= 0"),
     },
     "integrator": {
