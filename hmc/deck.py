@@ -48,6 +48,8 @@ SCHEMA = {
         "rng": Key(str, "philox", None, "", ("philox", "milc", "milc_old")),
         "backend": Key(str, "numpy", None, "", ("numpy", "cupy", "auto")),
         "checkpoint_every": Key(int, 1, _positive, "a positive number of trajectories"),
+        "metropolis": Key(bool, True, None, "true for RHMC (the Metropolis test after each trajectory), false for "
+                          "RHMD (every trajectory kept, MILC's builds without -DHMC; MILC prints CHECK: delta S)"),
         "warmups": Key(int, 0, _nonneg, "a number >= 0 of leading trajectories run without the Metropolis test "
                        "(thermalization, as MILC's rhmd; marked in the history and left out of statistics)"),
     },
@@ -64,7 +66,7 @@ SCHEMA = {
         "nf": Key(int, 0, _nonneg, "the number of dynamical flavours, >= 0"),
     },
     "integrator": {
-        "scheme": Key(str, "omelyan", None, "", ("leapfrog", "omelyan", "3g1f")),
+        "scheme": Key(str, "omelyan", None, "", ("leapfrog", "omelyan", "3g1f", "milc_leapfrog", "milc_omelyan")),
         "steps": Key(int, 10, _positive, "a positive integer (even for omelyan and 3g1f)"),
         "tau": Key((int, float), 1.0, _positive, "a positive trajectory length"),
         "inner_scheme": Key(str, "", None, "", ("", "leapfrog", "omelyan")),
@@ -176,7 +178,7 @@ def validate(raw: dict) -> dict:
 
 def _cross_checks(d):
     integ = d["integrator"]
-    if integ["scheme"] in ("omelyan", "3g1f") and integ["steps"] % 2:
+    if integ["scheme"] in ("omelyan", "3g1f", "milc_omelyan") and integ["steps"] % 2:
         raise DeckError(f"[integrator] steps = {integ['steps']}: {integ['scheme']} integrates two steps per cycle, "
                         "so steps must be even")
     dims, grid = d["lattice"]["dims"], d["lattice"]["grid"]
