@@ -100,6 +100,9 @@ SCHEMA = {
         # MILC's KS_MULTICG: "plain" (ks_multicg_offset) or "hybrid" (multishift on the first Naik group's links,
         # then a single-mass CG refinement of every shift; hmc/rhmc.py, solvers.cg.hybrid_multishift_cg)
         "multishift": Key(str, "plain", None, "", ("plain", "hybrid")),
+        # HISQ: the group of the projection between the smearing levels, MILC's hisq_u3_action.h ("u3") or
+        # hisq_su3_action.h ("su3", the su3_rhmc_hisq_su3 build: W = Y det(Y)^(-1/3), force.hisq_links)
+        "unitarization_group": Key(str, "u3", None, "", ("u3", "su3")),
         "pbp_masses": Key(list, [], lambda v: all(_number(m) and m > 0 for m in v),
                           "a list of positive valence masses for the PBP measurement after each trajectory, e.g. "
                           "[0.0018, 0.018] ([] for none)"),
@@ -203,6 +206,9 @@ def _cross_checks(d):
             raise DeckError(f"[gauge] nf = {g['nf']} but [fermions] dyn_flavors add up to {nf}: the quark-loop terms "
                             "of the gauge action take the total number of dynamical flavours (MILC's "
                             "total_dyn_flavors)")
+        if f["action"] != "hisq" and f["unitarization_group"] != "u3":
+            raise DeckError("[fermions] unitarization_group applies to the HISQ action only (asqtad links are not "
+                            "unitarized): remove it or set action = \"hisq\"")
         if f["action"] == "hisq" and f["u0"] != 1.0:
             raise DeckError("[fermions] u0 applies to the asqtad action only (HISQ has no tadpole factor): remove it "
                             "or set action = \"asqtad\"")
