@@ -67,7 +67,7 @@ SCHEMA = {
     },
     "integrator": {
         "scheme": Key(str, "omelyan", None, "", ("leapfrog", "omelyan", "3g1f", "milc_leapfrog", "milc_omelyan")),
-        "steps": Key(int, 10, _positive, "a positive integer (even for omelyan and 3g1f)"),
+        "steps": Key(int, 10, _positive, "a positive integer (even for omelyan, milc_omelyan and 3g1f)"),
         "tau": Key((int, float), 1.0, _positive, "a positive trajectory length"),
         "inner_scheme": Key(str, "", None, "", ("", "leapfrog", "omelyan")),
         "inner_steps": Key(int, 1, _positive, "a positive integer"),

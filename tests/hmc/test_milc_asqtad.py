@@ -51,3 +51,23 @@ def test_milc_schedules():
         Level("milc_omelyan", 7)
     with pytest.raises(ValueError, match="single-time-scale"):
         build_schedule([Level("milc_leapfrog", 4, ["f"]), Level("leapfrog", 2, ["g"])], 1.0)
+
+
+def test_deck_keys_of_milc_builds():
+    """The new deck keys: [run] metropolis, the milc_* schemes (even steps for milc_omelyan), [fermions]
+    unitarization_group (HISQ only); bad values are one-line errors naming the key."""
+    from hmc import deck
+
+    text = (ROOT / "runs" / "milc_su3_leapfrog.toml").read_text()
+    d = deck.loads(text)
+    assert d["run"]["metropolis"] is False and d["integrator"]["scheme"] == "milc_leapfrog"
+    assert d["fermions"]["unitarization_group"] == "u3"
+    with pytest.raises(deck.DeckError, match="metropolis"):
+        deck.loads(text.replace("metropolis = false", "metropolis = 0"))
+    with pytest.raises(deck.DeckError, match="steps = 7"):
+        deck.loads(text.replace('scheme = "milc_leapfrog"', 'scheme = "milc_omelyan"').replace("steps = 12",
+                                                                                            "steps = 7"))
+    with pytest.raises(deck.DeckError, match="unitarization_group applies to the HISQ action only"):
+        deck.loads(text.replace('action = "asqtad"\nu0', 'action = "asqtad"\nunitarization_group = "su3"\nu0'))
+    with pytest.raises(deck.DeckError, match="unitarization_group"):
+        deck.loads(text.replace('action = "asqtad"\nu0', 'action = "asqtad"\nunitarization_group = "u2"\nu0'))
