@@ -45,3 +45,16 @@ def compare(got, want, tol):
             if tv:
                 worst = max(worst, d / tv)
     return fields, worst
+
+
+def single_precision_format(line):
+    """The line as MILC's single-precision build prints it (``g_measure``: PLAQ with %f, G_LOOP averages with %e;
+    every other selected line has the same format in both builds), to compare a double-precision run with MILC's
+    PRECISION 1 outputs."""
+    if line.startswith("PLAQ:"):
+        ss, st = line.split()[1:]
+        return f"PLAQ:\t{float(ss):f}\t{float(st):f}"
+    if line.startswith("G_LOOP:"):
+        head, value, tail = line.split("\t")
+        return f"{head}\t{float(value):e}\t{tail}"
+    return line

@@ -6,7 +6,7 @@ import pytest
 
 from hmc.integrators import Level, build_schedule, describe, force_evaluations, total_time
 from tests.conftest import ROOT, fixture_path
-from tests.hmc.milc_sample import compare, select_lines
+from tests.hmc.milc_sample import compare, select_lines, single_precision_format
 
 
 def _run_case(tmp_path, deck):
@@ -19,16 +19,20 @@ def _run_case(tmp_path, deck):
     return [l for l in lines if not l.startswith("traj ")]            # the project's own one-line summaries
 
 
-@pytest.mark.parametrize("case,deck", [("su3_leapfrog.2", "milc_su3_leapfrog.toml"),
-                                       ("su3_omelyan_rhmc.2", "milc_su3_omelyan_rhmc.toml")])
+@pytest.mark.parametrize("case,deck", [("su3_leapfrog", "milc_su3_leapfrog.toml"),
+                                       ("su3_omelyan_rhmc", "milc_su3_omelyan_rhmc.toml")])
 def test_milc_asqtad_case(tmp_path, case, deck):
+    """The double-precision run against MILC's PRECISION 2 output and, in the single-precision build's formats,
+    against its PRECISION 1 output, each with its own errtol (measured worst |difference|/errtol: su3_leapfrog 3.3e-6
+    and 0.57, su3_omelyan_rhmc 0.02 and 0.51)."""
     lines = _run_case(tmp_path, deck)
-    got = select_lines(lines, first=None)
-    want = select_lines(open(fixture_path(f"ks_imp_rhmc/{case}.sample-out")))
-    tol = open(fixture_path(f"ks_imp_rhmc/{case}.errtol")).read().splitlines()
-    fields, worst = compare(got, want, tol)
-    print(f"{case}: {len(got)} lines, {fields} fields, worst |difference|/errtol {worst:.2e}")
-    assert worst < 0.05
+    for precision in (2, 1):
+        got = select_lines(lines if precision == 2 else [single_precision_format(l) for l in lines], first=None)
+        want = select_lines(open(fixture_path(f"ks_imp_rhmc/{case}.{precision}.sample-out")))
+        tol = open(fixture_path(f"ks_imp_rhmc/{case}.{precision}.errtol")).read().splitlines()
+        fields, worst = compare(got, want, tol)
+        print(f"{case}.{precision}: {len(got)} lines, {fields} fields, worst |difference|/errtol {worst:.2e}")
+        assert worst < (0.05 if precision == 2 else 0.8)
 
 
 def test_milc_schedules():
