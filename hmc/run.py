@@ -125,7 +125,8 @@ def milc_lines(res, fermions, row: dict, beta: float | None = None, volume: int 
 
 def _milc_printout(d, geom, res, fermions, monomials, u, row, history) -> list[str]:
     """An RHMC trajectory's MILC lines (:func:`milc_lines`; the DG differences continue from the end action of the
-    trajectory before, when this run file has one), then G_LOOP and GACTION (:func:`hmc.milc_loops.g_loop_lines`)."""
+    trajectory before, when this run file has one), then G_LOOP and GACTION (:func:`hmc.milc_loops.g_loop_lines`).
+    Collective: call it on every rank."""
     from .milc_loops import g_loop_lines
 
     prev = history[-1] if history else None
@@ -226,9 +227,10 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
         pbp_out = pbp.measure(u, rng) if pbp is not None else ({}, [])
         row.update(pbp_out[0])
         state.history.append(row)
+        # collective (the G_LOOP sums): every rank computes the lines, rank 0 prints them
+        printout = _milc_printout(d, geom, res, fermions, monomials, u, row, state.history[:-1]) if fermions else []
         if root:
-            for line in (_milc_printout(d, geom, res, fermions, monomials, u, row, state.history[:-1])
-                         if fermions else []) + pbp_out[1]:
+            for line in printout + pbp_out[1]:
                 log(line)
             log(summary_line(row))
         bar.update(i + 1, f"dH {row['dH']:+.2e}")
