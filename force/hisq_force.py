@@ -33,7 +33,9 @@ phases with BC signs, :mod:`force.phases`). Reverse:
    sum is evaluated as D_W = F^T[W; HISQ_LEVEL2](sum_e D_X^e) + (1/8) sum_e e D_X^e + N^T[W; -1/24](sum_e (1+e) D_L^e)
    (one smearing adjoint for all groups; N is the Naik product; the long links are built from W);
 2. U(3) projection: D_V from D_W (:func:`force.unitarize_derivative.u3_unitarize_vjp`), with MILC's force filter
-   (5e-5) where the smallest eigenvalue of V^dag V is below it;
+   (5e-5) where the smallest eigenvalue of V^dag V is below it; with the SU(3) group (W = Y det(Y)^(-1/3), Y the
+   U(3) projection) first D_Y from D_W (:func:`force.unitarize_derivative.su3_projection_vjp`, MILC's
+   ``su3_unit_der_spec``), then D_V from D_Y;
 3. level 1: D_U = F^T[U; FAT7](D_V) (:func:`force.smearing_derivative.fat_link_vjp`, reverse of the nested staple
    evaluation, both the smeared argument and the staple links);
 4. Pdot = TA(U D_U).
@@ -67,10 +69,10 @@ from lattice.gauge import GaugeField
 
 from . import hisq_cuda as _cuda
 from . import phases as _phases
-from .hisq_links import FermionLinks, _global_min, hisq_level1
+from .hisq_links import FermionLinks, _global_min, check_group, hisq_level1
 from .smearing import FAT7, HISQ_EPS_CORRECTION, HISQ_LEVEL2, asqtad_coefficients
 from .smearing_derivative import fat_link_vjp, naik_link_vjp
-from .unitarize_derivative import FORCE_FILTER, FilterInfo, u3_unitarize_vjp
+from .unitarize_derivative import FORCE_FILTER, FilterInfo, su3_projection_vjp, u3_unitarize_vjp
 
 
 @dataclass
@@ -157,21 +159,25 @@ def hisq_level2_vjp(geom, w, fat_outer, long_outer, time_bc: str = "antiperiodic
 
 def hisq_force_terms(u: GaugeField, fat_outer, long_outer, time_bc: str = "antiperiodic", *,
                      force_filter: float | None = FORCE_FILTER, links: FermionLinks | None = None,
-                     **unitarize_options) -> HisqForceTerms:
+                     group: str = "u3", **unitarize_options) -> HisqForceTerms:
     """The HISQ fermion force with its intermediates (module docstring).
 
     u: the unphased gauge field; fat_outer, long_outer: {eps: outer-product field} (or one field for eps = 0);
     force_filter: MILC's 5e-5 (None: exact derivative everywhere); links: FermionLinks of ``u`` (any epsilon)
-    whose V and W are reused instead of recomputing level 1; ``unitarize_options`` go to
-    :func:`force.hisq_links.hisq_level1` otherwise."""
+    whose V, Y and W are reused instead of recomputing level 1 (they fix the group); ``group`` (u3 or su3) and
+    ``unitarize_options`` go to :func:`force.hisq_links.hisq_level1` otherwise."""
     _phases.check_time_bc(time_bc)
+    check_group(group)
     geom = u.geom
     if links is not None and links.V is not None and links.W is not None:
         v, w = links.V, links.W
+        y = links.Y if links.Y is not None else w
+        group = "u3" if links.Y is None else "su3"
     else:
-        v, w, _ = hisq_level1(u, **unitarize_options)
+        v, y, w, _ = hisq_level1(u, group=group, **unitarize_options)
     d_w = hisq_level2_vjp(geom, w, fat_outer, long_outer, time_bc)
-    d_v, info = u3_unitarize_vjp(v, d_w, force_filter, config=geom.config)
+    d_y = d_w if group == "u3" else su3_projection_vjp(y, d_w)
+    d_v, info = u3_unitarize_vjp(v, d_y, force_filter, config=geom.config)
     info.n_filtered = int(geom.grid.sum(info.n_filtered))
     info.n = int(geom.grid.sum(info.n))
     info.min_eigenvalue = _global_min(geom, info.min_eigenvalue)
@@ -181,10 +187,11 @@ def hisq_force_terms(u: GaugeField, fat_outer, long_outer, time_bc: str = "antip
 
 
 def hisq_force(u: GaugeField, fat_outer, long_outer, time_bc: str = "antiperiodic", *,
-               force_filter: float | None = FORCE_FILTER, links: FermionLinks | None = None):
+               force_filter: float | None = FORCE_FILTER, links: FermionLinks | None = None, group: str = "u3"):
     """Pdot_mu(x) = TA[U G^dag], shape (4, nt, nz, ny, nx, 3, 3), for
     delta S = sum_e sum Re Tr[delta fat^e fat_outer[e] + delta long^e long_outer[e]] (module docstring)."""
-    return hisq_force_terms(u, fat_outer, long_outer, time_bc, force_filter=force_filter, links=links).pdot
+    return hisq_force_terms(u, fat_outer, long_outer, time_bc, force_filter=force_filter, links=links,
+                            group=group).pdot
 
 
 def asqtad_link_derivative(u: GaugeField, u0: float, fat_outer, long_outer, time_bc: str = "antiperiodic"):

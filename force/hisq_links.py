@@ -6,6 +6,8 @@ Follana et al., PRD 75 054502), from the unphased gauge links U:
 
 * level 1 (fat7):      V = F[U; c1=1/8, c3=1/16, c5=1/64, c7=1/384, cL=0]             (:data:`smearing.FAT7`)
 * U(3) projection:     W = V (V^dag V)^(-1/2)                                          (:func:`unitarize.u3_unitarize`)
+  (``group="su3"``, MILC's ``hisq/hisq_su3_action.h``, the su3_rhmc_hisq_su3 build: Y = V (V^dag V)^(-1/2), then
+  W = Y det(Y)^(-1/3), :func:`unitarize.su3_project`)
 * level 2, eps = 0:    X_0 = F[W; c1=1, c3=1/16, c5=1/64, c7=1/384, cL=-1/8]          (:data:`smearing.HISQ_LEVEL2`)
 * epsilon (charm):     X_eps = X_0 + eps X_p3,  X_p3 = W/8  (table p3 = {one-link 1/8, Naik -1/24} on W)
 * Naik, from W:        L_eps(x) = -(1+eps)/24 W_mu(x) W_mu(x+mu) W_mu(x+2mu)
@@ -34,7 +36,7 @@ from lattice.gauge import GaugeField
 from . import phases as _phases
 from .smearing import (FAT7, HISQ_EPS_CORRECTION, HISQ_LEVEL2, PathCoefficients, asqtad_coefficients, fat_link,
                        hisq_level2_coefficients, smear)
-from .unitarize import SVD_ABS_ERROR, SVD_REL_ERROR, UnitarizeInfo, u3_unitarize
+from .unitarize import SVD_ABS_ERROR, SVD_REL_ERROR, UNITARIZATION_GROUPS, UnitarizeInfo, su3_project, u3_unitarize
 
 
 @dataclass
@@ -47,6 +49,8 @@ class FermionLinks:
     coefficients: the level-2 (HISQ) or only (asqtad) path coefficients, unphased sign convention, Naik included.
     V, W: HISQ only: the level-1 fat7 link and its U(3) projection, *unphased*, kept for the force chain rule
     (shared, not copied, between the links of several epsilons). unitarize: diagnostics of the projection.
+    Y: HISQ with the SU(3) group only: the U(3) projection of V, of which W is the SU(3) projection (None when W
+    is the U(3) projection itself).
     """
 
     fat: object
@@ -63,6 +67,7 @@ class FermionLinks:
     W: object = None
     unitarize: UnitarizeInfo | None = None
     extra: dict = field(default_factory=dict)
+    Y: object = None
 
     def unphased_fat(self):
         """X_mu(x), the fat link with the phases and BC signs removed."""
@@ -82,31 +87,40 @@ def _global_min(geom, value: float) -> float:
     return comm.allreduce(value, op=MPI.MIN)
 
 
-def hisq_level1(u: GaugeField, *, allow_svd: bool = True, svd_rel_error: float = SVD_REL_ERROR,
+def check_group(group: str) -> None:
+    if group not in UNITARIZATION_GROUPS:
+        raise ValueError(f"unitarization group {group!r}: use u3 (MILC's hisq_u3_action.h) or su3 "
+                         "(hisq_su3_action.h, the su3_rhmc_hisq_su3 build)")
+
+
+def hisq_level1(u: GaugeField, *, group: str = "u3", allow_svd: bool = True, svd_rel_error: float = SVD_REL_ERROR,
                 svd_abs_error: float = SVD_ABS_ERROR):
-    """(V, W, UnitarizeInfo): the fat7 link V = F[U; FAT7] and its U(3) projection W (both unphased).
-    The info's n_svd and min_eigenvalue are global (summed / minimized over ranks)."""
+    """(V, Y, W, UnitarizeInfo): the fat7 link V = F[U; FAT7], its U(3) projection Y and the link W the second level
+    smears: W = Y (``group="u3"``) or W = Y det(Y)^(-1/3) (``"su3"``); all unphased. The info's n_svd and
+    min_eigenvalue are global (summed / minimized over ranks)."""
+    check_group(group)
     geom = u.geom
     v = fat_link(geom, u.links, FAT7)
-    w, info = u3_unitarize(v, allow_svd=allow_svd, svd_rel_error=svd_rel_error, svd_abs_error=svd_abs_error,
+    y, info = u3_unitarize(v, allow_svd=allow_svd, svd_rel_error=svd_rel_error, svd_abs_error=svd_abs_error,
                            config=geom.config)
     info.n_svd = int(geom.grid.sum(info.n_svd))
     info.n = int(geom.grid.sum(info.n))
     info.min_eigenvalue = _global_min(geom, info.min_eigenvalue)
-    return v, w, info
+    w = y if group == "u3" else su3_project(y)[0]
+    return v, y, w, info
 
 
-def hisq_links_multi(u: GaugeField, eps_list=(0.0,), time_bc: str = "antiperiodic", **unitarize_options) \
-        -> list[FermionLinks]:
+def hisq_links_multi(u: GaugeField, eps_list=(0.0,), time_bc: str = "antiperiodic", group: str = "u3",
+                     **unitarize_options) -> list[FermionLinks]:
     """HISQ links for several Naik epsilons (one per distinct epsilon of the rational functions), sharing V and W.
 
     Level 1 and the eps = 0 level-2 smearing are done once: X_eps = X_0 + eps W/8 and L_eps = (1+eps) L_0, as
-    MILC does (``load_hisq_fn_links``: X_0 + eps X_p3). ``unitarize_options``: allow_svd, svd_rel_error,
-    svd_abs_error (see :func:`unitarize.u3_unitarize`)."""
+    MILC does (``load_hisq_fn_links``: X_0 + eps X_p3). ``group``: the unitarization group, u3 or su3 (module
+    docstring). ``unitarize_options``: allow_svd, svd_rel_error, svd_abs_error (see :func:`unitarize.u3_unitarize`)."""
     _phases.check_time_bc(time_bc)
     geom = u.geom
     eps_list = [float(e) for e in eps_list]
-    v, w, info = hisq_level1(u, **unitarize_options)
+    v, y, w, info = hisq_level1(u, group=group, **unitarize_options)
     x0, l0 = smear(geom, w, HISQ_LEVEL2)   # L_0 = -1/24 W W W; W padded once for both on a GPU grid
     eta = _phases.staggered_phases(geom, time_bc)
     eta_long = _phases.naik_phases(geom, time_bc)
@@ -120,16 +134,17 @@ def hisq_links_multi(u: GaugeField, eps_list=(0.0,), time_bc: str = "antiperiodi
         out.append(FermionLinks(fat=_phases.apply_phases(x, eta), long=_phases.apply_phases(l, eta_long),
                                 geom=geom, action="hisq", time_bc=time_bc,
                                 coefficients=hisq_level2_coefficients(eps), eta=eta, eta_long=eta_long, eps=eps,
-                                V=v, W=w, unitarize=info))
+                                V=v, W=w, unitarize=info, Y=None if group == "u3" else y))
     return out
 
 
-def hisq_links(u: GaugeField, eps: float = 0.0, time_bc: str = "antiperiodic", **unitarize_options) -> FermionLinks:
+def hisq_links(u: GaugeField, eps: float = 0.0, time_bc: str = "antiperiodic", group: str = "u3",
+               **unitarize_options) -> FermionLinks:
     """HISQ fat and long links for one Naik epsilon (module docstring); ``u`` holds the unphased links.
 
     fat_mu(x) = eta_mu(x) [X_0 + eps W/8]_mu(x),   long_mu(x) = eta_mu(x) eta_mu(x+mu) eta_mu(x+2mu)
     (-(1+eps)/24) W_mu(x) W_mu(x+mu) W_mu(x+2mu),  W = U(3) projection of fat7(U)."""
-    return hisq_links_multi(u, [eps], time_bc, **unitarize_options)[0]
+    return hisq_links_multi(u, [eps], time_bc, group, **unitarize_options)[0]
 
 
 def asqtad_links(u: GaugeField, u0: float, time_bc: str = "antiperiodic") -> FermionLinks:

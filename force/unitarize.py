@@ -163,3 +163,17 @@ def u3_project_svd(v):
     xp = array_module(v)
     a, _, bh = xp.linalg.svd(v)
     return a @ bh
+
+
+UNITARIZATION_GROUPS = ("u3", "su3")
+
+
+def su3_project(y):
+    """W = Y det(Y)^(-1/3) for every 3x3 matrix of ``y`` (any leading shape), the cube root on the principal branch
+    (arg det / 3 in (-pi/3, pi/3]): MILC's ``su3_spec_unitarize`` (``generic_ks/su3_mat_op.c``), which the HISQ
+    builds with ``UNITARIZATION_GROUP UNITARIZE_SU3`` (``hisq/hisq_su3_action.h``: su3_rhmc_hisq_su3) apply to the
+    U(3)-projected fat7 link Y before the second smearing level. Returns (W, c) with c = det(Y)^(-1/3)."""
+    xp = array_module(y)
+    det = det3(y)
+    c = xp.exp(-xp.log(xp.abs(det)) / 3.0 - 1j * xp.angle(det) / 3.0)
+    return y * c[..., None, None], c

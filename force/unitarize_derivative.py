@@ -92,3 +92,19 @@ def u3_unitarize_regularized(v, delta: float):
     xp = array_module(v)
     g, e = xp.linalg.eigh(su3.dagger(v) @ v)
     return v @ ((e * (1.0 / xp.sqrt(g + delta))[..., None, :]) @ su3.dagger(e))
+
+
+def su3_projection_vjp(y, d_w):
+    """D_Y for S(W(Y)) with W = Y c, c = det(Y)^(-1/3) (:func:`force.unitarize.su3_project`), given D_W (delta S =
+    Re Tr[delta W D_W]). c is holomorphic in Y off the branch cut, dc = -(c/3) Tr(Y^-1 dY), hence
+
+        D_Y = c [D_W - (1/3) Tr(Y D_W) Y^-1],
+
+    MILC's ``su3_unit_der_spec`` (dW/dY = c [dY - (1/3) Tr(Y^-1 dY) Y]) in reverse mode; Y^-1 = Y^dag for the
+    unitary Y of the HISQ chain, as MILC takes it."""
+    from .unitarize import su3_project
+
+    _, c = su3_project(y)
+    yinv = su3.dagger(y)
+    tr = su3.trace(y @ d_w)
+    return c[..., None, None] * (d_w - (tr / 3.0)[..., None, None] * yinv)

@@ -10,7 +10,7 @@ from comms import ProcessGrid
 from comms.config import RunConfig
 
 from .deck import DeckError
-from .integrators import Level, build_schedule
+from .integrators import MILC_SCHEMES, Level, build_schedule
 from .monomials import GaugeMonomial
 
 
@@ -80,7 +80,7 @@ def make_fermion_monomial(deck: dict, pfs: list):
     terms = [PseudofermionTerm(pf, float(md), float(fa), float(gr), f["max_multicg"], tuple(prec))
              for pf, (md, fa, gr), prec in zip(pfs, f["cgresid_md_fa_gr"], precisions)]
     mono = FermionMonomial(terms, f["action"], float(f["u0"]) if f["action"] == "asqtad" else None, f["time_bc"],
-                           multishift=f["multishift"])
+                           multishift=f["multishift"], unitarization_group=f["unitarization_group"])
     mg = deck.get("multigrid")
     if mg and mg["light_shifts"]:                 # [multigrid] light_shifts: the smallest light shifts by multigrid
         from solvers.multigrid.shifts import MultigridShifts
@@ -105,7 +105,8 @@ def make_monomials(deck: dict, files: dict | None = None, base_dir: str | None =
 
 
 def make_schedule(deck: dict, monomials: list) -> list:
-    """Gauge monomials on the innermost level; fermion monomials (when present) on the outer one.
+    """Gauge monomials on the innermost level; fermion monomials (when present) on the outer one; MILC's
+    single-level builds (``milc_leapfrog``, ``milc_omelyan``) kick the gauge monomials first, then the fermions.
     ``reunitarize = "cycle"`` re-unitarizes after every outer cycle, as MILC."""
     integ = deck["integrator"]
     gauge = [m.name for m in monomials if m.kind == "gauge"]
@@ -115,6 +116,8 @@ def make_schedule(deck: dict, monomials: list) -> list:
     elif integ["inner_scheme"] and fermion:
         levels = [Level(integ["scheme"], integ["steps"], fermion),
                   Level(integ["inner_scheme"], integ["inner_steps"], gauge)]
+    elif integ["scheme"] in MILC_SCHEMES:          # update_h_rhmc: the gauge force, then the fermion force
+        levels = [Level(integ["scheme"], integ["steps"], gauge + fermion)]
     else:
         levels = [Level(integ["scheme"], integ["steps"], fermion + gauge)]
     return build_schedule(levels, integ["tau"], reunitarize=integ["reunitarize"] == "cycle")

@@ -48,6 +48,8 @@ SCHEMA = {
         "rng": Key(str, "philox", None, "", ("philox", "milc", "milc_old")),
         "backend": Key(str, "numpy", None, "", ("numpy", "cupy", "auto")),
         "checkpoint_every": Key(int, 1, _positive, "a positive number of trajectories"),
+        "metropolis": Key(bool, True, None, "true for RHMC (the Metropolis test after each trajectory), false for "
+                          "RHMD (every trajectory kept, MILC's builds without -DHMC; MILC prints CHECK: delta S)"),
         "warmups": Key(int, 0, _nonneg, "a number >= 0 of leading trajectories run without the Metropolis test "
                        "(thermalization, as MILC's rhmd; marked in the history and left out of statistics)"),
     },
@@ -60,12 +62,12 @@ SCHEMA = {
         "action": Key(str, "wilson", None, "", ("wilson", "symanzik")),
         "beta": Key((int, float), None, _positive, "a positive number"),
         "u0": Key((int, float), 1.0, _positive, "a positive tadpole factor (1 for none)"),
-        "quark_loops": Key(str, "none", None, "", ("none", "asqtad", "hisq")),
+        "quark_loops": Key(str, "none", None, "", ("none", "asqtad", "asqtad_nf", "hisq")),
         "nf": Key(int, 0, _nonneg, "the number of dynamical flavours, >= 0"),
     },
     "integrator": {
-        "scheme": Key(str, "omelyan", None, "", ("leapfrog", "omelyan", "3g1f")),
-        "steps": Key(int, 10, _positive, "a positive integer (even for omelyan and 3g1f)"),
+        "scheme": Key(str, "omelyan", None, "", ("leapfrog", "omelyan", "3g1f", "milc_leapfrog", "milc_omelyan")),
+        "steps": Key(int, 10, _positive, "a positive integer (even for omelyan, milc_omelyan and 3g1f)"),
         "tau": Key((int, float), 1.0, _positive, "a positive trajectory length"),
         "inner_scheme": Key(str, "", None, "", ("", "leapfrog", "omelyan")),
         "inner_steps": Key(int, 1, _positive, "a positive integer"),
@@ -105,6 +107,9 @@ SCHEMA = {
         # MILC's KS_MULTICG: "plain" (ks_multicg_offset) or "hybrid" (multishift on the first Naik group's links,
         # then a single-mass CG refinement of every shift; hmc/rhmc.py, solvers.multishift.hybrid_multishift_cg)
         "multishift": Key(str, "plain", None, "", ("plain", "hybrid")),
+        # HISQ: the group of the projection between the smearing levels, MILC's hisq_u3_action.h ("u3") or
+        # hisq_su3_action.h ("su3", the su3_rhmc_hisq_su3 build: W = Y det(Y)^(-1/3), force.hisq_links)
+        "unitarization_group": Key(str, "u3", None, "", ("u3", "su3")),
         "pbp_masses": Key(list, [], lambda v: all(_number(m) and m > 0 for m in v),
                           "a list of positive valence masses for the PBP measurement after each trajectory, e.g. "
                           "[0.0018, 0.018] ([] for none)"),
@@ -183,7 +188,7 @@ def validate(raw: dict) -> dict:
 
 def _cross_checks(d):
     integ = d["integrator"]
-    if integ["scheme"] in ("omelyan", "3g1f") and integ["steps"] % 2:
+    if integ["scheme"] in ("omelyan", "3g1f", "milc_omelyan") and integ["steps"] % 2:
         raise DeckError(f"[integrator] steps = {integ['steps']}: {integ['scheme']} integrates two steps per cycle, "
                         "so steps must be even")
     dims, grid = d["lattice"]["dims"], d["lattice"]["grid"]
@@ -208,6 +213,9 @@ def _cross_checks(d):
             raise DeckError(f"[gauge] nf = {g['nf']} but [fermions] dyn_flavors add up to {nf}: the quark-loop terms "
                             "of the gauge action take the total number of dynamical flavours (MILC's "
                             "total_dyn_flavors)")
+        if f["action"] != "hisq" and f["unitarization_group"] != "u3":
+            raise DeckError("[fermions] unitarization_group applies to the HISQ action only (asqtad links are not "
+                            "unitarized): remove it or set action = \"hisq\"")
         if f["action"] == "hisq" and f["u0"] != 1.0:
             raise DeckError("[fermions] u0 applies to the asqtad action only (HISQ has no tadpole factor): remove it "
                             "or set action = \"asqtad\"")

@@ -103,6 +103,7 @@ class PBPMeasurement:
         self.reps = int(f["npbp_reps"])
         self.tol = float(f["pbp_error"])
         self.action, self.u0, self.time_bc = f["action"], float(f["u0"]), f["time_bc"]
+        self.group = f["unitarization_group"]
         mg = deck.get("multigrid")
         self.mg = None
         if mg and mg.get("pbp"):
@@ -116,7 +117,7 @@ class PBPMeasurement:
         from force.hisq_links import asqtad_links, hisq_links
         from solvers import StaggeredDslash
 
-        links = hisq_links(u, eps=0.0, time_bc=self.time_bc) if self.action == "hisq" else \
+        links = hisq_links(u, eps=0.0, time_bc=self.time_bc, group=self.group) if self.action == "hisq" else \
             asqtad_links(u, self.u0, self.time_bc)
         return StaggeredDslash(u.geom, links.fat, links.long)
 

@@ -159,7 +159,7 @@ class FermionMonomial:
 
     def __init__(self, terms: list[PseudofermionTerm], action: str = "hisq", u0: float | None = None,
                  time_bc: str = "antiperiodic", name: str = "fermion", force_filter: float | None = FORCE_FILTER,
-                 multishift: str = "plain"):
+                 multishift: str = "plain", unitarization_group: str = "u3"):
         if action not in ACTIONS:
             raise ValueError(f"fermion action {action!r}: use one of {', '.join(ACTIONS)}")
         if not terms:
@@ -168,6 +168,11 @@ class FermionMonomial:
         if multishift not in MULTISHIFT:
             raise ValueError(f"multishift solver {multishift!r}: use one of {', '.join(MULTISHIFT)}")
         self.multishift = multishift
+        if unitarization_group not in ("u3", "su3"):
+            raise ValueError(f"unitarization group {unitarization_group!r}: use u3 or su3")
+        if unitarization_group != "u3" and action != "hisq":
+            raise ValueError("the unitarization group is a HISQ option: asqtad links are not unitarized")
+        self.unitarization_group = unitarization_group   # HISQ: W = U(3) projection, or its SU(3) projection
         self.terms = list(terms)
         self.groups = naik_groups([t.rational for t in self.terms])       # [(eps, [k...])] in file order
         eps_runs = [eps for eps, _ in self.groups]
@@ -211,7 +216,7 @@ class FermionMonomial:
             return c
         t0 = time.perf_counter()
         if self.action_name == "hisq":
-            fl = dict(zip(self.epsilons, hisq_links_multi(u, self.epsilons, self.time_bc)))
+            fl = dict(zip(self.epsilons, hisq_links_multi(u, self.epsilons, self.time_bc, self.unitarization_group)))
         else:
             fl = {0.0: asqtad_links(u, self.u0, self.time_bc)}
         ops = {}
@@ -358,6 +363,8 @@ class FermionMonomial:
         groups = ", ".join(f"eps {eps:g}: {len(m)}" for eps, m in self.groups)
         masses = sorted({m for t in self.terms for m in t.rational.masses})
         what = "HISQ" if self.action_name == "hisq" else f"asqtad (u0 {self.u0:g})"
+        if self.unitarization_group == "su3":
+            what += " with SU(3)-projected links"
         return (f"{self.name}: {what} RHMC, {len(self.terms)} pseudofermions ({groups}), masses "
                 f"{' '.join(f'{m:g}' for m in masses)}, time bc {self.time_bc}")
 

@@ -91,30 +91,53 @@ def _history_row(traj, res, u, geom, warmup: bool, fermions=()) -> dict:
     return row
 
 
-def milc_lines(res, fermions, row: dict) -> list[str]:
-    """MILC's printout of one RHMC trajectory (CONVENTIONS.md 3.6): GRSOURCE and heat-bath CG lines, the action's CG
-    lines and ``ACTION: g,h,f = ...`` at the start, the CG lines of every force evaluation, the same at the end,
-    ``ACCEPT``/``REJECT: delta S``, ``PLAQ:`` and ``P_LOOP:``."""
-    def action(h):
-        return f"ACTION: g,h,f = {h.gauge:.14e}  {h.kinetic:.14e}  {h.fermion:.14e}  {h.total:.14e}"
-
+def milc_lines(res, fermions, row: dict, beta: float | None = None, volume: int | None = None, previous=None,
+               metropolis: bool = True) -> list[str]:
+    """MILC's printout of one RHMC trajectory (CONVENTIONS.md 3.6), in MILC's order: GRSOURCE and heat-bath CG lines;
+    then for every action measurement (``d_action_rhmc``: the start, the integrator's monitors, the end) the
+    ``PLAQUETTE ACTION`` line (with ``beta`` and the lattice ``volume``: -beta V (ss + st)), the action's CG lines, ``ACTION: g,h,f = ...`` and ``DG = ...``
+    (differences from the measurement before, ``previous`` = (g, h, f, total) for the first: MILC keeps them across
+    trajectories, zero at its start), with the CG lines of the force evaluations between them; then
+    ``ACCEPT``/``REJECT: delta S`` (``CHECK`` without the Metropolis test, MILC's RHMD builds), ``PLAQ:`` and
+    ``P_LOOP:``."""
+    old = list(previous) if previous is not None else [0.0, 0.0, 0.0, 0.0]
     out = []
     for m in fermions:
         out += m.milc_lines("GR")
-    for m in fermions:
-        out += m.milc_lines("FA", 0)
-    out.append(action(res.start))
-    for m in fermions:
-        for call in range(m.stats.calls.get("MD", 0)):
-            out += m.milc_lines("MD", call)
-    for m in fermions:
-        out += m.milc_lines("FA", 1)
-    out.append(action(res.end))
-    word = "WARMUP" if row["warmup"] else "ACCEPT" if row["accepted"] else "REJECT"
+    md_done = {m.name: 0 for m in fermions}
+    for call, h in enumerate([res.start] + list(res.monitors) + [res.end]):
+        for m in fermions:
+            for c in range(md_done[m.name], h.md_calls.get(m.name, md_done[m.name])):
+                out += m.milc_lines("MD", c)
+            md_done[m.name] = h.md_calls.get(m.name, md_done[m.name])
+        if beta is not None and h.plaquette:
+            out.append(f"PLAQUETTE ACTION: {-beta * volume * (h.plaquette[0] + h.plaquette[1]):e}")
+        for m in fermions:
+            out += m.milc_lines("FA", call)
+        new = [h.gauge, h.kinetic, h.fermion, h.total]
+        out.append(f"ACTION: g,h,f = {new[0]:.14e}  {new[1]:.14e}  {new[2]:.14e}  {new[3]:.14e}")
+        d = [a - b for a, b in zip(new, old)]
+        out.append(f"DG = {d[0]:e}, DH = {d[1]:e}, DF = {d[2]:e}, D = {d[3]:e}")
+        old = new
+    word = "WARMUP" if row["warmup"] else "CHECK" if not metropolis else "ACCEPT" if row["accepted"] else "REJECT"
     out.append(f"{word}: delta S = {row['dH']:e}")
     out.append(f"PLAQ:\t{row['plaq_ss']:.16f}\t{row['plaq_st']:.16f}")
     out.append(f"P_LOOP:\t{row['ploop_re']:e}\t{row['ploop_im']:e}")
     return out
+
+
+def _milc_printout(d, geom, res, fermions, monomials, u, row, history) -> list[str]:
+    """An RHMC trajectory's MILC lines (:func:`milc_lines`; the DG differences continue from the end action of the
+    trajectory before, when this run file has one), then G_LOOP and GACTION (:func:`hmc.milc_loops.g_loop_lines`).
+    Collective: call it on every rank."""
+    from .milc_loops import g_loop_lines
+
+    prev = history[-1] if history else None
+    previous = None if prev is None else (prev["g_end"], prev["h_end"], prev["f_end"],
+                                          prev["g_end"] + prev["h_end"] + prev["f_end"])
+    lines = milc_lines(res, fermions, row, d["gauge"]["beta"], geom.volume, previous, d["run"]["metropolis"])
+    gauge = next(m for m in monomials if m.kind == "gauge")
+    return lines + g_loop_lines(u, gauge.gauge_action)
 
 
 def summary_line(row: dict) -> str:
@@ -217,14 +240,16 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
                     f"dH = {rev['dH']:+.3e}")
         warmup = state.trajectory < d["run"]["warmups"]
         u, res = hmc_trajectory(u, rng, monomials, schedule, expm, d["integrator"]["reunitarize"],
-                                metropolis=not warmup)
+                                metropolis=d["run"]["metropolis"] and not warmup)
         state.trajectory += 1
         row = _history_row(state.trajectory, res, u, geom, warmup, fermions)
         pbp_out = pbp.measure(u, rng) if pbp is not None else ({}, [])
         row.update(pbp_out[0])
         state.history.append(row)
+        # collective (the G_LOOP sums): every rank computes the lines, rank 0 prints them
+        printout = _milc_printout(d, geom, res, fermions, monomials, u, row, state.history[:-1]) if fermions else []
         if root:
-            for line in (milc_lines(res, fermions, row) if fermions else []) + pbp_out[1]:
+            for line in printout + pbp_out[1]:
                 log(line)
             log(summary_line(row))
         bar.update(i + 1, f"dH {row['dH']:+.2e}")

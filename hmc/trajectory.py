@@ -20,6 +20,8 @@ class Hamiltonian:
     kinetic: float
     fermion: float = 0.0
     parts: dict = field(default_factory=dict)
+    plaquette: tuple = ()          # (ss, st) of the links, for MILC's PLAQUETTE ACTION line (measured_action)
+    md_calls: dict = field(default_factory=dict)     # force evaluations of each fermion monomial before it
 
     @property
     def total(self) -> float:
@@ -33,6 +35,18 @@ def hamiltonian(u: GaugeField, p, monomials) -> Hamiltonian:
     return Hamiltonian(gauge=g, kinetic=kinetic_energy(u.geom, p), fermion=f, parts=parts)
 
 
+def measured_action(u: GaugeField, p, monomials) -> Hamiltonian:
+    """MILC's ``d_action_rhmc`` at the start and end of a trajectory and at the integrator's ``("A", 0)`` monitors:
+    the Hamiltonian, the plaquette (its PLAQUETTE ACTION line) and how many force evaluations each fermion
+    monomial had made by then (to print the solves in MILC's order)."""
+    from lattice import plaquette
+
+    h = hamiltonian(u, p, monomials)
+    h.plaquette = plaquette(u)
+    h.md_calls = {m.name: m.stats.calls.get("MD", 0) for m in monomials if hasattr(m, "stats")}
+    return h
+
+
 def link_exponential(name: str):
     """``exact`` (Cayley-Hamilton) or ``taylor8`` (MILC's 8th-order series in update_u.c)."""
     if name == "exact":
@@ -42,9 +56,10 @@ def link_exponential(name: str):
     raise ValueError(f"unknown link exponential {name!r}: use exact or taylor8")
 
 
-def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3, timers=None):
-    """Integrate (U, P) along ``schedule`` in place (``("R", 0)`` re-unitarizes the links); returns the time spent
-    per phase (link updates, each monomial's force). On a GPU each phase's clock stops after the device has
+def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3, timers=None, monitors=None):
+    """Integrate (U, P) along ``schedule`` in place (``("R", 0)`` re-unitarizes the links, ``("A", 0)`` appends
+    :func:`measured_action` to ``monitors``); returns the time spent per phase (link updates, each monomial's
+    force). On a GPU each phase's clock stops after the device has
     finished it (a link update or a gauge force is only enqueued when its call returns), so that its time is not
     counted in the next phase."""
     by_name = {m.name: m for m in monomials}
@@ -60,6 +75,11 @@ def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3,
             t0 = time.perf_counter()
             u.reunitarize()
             add("links", t0)
+        elif op[0] == "A":
+            t0 = time.perf_counter()
+            if monitors is not None:
+                monitors.append(measured_action(u, p, monomials))
+            add("monitor", t0)
         elif op[0] == "U":
             t0 = time.perf_counter()
             if expm is su3.expm_su3 or expm is su3.expm_taylor:     # one fused kernel on a GPU
@@ -83,6 +103,7 @@ class TrajectoryResult:
     accepted: bool
     xrandom: float
     timers: dict
+    monitors: list = field(default_factory=list)     # the actions measured along the trajectory ("A" operations)
 
     @property
     def delta_h(self) -> float:
@@ -100,17 +121,18 @@ def hmc_trajectory(u: GaugeField, rng, monomials, schedule, expm=su3.expm_su3, r
     p = draw_momenta(u.geom, rng)
     for m in monomials:
         m.refresh(u, rng)
-    start = hamiltonian(u, p, monomials)
+    start = measured_action(u, p, monomials)
     v = u.copy()
-    timers = molecular_dynamics(v, p, schedule, monomials, expm)
+    monitors = []
+    timers = molecular_dynamics(v, p, schedule, monomials, expm, monitors=monitors)
     if reunitarize and not any(op[0] == "R" for op in schedule):
         v.reunitarize()
-    end = hamiltonian(v, p, monomials)
+    end = measured_action(v, p, monomials)
     xr = rng.global_uniform("metropolis")
     dh = end.total - start.total
     accepted = (not metropolis) or (dh <= 0 or math.exp(-dh) >= xr)
     timers["total"] = time.perf_counter() - t0
-    return (v if accepted else u), TrajectoryResult(start, end, accepted, xr, timers)
+    return (v if accepted else u), TrajectoryResult(start, end, accepted, xr, timers, monitors)
 
 
 def reversibility_check(u: GaugeField, p, monomials, schedule, expm=su3.expm_su3):

@@ -56,6 +56,17 @@ def compare(ref, st):
                 assert abs(a - b) <= RTOL * max(abs(a), 1e-300) or abs(a - b) <= 1e-15, (k, a, b)
 
 
+def _g_loops(out):
+    """The G_LOOP averages and GACTION values printed by hmc run."""
+    vals = []
+    for line in out.splitlines():
+        if line.startswith("G_LOOP:"):
+            vals.append(float(line.split("\t")[1]))
+        elif line.startswith("GACTION:"):
+            vals.append(float(line.split()[1]))
+    return vals
+
+
 @needs_mpi
 def test_rhmc_history_on_2_and_4_ranks_equals_one_process(tmp_path):
     from hmc import runfile
@@ -65,11 +76,15 @@ def test_rhmc_history_on_2_and_4_ranks_equals_one_process(tmp_path):
     launch(0, ["-m", "hmc", "init", str(deck), "-o", str(tmp_path / "t1.h5")])
     for n in (2, 4):
         shutil.copy(tmp_path / "t1.h5", tmp_path / f"t{n}.h5")
-    launch(0, ["-m", "hmc", "run", str(tmp_path / "t1.h5"), "--no-progress"])
+    out1 = launch(0, ["-m", "hmc", "run", str(tmp_path / "t1.h5"), "--no-progress"])
     ref = runfile.load(tmp_path / "t1.h5")
+    loops1 = _g_loops(out1)
+    assert len(loops1) == 2 * (6 + 12 + 16 + 1)             # G_LOOP and GACTION lines of the 2 trajectories
     assert ref.history[-1]["cg_md"] > 0 and ref.history[0]["plaq_ss"] < 3.0 - 1e-3     # off the cold start
     for n, grid in ((2, ["1", "1", "1", "2"]), (4, ["1", "1", "2", "2"])):
         out = launch(n, ["-m", "hmc", "--grid", *grid, "run", str(tmp_path / f"t{n}.h5"), "--no-progress"])
         assert "comms: grid" in out
         assert out.count("RUNNING COMPLETED") == 1 and out.count("GRSOURCE: sum = ") == 2 * 5
         compare(ref, runfile.load(tmp_path / f"t{n}.h5"))
+        loops = _g_loops(out)                          # MILC's gauge-loop lines: a collective sum on every rank
+        assert len(loops) == len(loops1) and max(abs(a - b) for a, b in zip(loops, loops1)) < 1e-12
