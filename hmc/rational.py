@@ -610,9 +610,12 @@ def read_rationals(path, *, check: bool = True) -> list[PseudofermionRational]:
     """Read MILC's rational-function file; with ``check`` also the ordering rule and MD/GR/FA consistency."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise RationalsError(f"{p}: cannot read the rational-function file ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise RationalsError(f"{p}: not a rational-function file (byte {e.start} is not UTF-8 text): give the path "
+                             "of MILC's text file of rational functions") from None
     return parse_rationals(text, str(p), check=check)
 
 

@@ -127,26 +127,29 @@ def load(path) -> RunState:
         raise RunFileError(f"{path} is not an HDF5 run file (truncated or foreign): create a new one with "
                            "'hmc init'") from None
     with f:
-        if f.attrs.get("format") != FORMAT:
-            raise RunFileError(f"{path} is an HDF5 file but not a hisq-hmc run file: create one with 'hmc init'")
-        version = int(f.attrs.get("format_version", -1))
-        if version != FORMAT_VERSION:
-            raise RunFileError(f"{path} has run-file format version {version}, this hmc reads version "
-                               f"{FORMAT_VERSION}: use the hmc version that wrote it, or start a new run")
         try:
-            deck_text = f["params/deck_toml"][()].decode()
+            if f.attrs.get("format") != FORMAT:
+                raise RunFileError(f"{path} is an HDF5 file but not a hisq-hmc run file: create one with 'hmc init'")
+            version = int(f.attrs.get("format_version", -1))
+            if version != FORMAT_VERSION:
+                raise RunFileError(f"{path} has run-file format version {version}, this hmc reads version "
+                                   f"{FORMAT_VERSION}: use the hmc version that wrote it, or start a new run")
+            deck_text = _dataset(f, "params/deck_toml", path).decode()
             stored = json.loads(f["params"].attrs["deck_json"])
-            links = f["gauge/links"][()]
+            links = _dataset(f, "gauge/links", path)
             digest = f["gauge"].attrs["sha256"]
             traj = int(f.attrs["trajectory"])
             rng = {"seed": int(f["rng"].attrs["seed"]), "counters": json.loads(f["rng"].attrs["counters_json"])}
             if "milc" in f["rng"]:
                 rng["milc"] = _read_state(f["rng/milc"])
-            files = {k: v[()].decode() for k, v in f["params/files"].items()} if "files" in f["params"] else {}
-            rows = f["history/rows"][()] if "rows" in f["history"] else None
+            files = {k: _dataset(f, v.name, path).decode() for k, v in f["params/files"].items()} \
+                if "files" in f["params"] else {}
+            rows = _dataset(f, "history/rows", path) if "rows" in f["history"] else None
             comms = json.loads(f["comms"].attrs["table_json"])
             source = str(f.attrs.get("source", ""))
-        except (KeyError, OSError, ValueError) as e:
+        except RunFileError:
+            raise
+        except _DAMAGED as e:
             raise RunFileError(f"{path} is incomplete or damaged ({e}): start a new run with 'hmc init'") from None
     try:
         d = deckmod.loads(deck_text)
@@ -167,6 +170,22 @@ def load(path) -> RunState:
         raise RunFileError(f"{path}: {traj} trajectories recorded but {len(history)} history rows: the file is "
                            "inconsistent")
     return RunState(d, deck_text, links, traj, rng, history, comms, source, files)
+
+
+# what h5py raises on damaged metadata or data (HDF5's errors come as OSError, KeyError, ValueError, TypeError or
+# RuntimeError; a damaged string or attribute can come back as an object without .decode or .item)
+_DAMAGED = (KeyError, OSError, ValueError, TypeError, RuntimeError, AttributeError, IndexError)
+
+
+def _dataset(f, name: str, path: str):
+    """``f[name][()]``, refused before reading when the dataset claims more bytes than the whole file holds (a
+    damaged dataspace must not size an allocation)."""
+    ds = f[name]
+    claimed = ds.size * ds.dtype.itemsize
+    if claimed > os.path.getsize(path):
+        raise RunFileError(f"{path} is damaged: dataset {name} claims {claimed} bytes, more than the file's "
+                           f"{os.path.getsize(path)}: start from an earlier copy")
+    return ds[()]
 
 
 def _same_deck(d: dict, stored: dict) -> bool:

@@ -23,8 +23,17 @@ def fail(path, problem: str, fix: str) -> GaugeFileError:
     return GaugeFileError(f"{os.fspath(path)}: {problem}; {fix}")
 
 
-def truncated(path, kind: str, expected: int, actual: int, what: str = "") -> GaugeFileError:
+def truncated(path, kind: str, expected: int, actual: int, what: str = "", site_bytes: int = 0,
+              data_start: int = 0) -> GaugeFileError:
+    """The file's size disagrees with what its header implies. With ``site_bytes`` (the bytes of one site's data,
+    which start at ``data_start``): a short file that still holds a whole number of sites was not cut by an
+    incomplete copy (that would end mid-site nearly always) -- its header's lattice size is damaged."""
     what = f" ({what})" if what else ""
+    data = actual - data_start
+    if actual < expected and site_bytes and data > 0 and data % site_bytes == 0:
+        return fail(path, f"{kind} header does not fit the file: it implies {expected} bytes{what}, but the file "
+                          f"holds {actual}, a whole {data // site_bytes} sites",
+                    "the header (its lattice size) is damaged: copy the file again from the original")
     if actual < expected:
         return fail(path, f"truncated {kind} file: expected {expected} bytes{what}, found {actual}",
                     "the copy is incomplete: copy the file again")
@@ -34,8 +43,7 @@ def truncated(path, kind: str, expected: int, actual: int, what: str = "") -> Ga
 
 def checksum_error(path, kind: str, expected: str, computed: str) -> GaugeFileError:
     return fail(path, f"{kind} checksum mismatch: the file says {expected}, the data give {computed}",
-                "the file is corrupt: copy it again, or pass --ignore-checksum (ignore_checksum=True) to read it "
-                "anyway")
+                "the file is corrupt: copy it again, or pass --ignore-checksum to read it anyway")
 
 
 def check_dims(path, dims, kind: str) -> tuple:
