@@ -10,7 +10,8 @@ from .assemble import make_gauge_action
 def measure(path: str, args) -> dict:
     """CHECK PLAQ and LINKTR as stored (MILC prints them before re-unitarizing), then the Polyakov loop,
     plaquette and, with --beta, the gauge action S_g on the re-unitarized links (CONVENTIONS.md 1.1, 2)."""
-    u, info = read_gauge(path, backend=args.backend, ignore_checksum=args.ignore_checksum)
+    u, info = read_gauge(path, backend=args.backend, ignore_checksum=args.ignore_checksum, check_links=True,
+                         force_reunitarize=getattr(args, "force_reunitarize", False))
     ss, st = plaquette(u)
     out = {"file": path, "format": info.get("format"), "dims": list(u.geom.dims),
            "checksums": info.get("checksums"),

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from . import lime, milc, nersc, scidac
+from . import lime, milc, nersc, physical, scidac
 from .common import KNOWN_FORMATS, GaugeFileError, atomic_write, fail
 from .scidac import read_color_matrices, read_color_vector, read_field
 
@@ -59,13 +59,17 @@ def read_site_major(path, ignore_checksum: bool = False):
         raise fail(path, f"read failed ({e.strerror or e})", "check the file and the file system") from None
 
 
-def read_gauge(path, geom=None, backend=None, ignore_checksum: bool = False, reunitarize: bool = False):
+def read_gauge(path, geom=None, backend=None, ignore_checksum: bool = False, reunitarize: bool = False,
+               check_links: bool = False, force_reunitarize: bool = False):
     """Read a gauge file of any supported format: (GaugeField, info).
 
     ``geom``: the Geometry to read into (its global dims must match the file's; each rank keeps its own sites);
     without one, a single-rank Geometry of the file's dims on ``backend`` (a name, a Backend or None).
     ``ignore_checksum``: read even if the checksums (or NERSC's PLAQUETTE / LINK_TRACE) disagree.
     ``reunitarize``: apply MILC's reunit_su3 in double precision after reading (not done by default).
+    ``check_links``: refuse NaN/inf and links farther from U(3) than the stored precision allows (what a run,
+    measure or solve reads: :mod:`lattice.io.physical`); ``force_reunitarize`` (``--force-reunitarize``) projects
+    such links onto SU(3) instead of refusing them (info["forced_reunitarized"]: how many).
 
     info: format ('milc-v5', 'milc-1996', 'nersc', 'ildg', 'scidac'), path, dims (nx, ny, nz, nt), precision
     (bits of the stored reals), endian, checksums {expected, computed, ok}, header (the format's header fields).
@@ -75,6 +79,8 @@ def read_gauge(path, geom=None, backend=None, ignore_checksum: bool = False, reu
     from ..geometry import Geometry
 
     a, info = read_site_major(path, ignore_checksum)
+    if check_links:
+        a, info["forced_reunitarized"] = physical.check_links(path, a, info["precision"], force_reunitarize)
     dims = tuple(info["dims"])
     if geom is None:
         be = backend if isinstance(backend, Backend) else get_backend(backend)

@@ -122,11 +122,11 @@ def test_gauge_readers(kind):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["milc32", "nersc2", "ildg64"])
-def test_gauge_reader_checksums_ignored(kind):
-    """With --ignore-checksum the damaged data reach the decoding itself."""
+def test_gauge_reader_checksums_ignored_links_checked(kind):
+    """With --ignore-checksum the damaged data reach the decoding and the link check of hmc init/measure/solve."""
     seed, fields = _seed_gauge(kind)
-    _fuzz(f"gauge:{kind}+ignore-checksum", seed, fields, lambda p: read_gauge(p, ignore_checksum=True),
-          (GaugeFileError,))
+    _fuzz(f"gauge:{kind}+ignore-checksum+check-links", seed, fields,
+          lambda p: read_gauge(p, ignore_checksum=True, check_links=True), (GaugeFileError,))
 
 
 @pytest.mark.timeout(300)
