@@ -679,7 +679,7 @@ def format_rationals(pfs: Sequence[PseudofermionRational], comment: str | None =
 def write_rationals(path, pfs: Sequence[PseudofermionRational], comment: str | None = None) -> None:
     """Write MILC's rational-function format (readable by MILC's load_rhmc_params and by read_rationals)."""
     text = format_rationals(pfs, comment)
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(p)
+    from lattice.io.common import atomic_write
+
+    with atomic_write(path) as f:
+        f.write(text.encode())

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import h5py
 import numpy as np
 
+from lattice.io.common import durable_replace, remove_stale_temporaries, temporary_name
+
 from . import deck as deckmod
 
 FORMAT = "hisq-hmc run file"
@@ -67,11 +69,13 @@ def _maybe_fault(stage: str):
 
 
 def save(path, state: RunState) -> None:
-    """Write ``state`` to ``path`` atomically (temporary file in the same folder, fsync, rename)."""
+    """Write ``state`` to ``path`` atomically and durably (PATH.tmp.PID, fsync, rename, fsync of the folder:
+    :func:`lattice.io.common.durable_replace`)."""
     global _save_count
     _save_count += 1
     path = os.fspath(path)
-    tmp = f"{path}.tmp.{os.getpid()}"
+    remove_stale_temporaries(path)
+    tmp = temporary_name(path)
     try:
         with h5py.File(tmp, "w") as f:
             f.attrs["format"] = FORMAT
@@ -103,22 +107,17 @@ def save(path, state: RunState) -> None:
             c = f.create_group("comms")
             c.attrs["table_json"] = json.dumps(state.comms)
             f.flush()
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        dirfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            os.fsync(dirfd)
-        finally:
-            os.close(dirfd)
+        durable_replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
 def load(path) -> RunState:
-    """Read and check a run file; any inconsistency is a one-line RunFileError naming the file."""
+    """Read and check a run file; any inconsistency is a one-line RunFileError naming the file. The temporary
+    file of a save killed midway (its process dead) is removed first."""
     path = os.fspath(path)
+    remove_stale_temporaries(path)
     if not os.path.exists(path):
         raise RunFileError(f"run file {path} does not exist: create it with 'hmc init DECK.toml -o {path}'")
     try:

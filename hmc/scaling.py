@@ -73,6 +73,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lattice.io.common import durable_replace, temporary_name
+
 from .scaling_worker import RHMC_TAU
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -698,7 +700,7 @@ class Study:
             raise ScalingError(f"cannot read {self.path}: {e}") from None
 
     def _edit(self):
-        tmp = f"{self.path}.tmp{os.getpid()}"
+        tmp = temporary_name(self.path)
         if self.exists():
             shutil.copyfile(self.path, tmp)
         return tmp
@@ -706,7 +708,7 @@ class Study:
     def create(self, header: dict):
         import h5py
 
-        tmp = f"{self.path}.tmp{os.getpid()}"
+        tmp = temporary_name(self.path)
         with h5py.File(tmp, "w") as f:
             f.attrs["format"] = FORMAT
             f.attrs["created"] = _now()
@@ -714,7 +716,7 @@ class Study:
                 f.attrs[k] = _attr(v)
             f.create_group("configs")
             _write_summary(f)
-        os.replace(tmp, self.path)
+        durable_replace(tmp, self.path)
 
     def update_header(self, header: dict):
         import h5py
@@ -724,7 +726,7 @@ class Study:
             with h5py.File(tmp, "a") as f:
                 for k, v in header.items():
                     f.attrs[k] = _attr(v)
-            os.replace(tmp, self.path)
+            durable_replace(tmp, self.path)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -743,7 +745,7 @@ class Study:
                 _refresh_derived(f)
                 _write_summary(f)
                 f.attrs["updated"] = _now()
-            os.replace(tmp, self.path)
+            durable_replace(tmp, self.path)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
