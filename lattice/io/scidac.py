@@ -34,7 +34,7 @@ def xml_fields(payload: bytes) -> dict:
     text = payload.split(b"\0")[0]
     try:
         root = ET.fromstring(text)
-    except ET.ParseError:
+    except (ET.ParseError, LookupError, ValueError):   # malformed, or a damaged encoding="..." in its declaration
         return {}
     return {el.tag.rsplit("}", 1)[-1]: (el.text or "").strip() for el in root.iter()}
 

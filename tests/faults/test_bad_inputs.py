@@ -63,6 +63,16 @@ def test_flipped_lime_length_is_a_damaged_record_header(tmp_path):
     assert "record header is damaged" in msg and "truncated" not in msg
 
 
+def test_damaged_xml_encoding_declaration_is_a_one_line_error(tmp_path):
+    """Found by the fuzzer: encoding="TTF-8" made ElementTree raise LookupError."""
+    p = tmp_path / "conf.ildg"
+    write_gauge(p, _links(), "ildg")
+    p.write_bytes(p.read_bytes().replace(b'encoding="UTF-8"', b'encoding="TTF-8"'))
+    with pytest.raises(GaugeFileError) as e:
+        read_gauge(p)
+    one_line(e, p)
+
+
 @pytest.mark.parametrize("kind", ["milc", "nersc", "ildg"])
 def test_checksum_error_names_the_cli_flag(tmp_path, kind):
     p = tmp_path / "conf"
