@@ -11,6 +11,7 @@ The number of examples per reader is ``HMC_FUZZ_EXAMPLES`` (default: the short C
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import re
 import signal
@@ -133,6 +134,9 @@ def check_reader(read, path, errors: tuple, stats: dict | None = None) -> str:
     old = signal.signal(signal.SIGALRM, _alarm)
     tracemalloc.start()
     outcome = "ok"
+    # a loop inside a C library (libhdf5) never returns to Python, where SIGALRM is handled: then faulthandler
+    # prints the stack and ends the run, so that CI fails instead of waiting forever
+    faulthandler.dump_traceback_later(3 * TIMEOUT_S, exit=True)
     try:
         signal.setitimer(signal.ITIMER_REAL, TIMEOUT_S)
         try:
@@ -146,6 +150,7 @@ def check_reader(read, path, errors: tuple, stats: dict | None = None) -> str:
             signal.setitimer(signal.ITIMER_REAL, 0)
         _, peak = tracemalloc.get_traced_memory()
     finally:
+        faulthandler.cancel_dump_traceback_later()
         tracemalloc.stop()
         signal.signal(signal.SIGALRM, old)
     budget = MEMORY_FACTOR * size + MEMORY_SLACK
