@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rationals", metavar="FILE",
                    help="RHMC rational functions (MILC's format) instead of the deck's [fermions] rationals")
     p.add_argument("--ignore-checksum", action="store_true", help="read a lattice whose checksum does not match")
+    p.add_argument("--force-reunitarize", action="store_true",
+                   help="project links far from U(3) onto SU(3) instead of refusing the lattice")
     p.add_argument("--force", action="store_true", help="overwrite an existing run file")
 
     p = sub.add_parser("run", help="run or resume the trajectories a run file describes")
@@ -114,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="a lattice file (MILC, NERSC, ILDG, SciDAC) or a run file (RUN.h5, RUN.h5:N)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--ignore-checksum", action="store_true")
+    p.add_argument("--force-reunitarize", action="store_true",
+                   help="project links far from U(3) onto SU(3) instead of refusing the lattice")
     _add_action_args(p)
 
     _add_export_parser(sub)
@@ -233,7 +237,7 @@ def _dispatch(args) -> int:
         from .run import init_run
 
         init_run(args.deck, args.output, args.from_lattice, args.force, args.ignore_checksum,
-                 rationals=args.rationals, settings=args.settings)
+                 rationals=args.rationals, settings=args.settings, force_reunitarize=args.force_reunitarize)
         return 0
     if args.command == "run":
         from .run import run

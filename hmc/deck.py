@@ -5,25 +5,32 @@ naming the key and the fix, before anything is written.
 """
 from __future__ import annotations
 
+import math
+import re
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
 
 
 class DeckError(ValueError):
-    pass
+    """A deck that cannot be used; ``key`` = (section, name) of the offending key where there is one, so that
+    :func:`loads` can add its line."""
+
+    def __init__(self, message: str, key: tuple[str, str] | None = None):
+        super().__init__(message)
+        self.key = key
 
 
 def _positive(x):
-    return x > 0
+    return math.isfinite(x) and x > 0
 
 
 def _nonneg(x):
-    return x >= 0
+    return math.isfinite(x) and x >= 0
 
 
 def _number(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _dims(x):
@@ -60,15 +67,15 @@ SCHEMA = {
     },
     "gauge": {
         "action": Key(str, "wilson", None, "", ("wilson", "symanzik")),
-        "beta": Key((int, float), None, _positive, "a positive number"),
-        "u0": Key((int, float), 1.0, _positive, "a positive tadpole factor (1 for none)"),
+        "beta": Key((int, float), None, _positive, "a positive finite number"),
+        "u0": Key((int, float), 1.0, _positive, "a positive finite tadpole factor (1 for none)"),
         "quark_loops": Key(str, "none", None, "", ("none", "asqtad", "asqtad_nf", "hisq")),
         "nf": Key(int, 0, _nonneg, "the number of dynamical flavours, >= 0"),
     },
     "integrator": {
         "scheme": Key(str, "omelyan", None, "", ("leapfrog", "omelyan", "3g1f", "milc_leapfrog", "milc_omelyan")),
         "steps": Key(int, 10, _positive, "a positive integer (even for omelyan, milc_omelyan and 3g1f)"),
-        "tau": Key((int, float), 1.0, _positive, "a positive trajectory length"),
+        "tau": Key((int, float), 1.0, _positive, "a positive finite trajectory length"),
         "inner_scheme": Key(str, "", None, "", ("", "leapfrog", "omelyan")),
         "inner_steps": Key(int, 1, _positive, "a positive integer"),
         "link_exponential": Key(str, "exact", None, "", ("exact", "taylor8")),
@@ -145,16 +152,18 @@ OPTIONAL_SECTIONS = ("fermions", "multigrid")
 
 
 def _validate_value(section, name, key: Key, value):
-    where = f"[{section}] {name}"
+    where, at = f"[{section}] {name}", (section, name)
     types = key.type if isinstance(key.type, tuple) else (key.type,)
     if isinstance(value, bool) and bool not in types:
-        raise DeckError(f"{where} = {value!r} has the wrong type: expected {' or '.join(t.__name__ for t in types)}")
+        raise DeckError(f"{where} = {value!r} has the wrong type: expected {' or '.join(t.__name__ for t in types)}",
+                        at)
     if not isinstance(value, types):
-        raise DeckError(f"{where} = {value!r} has the wrong type: expected {' or '.join(t.__name__ for t in types)}")
+        raise DeckError(f"{where} = {value!r} has the wrong type: expected {' or '.join(t.__name__ for t in types)}",
+                        at)
     if key.choices and value not in key.choices:
-        raise DeckError(f"{where} = {value!r} is not allowed: use one of {', '.join(map(repr, key.choices))}")
+        raise DeckError(f"{where} = {value!r} is not allowed: use one of {', '.join(map(repr, key.choices))}", at)
     if key.check is not None and not key.check(value):
-        raise DeckError(f"{where} = {value!r} is invalid: it must be {key.help}")
+        raise DeckError(f"{where} = {value!r} is invalid: it must be {key.help}", at)
     return float(value) if float in types and isinstance(value, int) else value
 
 
@@ -173,7 +182,8 @@ def validate(raw: dict) -> dict:
         given = raw.get(section, {})
         for name in given:
             if name not in keys:
-                raise DeckError(f"unknown key {name!r} in [{section}]: known keys are {', '.join(keys)}")
+                raise DeckError(f"unknown key {name!r} in [{section}]: known keys are {', '.join(keys)}",
+                                (section, name))
         out[section] = {}
         for name, key in keys.items():
             if name in given:
@@ -190,19 +200,19 @@ def _cross_checks(d):
     integ = d["integrator"]
     if integ["scheme"] in ("omelyan", "3g1f", "milc_omelyan") and integ["steps"] % 2:
         raise DeckError(f"[integrator] steps = {integ['steps']}: {integ['scheme']} integrates two steps per cycle, "
-                        "so steps must be even")
+                        "so steps must be even", ("integrator", "steps"))
     dims, grid = d["lattice"]["dims"], d["lattice"]["grid"]
     for mu, (n, p) in enumerate(zip(dims, grid)):
         if n % p or (n // p) % 2:
             raise DeckError(f"[lattice] dims {dims} cannot be split over grid {grid}: extent {n} in direction "
-                            f"{'xyzt'[mu]} must divide into {p} even pieces; change dims or grid")
+                            f"{'xyzt'[mu]} must divide into {p} even pieces; change dims or grid", ("lattice", "dims"))
     g = d["gauge"]
     if g["action"] == "wilson" and (g["quark_loops"] != "none" or g["u0"] != 1.0):
         raise DeckError("[gauge] u0 and quark_loops apply to the symanzik action only: remove them or set "
                         "action = \"symanzik\"")
     if d["run"]["rng"] != "philox" and not d["run"]["seed"] < 2**32:
         raise DeckError(f"[run] seed = {d['run']['seed']}: MILC's generator (rng = \"{d['run']['rng']}\") takes a "
-                        "32-bit seed (iseed), below 2^32")
+                        "32-bit seed (iseed), below 2^32", ("run", "seed"))
     f = d.get("fermions")
     if f is not None:
         if len(f["dyn_flavors"]) != len(f["dyn_mass"]):
@@ -253,12 +263,36 @@ def _check_multigrid(d):
         raise DeckError("[multigrid] light_shifts needs dynamical fermions: add a [fermions] section or remove it")
 
 
+def key_line(text: str, section: str, name: str) -> int | None:
+    """The line (from 1) of ``name = ...`` in table ``[section]`` of a TOML text (or of ``section.name = ...``
+    before any table), or None."""
+    current = ""
+    key = re.compile(r"\s*(?:\"([^\"]*)\"|'([^']*)'|([A-Za-z0-9_.-]+))\s*=")
+    for n, line in enumerate(text.splitlines(), 1):
+        head = re.match(r"\s*\[\s*([A-Za-z0-9_-]+)\s*\]", line)
+        if head:
+            current = head.group(1)
+            continue
+        m = key.match(line)
+        if m:
+            k = next(g for g in m.groups() if g is not None)
+            if (current, k) == (section, name) or (current == "" and k == f"{section}.{name}"):
+                return n
+    return None
+
+
 def loads(text: str) -> dict:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise DeckError(f"the deck is not valid TOML: {e}") from None
-    return validate(raw)
+    try:
+        return validate(raw)
+    except DeckError as e:
+        line = key_line(text, *e.key) if e.key else None
+        if line is None:
+            raise
+        raise DeckError(f"line {line}: {e}", e.key) from None
 
 
 def load(path) -> tuple[dict, str]:
@@ -272,7 +306,7 @@ def load(path) -> tuple[dict, str]:
     try:
         return loads(text), text
     except DeckError as e:
-        raise DeckError(f"{path}: {e}") from None
+        raise DeckError(f"{path}: {e}", e.key) from None
 
 
 def default_deck_text() -> str:

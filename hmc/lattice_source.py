@@ -45,7 +45,7 @@ def run_file_configuration(path: str, trajectory: int | None = None):
 
 
 def read_lattice(spec, geom=None, backend=None, ignore_checksum: bool = False, reunitarize: bool = False,
-                 config=None):
+                 config=None, check_links: bool = False, force_reunitarize: bool = False):
     """(GaugeField, info) of a gauge file or a run file (``RUN.h5`` or ``RUN.h5:N``), as :func:`read_gauge`."""
     path, trajectory = split_spec(spec)
     if not is_hdf5(path):
@@ -53,7 +53,7 @@ def read_lattice(spec, geom=None, backend=None, ignore_checksum: bool = False, r
             raise GaugeFileError(f"{spec}: ':{trajectory}' picks a trajectory of a run file, and {path} is not one; "
                                  f"give {path} alone")
         return read_gauge(path, geom=geom, backend=backend, ignore_checksum=ignore_checksum, reunitarize=reunitarize,
-                          config=config)
+                          config=config, check_links=check_links, force_reunitarize=force_reunitarize)
     a, info = run_file_configuration(path, trajectory)
     return gauge_from_site_major(path, a, info, geom, backend, reunitarize, config)
 

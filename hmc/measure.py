@@ -11,7 +11,8 @@ def measure(path: str, args) -> dict:
     plaquette and, with --beta, the gauge action S_g on the re-unitarized links (CONVENTIONS.md 1.1, 2). ``path``: a
     gauge file or a run file (``RUN.h5``, ``RUN.h5:N``)."""
     u, info = read_lattice(path, backend=args.backend, ignore_checksum=args.ignore_checksum,
-                           config=getattr(args, "run_config", None))
+                           config=getattr(args, "run_config", None), check_links=True,
+                           force_reunitarize=getattr(args, "force_reunitarize", False))
     ss, st = plaquette(u)
     out = {"file": path, "format": info.get("format"), "dims": list(u.geom.dims),
            "checksums": info.get("checksums"),

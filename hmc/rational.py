@@ -610,9 +610,12 @@ def read_rationals(path, *, check: bool = True) -> list[PseudofermionRational]:
     """Read MILC's rational-function file; with ``check`` also the ordering rule and MD/GR/FA consistency."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise RationalsError(f"{p}: cannot read the rational-function file ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise RationalsError(f"{p}: not a rational-function file (byte {e.start} is not UTF-8 text): give the path "
+                             "of MILC's text file of rational functions") from None
     return parse_rationals(text, str(p), check=check)
 
 
@@ -676,7 +679,7 @@ def format_rationals(pfs: Sequence[PseudofermionRational], comment: str | None =
 def write_rationals(path, pfs: Sequence[PseudofermionRational], comment: str | None = None) -> None:
     """Write MILC's rational-function format (readable by MILC's load_rhmc_params and by read_rationals)."""
     text = format_rationals(pfs, comment)
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(p)
+    from lattice.io.common import atomic_write
+
+    with atomic_write(path) as f:
+        f.write(text.encode())

@@ -17,7 +17,7 @@ from .rngs import copy_rng, draw_momenta, make_rng, rng_from_state
 from .trajectory import hmc_trajectory, link_exponential, reversibility_check
 
 
-def _starting_links(d: dict, geom, from_lattice: str | None, ignore_checksum: bool):
+def _starting_links(d: dict, geom, from_lattice: str | None, ignore_checksum: bool, force_reunitarize: bool = False):
     start = from_lattice or d["run"]["start"]
     if start == "cold":
         return GaugeField.unit(geom), "cold start"
@@ -25,7 +25,8 @@ def _starting_links(d: dict, geom, from_lattice: str | None, ignore_checksum: bo
         return GaugeField.random(geom, CounterRNG(d["run"]["seed"])), "hot start"
     from lattice.io import read_gauge
 
-    u, info = read_gauge(start, geom=geom, ignore_checksum=ignore_checksum, reunitarize=True)
+    u, info = read_gauge(start, geom=geom, ignore_checksum=ignore_checksum, reunitarize=True, check_links=True,
+                         force_reunitarize=force_reunitarize)
     return u, f"{info.get('format', 'lattice')} file {os.path.abspath(start)}"
 
 
@@ -44,8 +45,11 @@ def _run_files(d: dict, deck_path: str | None, rationals: str | None) -> dict:
 
 def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, force: bool = False,
              ignore_checksum: bool = False, backend: str | None = None, log=print,
-             rationals: str | None = None, settings: dict | None = None) -> runfile.RunState:
+             rationals: str | None = None, settings: dict | None = None,
+             force_reunitarize: bool = False) -> runfile.RunState:
     """Validate the deck (or the embedded quick deck), build the starting configuration, write the run file.
+    A lattice file with NaN/inf or links far from U(3) is refused unless ``force_reunitarize``
+    (:mod:`lattice.io.physical`).
 
     With ``[fermions]`` the rational functions (the deck's ``rationals``, relative to the deck's folder, or
     ``rationals``, relative to the working directory) are checked against the deck and copied into the run file.
@@ -62,7 +66,7 @@ def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, f
     files = _run_files(d, deck_path, rationals)
     config = run_config(text, _with_backend(settings, backend))
     geom = make_geometry(d, config=config)
-    u, source = _starting_links(d, geom, from_lattice, ignore_checksum)
+    u, source = _starting_links(d, geom, from_lattice, ignore_checksum, force_reunitarize)
     ss, st = plaquette(u)                    # collective: every rank has checked for an existing file by now
     rng = make_rng(d["run"]["rng"], d["run"]["seed"], geom.dims)
     state = runfile.RunState(d, text, geom.gather(u.site_major()), 0,   # the whole lattice on rank 0
@@ -160,6 +164,9 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
     """Run (or resume) the trajectories the run file describes; checkpoint atomically as the deck says. The run
     configuration comes from ``settings`` (the command line's), the stored deck and the environment, as at
     ``hmc init``; the run file records the one of the run that wrote it."""
+    if trajectories is not None and trajectories < 1:
+        raise deckmod.DeckError(f"--trajectories {trajectories}: give a positive number of trajectories to run now "
+                                f"(or leave it out to run up to the deck's total)")
     state = runfile.load(path)
     d = state.deck
     state.config = run_config(state.deck_text, _with_backend(settings, backend))

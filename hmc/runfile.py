@@ -25,6 +25,7 @@ import h5py
 import numpy as np
 
 from comms.config import ConfigError, RunConfig
+from lattice.io.common import durable_replace, remove_stale_temporaries, temporary_name
 
 from . import deck as deckmod
 from . import runfile_schema as schema
@@ -79,12 +80,13 @@ def _write_history(h, rows: list[dict]) -> None:
         _describe(h.create_dataset(name, data=values), description, units)
 
 
-def _read_history(h, version: int) -> list[dict]:
+def _read_history(f, version: int, path: str) -> list[dict]:
+    h = f["history"]
     if version == 1:                   # one compound dataset, a column's dtype that of its first value
-        rows = h["rows"][()] if "rows" in h else None
+        rows = _dataset(f, "history/rows", path) if "rows" in h else None
         return [] if rows is None else [{n: r[n].item() for n in rows.dtype.names} for r in rows]
     names = [n for n in str(h.attrs["columns"]).split(",") if n]
-    cols = {n: h[n][()] for n in names}
+    cols = {n: _dataset(f, f"history/{n}", path) for n in names}
     ntraj = len(cols[names[0]]) if names else 0
     return [{n: cols[n][i].item() for n in names} for i in range(ntraj)]
 
@@ -102,11 +104,13 @@ def _maybe_fault(stage: str, config: RunConfig | None):
 
 
 def save(path, state: RunState) -> None:
-    """Write ``state`` to ``path`` atomically (temporary file in the same folder, fsync, rename)."""
+    """Write ``state`` to ``path`` atomically and durably (PATH.tmp.PID, fsync, rename, fsync of the folder:
+    :func:`lattice.io.common.durable_replace`)."""
     global _save_count
     _save_count += 1
     path = os.fspath(path)
-    tmp = f"{path}.tmp.{os.getpid()}"
+    remove_stale_temporaries(path)
+    tmp = temporary_name(path)
     try:
         with h5py.File(tmp, "w") as f:
             f.attrs["format"] = FORMAT
@@ -148,14 +152,7 @@ def save(path, state: RunState) -> None:
             _describe(c, "attribute table_json: the halo transport of every link between ranks, as resolved by the "
                          "last hmc run (JSON; [] on one rank)")
             f.flush()
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        dirfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            os.fsync(dirfd)
-        finally:
-            os.close(dirfd)
+        durable_replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -197,8 +194,10 @@ def _file_version(f, path) -> int:
 
 
 def load(path) -> RunState:
-    """Read and check a run file; any inconsistency is a one-line RunFileError naming the file."""
+    """Read and check a run file; any inconsistency is a one-line RunFileError naming the file. The temporary
+    file of a save killed midway (its process dead) is removed first."""
     path = os.fspath(path)
+    remove_stale_temporaries(path)
     if not os.path.exists(path):
         raise RunFileError(f"run file {path} does not exist: create it with 'hmc init DECK.toml -o {path}'")
     try:
@@ -207,27 +206,30 @@ def load(path) -> RunState:
         raise RunFileError(f"{path} is not an HDF5 run file (truncated or foreign): create a new one with "
                            "'hmc init'") from None
     with f:
-        if f.attrs.get("format") != FORMAT:
-            raise RunFileError(f"{path} is an HDF5 file but not a hisq-hmc run file: create one with 'hmc init'")
-        version = _file_version(f, path)
         try:
-            deck_text = f["params/deck_toml"][()].decode()
+            if f.attrs.get("format") != FORMAT:
+                raise RunFileError(f"{path} is an HDF5 file but not a hisq-hmc run file: create one with 'hmc init'")
+            version = _file_version(f, path)
+            deck_text = _dataset(f, "params/deck_toml", path).decode()
             stored = json.loads(f["params"].attrs["deck_json"])
-            links = f["gauge/links"][()]
+            links = _dataset(f, "gauge/links", path)
             digest = f["gauge"].attrs["sha256"]
             traj = int(f.attrs["trajectory"])
             rng = {"seed": int(f["rng"].attrs["seed"]), "counters": json.loads(f["rng"].attrs["counters_json"])}
             if "milc" in f["rng"]:
                 rng["milc"] = _read_state(f["rng/milc"])
-            files = {k: v[()].decode() for k, v in f["params/files"].items()} if "files" in f["params"] else {}
-            history = _read_history(f["history"], version)
+            files = {k: _dataset(f, v.name, path).decode() for k, v in f["params/files"].items()} \
+                if "files" in f["params"] else {}
+            history = _read_history(f, version, path)
             plaq = tuple(float(f["gauge"].attrs[k]) for k in ("plaquette_ss", "plaquette_st")
                          if k in f["gauge"].attrs)
             comms = json.loads(f["comms"].attrs["table_json"])
             source = str(f.attrs.get("source", ""))
             record = ({k: json.loads(v) for k, v in f["config"].attrs.items() if k != "description"}
                       if "config" in f else None)
-        except (KeyError, OSError, ValueError) as e:
+        except RunFileError:
+            raise
+        except _DAMAGED as e:
             raise RunFileError(f"{path} is incomplete or damaged ({e}): start a new run with 'hmc init'") from None
     try:
         d = deckmod.loads(deck_text)
@@ -252,6 +254,22 @@ def load(path) -> RunState:
         raise RunFileError(f"{path}: its stored run configuration is not valid ({e}): start a new run") from None
     return RunState(d, deck_text, links, traj, rng, history, comms, source, files, config, plaq,
                     version)
+
+
+# what h5py raises on damaged metadata or data (HDF5's errors come as OSError, KeyError, ValueError, TypeError or
+# RuntimeError; a damaged string or attribute can come back as an object without .decode or .item)
+_DAMAGED = (KeyError, OSError, ValueError, TypeError, RuntimeError, AttributeError, IndexError)
+
+
+def _dataset(f, name: str, path: str):
+    """``f[name][()]``, refused before reading when the dataset claims more bytes than the whole file holds (a
+    damaged dataspace must not size an allocation)."""
+    ds = f[name]
+    claimed = ds.size * ds.dtype.itemsize
+    if claimed > os.path.getsize(path):
+        raise RunFileError(f"{path} is damaged: dataset {name} claims {claimed} bytes, more than the file's "
+                           f"{os.path.getsize(path)}: start from an earlier copy")
+    return ds[()]
 
 
 def _same_deck(d: dict, stored: dict) -> bool:

@@ -96,6 +96,8 @@ def add_link_args(p) -> None:
                    help="re-unitarize the stored links in double precision before building the fermion links, as "
                         "MILC does in double precision (default); --no-reunitarize uses them as stored")
     p.add_argument("--ignore-checksum", action="store_true", help="read a configuration whose checksum disagrees")
+    p.add_argument("--force-reunitarize", action="store_true",
+                   help="project links far from U(3) onto SU(3) instead of refusing the configuration")
     p.add_argument("--solver", choices=SOLVERS, default="cg",
                    help="cg (double precision), mixed (single-precision iteration, reliable updates) or mg "
                         "(Kahler-Dirac multigrid on the full lattice, M only)")
@@ -167,7 +169,8 @@ def load_links(args):
     if not os.path.exists(split_spec(args.config)[0]):
         raise SolveError(f"{args.config}: no such file (check the path)")
     u, info = read_lattice(args.config, backend=getattr(args, "backend", None), ignore_checksum=args.ignore_checksum,
-                           reunitarize=args.reunitarize, config=getattr(args, "run_config", None))
+                           reunitarize=args.reunitarize, config=getattr(args, "run_config", None), check_links=True,
+                           force_reunitarize=getattr(args, "force_reunitarize", False))
     if args.action == "hisq":
         links = hisq_links(u, eps=args.eps, time_bc=args.time_bc)
     else:

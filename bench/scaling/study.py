@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import json
 import os
+from lattice.io.common import durable_replace, temporary_name
 import shutil
 
 import numpy as np
@@ -166,7 +167,7 @@ class Study:
             raise ScalingError(f"cannot read {self.path}: {e}") from None
 
     def _edit(self):
-        tmp = f"{self.path}.tmp{os.getpid()}"
+        tmp = temporary_name(self.path)
         if self.exists():
             shutil.copyfile(self.path, tmp)
         return tmp
@@ -174,7 +175,7 @@ class Study:
     def create(self, header: dict):
         import h5py
 
-        tmp = f"{self.path}.tmp{os.getpid()}"
+        tmp = temporary_name(self.path)
         with h5py.File(tmp, "w") as f:
             f.attrs["format"] = FORMAT
             f.attrs["created"] = _now()
@@ -182,7 +183,7 @@ class Study:
                 f.attrs[k] = _attr(v)
             f.create_group("configs")
             _write_summary(f)
-        os.replace(tmp, self.path)
+        durable_replace(tmp, self.path)
 
     def update_header(self, header: dict):
         import h5py
@@ -192,7 +193,7 @@ class Study:
             with h5py.File(tmp, "a") as f:
                 for k, v in header.items():
                     f.attrs[k] = _attr(v)
-            os.replace(tmp, self.path)
+            durable_replace(tmp, self.path)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -211,7 +212,7 @@ class Study:
                 _refresh_derived(f)
                 _write_summary(f)
                 f.attrs["updated"] = _now()
-            os.replace(tmp, self.path)
+            durable_replace(tmp, self.path)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)

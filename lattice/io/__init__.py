@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from . import lime, milc, nersc, scidac
+from . import lime, milc, nersc, physical, scidac
 from .common import KNOWN_FORMATS, GaugeFileError, atomic_write, fail
 from .scidac import read_color_matrices, read_color_vector, read_field
 
@@ -60,7 +60,7 @@ def read_site_major(path, ignore_checksum: bool = False):
 
 
 def read_gauge(path, geom=None, backend=None, ignore_checksum: bool = False, reunitarize: bool = False,
-               config=None):
+               config=None, check_links: bool = False, force_reunitarize: bool = False):
     """Read a gauge file of any supported format: (GaugeField, info).
 
     ``geom``: the Geometry to read into (its global dims must match the file's; each rank keeps its own sites);
@@ -68,11 +68,16 @@ def read_gauge(path, geom=None, backend=None, ignore_checksum: bool = False, reu
     ``config`` (comms.config.RunConfig; default: from the environment), which also gives its process grid.
     ``ignore_checksum``: read even if the checksums (or NERSC's PLAQUETTE / LINK_TRACE) disagree.
     ``reunitarize``: apply MILC's reunit_su3 in double precision after reading (not done by default).
+    ``check_links``: refuse NaN/inf and links farther from U(3) than the stored precision allows (what a run,
+    measure or solve reads: :mod:`lattice.io.physical`); ``force_reunitarize`` (``--force-reunitarize``) projects
+    such links onto SU(3) instead of refusing them (info["forced_reunitarized"]: how many).
 
     info: format ('milc-v5', 'milc-1996', 'nersc', 'ildg', 'scidac'), path, dims (nx, ny, nz, nt), precision
     (bits of the stored reals), endian, checksums {expected, computed, ok}, header (the format's header fields).
     """
     a, info = read_site_major(path, ignore_checksum)
+    if check_links:
+        a, info["forced_reunitarized"] = physical.check_links(path, a, info["precision"], force_reunitarize)
     return gauge_from_site_major(path, a, info, geom, backend, reunitarize, config)
 
 

@@ -5,8 +5,8 @@ Arrays here are in MILC's in-file site order: (nt, nz, ny, nx, ...) with x faste
 """
 from __future__ import annotations
 
+import errno
 import os
-import tempfile
 import zlib
 from contextlib import contextmanager
 
@@ -23,8 +23,17 @@ def fail(path, problem: str, fix: str) -> GaugeFileError:
     return GaugeFileError(f"{os.fspath(path)}: {problem}; {fix}")
 
 
-def truncated(path, kind: str, expected: int, actual: int, what: str = "") -> GaugeFileError:
+def truncated(path, kind: str, expected: int, actual: int, what: str = "", site_bytes: int = 0,
+              data_start: int = 0) -> GaugeFileError:
+    """The file's size disagrees with what its header implies. With ``site_bytes`` (the bytes of one site's data,
+    which start at ``data_start``): a short file that still holds a whole number of sites was not cut by an
+    incomplete copy (that would end mid-site nearly always) -- its header's lattice size is damaged."""
     what = f" ({what})" if what else ""
+    data = actual - data_start
+    if actual < expected and site_bytes and data > 0 and data % site_bytes == 0:
+        return fail(path, f"{kind} header does not fit the file: it implies {expected} bytes{what}, but the file "
+                          f"holds {actual}, a whole {data // site_bytes} sites",
+                    "the header (its lattice size) is damaged: copy the file again from the original")
     if actual < expected:
         return fail(path, f"truncated {kind} file: expected {expected} bytes{what}, found {actual}",
                     "the copy is incomplete: copy the file again")
@@ -34,8 +43,7 @@ def truncated(path, kind: str, expected: int, actual: int, what: str = "") -> Ga
 
 def checksum_error(path, kind: str, expected: str, computed: str) -> GaugeFileError:
     return fail(path, f"{kind} checksum mismatch: the file says {expected}, the data give {computed}",
-                "the file is corrupt: copy it again, or pass --ignore-checksum (ignore_checksum=True) to read it "
-                "anyway")
+                "the file is corrupt: copy it again, or pass --ignore-checksum to read it anyway")
 
 
 def check_dims(path, dims, kind: str) -> tuple:
@@ -131,36 +139,86 @@ def reconstruct_third_row(a2: np.ndarray) -> np.ndarray:
 
 
 # -------------------------------------------------------------------------------------------- atomic writing
+# One convention for every atomic write (gauge files, run files, rational functions, results): the new content goes
+# to PATH.tmp.PID beside PATH, is fsynced, renamed over PATH, and the folder is fsynced (the rename itself is then
+# durable). A save killed midway leaves PATH.tmp.PID; remove_stale_temporaries deletes it once PID is dead.
+def temporary_name(path) -> str:
+    return f"{os.fspath(path)}.tmp.{os.getpid()}"
+
+
+def fsync_directory(directory) -> None:
+    """fsync a folder (a rename in it is durable afterwards); file systems that cannot (EINVAL) are let be."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def durable_replace(tmp, path) -> None:
+    """fsync the finished file ``tmp``, rename it over ``path`` and fsync the folder: after a crash ``path`` holds
+    either its old content or all of the new."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_directory(os.path.dirname(os.path.abspath(path)))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # another user's process
+        return True
+    return True
+
+
+def remove_stale_temporaries(path) -> list[str]:
+    """Delete the PATH.tmp.PID files of saves whose process PID is dead (a save killed midway); returns their
+    names. Those of live processes are left (a save may be under way); a folder that refuses is let be."""
+    path = os.path.abspath(os.fspath(path))
+    directory, prefix = os.path.dirname(path), os.path.basename(path) + ".tmp."
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(prefix):]
+        if name.startswith(prefix) and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
+
+
 @contextmanager
 def atomic_write(path):
-    """Open a temporary file in the target's directory for binary writing; on success flush, fsync and
-    os.replace it onto ``path``; on failure remove it. A reader never sees a half-written file."""
+    """Open PATH.tmp.PID for binary writing; on success flush it and :func:`durable_replace` it onto ``path``; on
+    failure remove it. A reader never sees a half-written file, and a crash never loses the old one."""
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    remove_stale_temporaries(path)
+    tmp = temporary_name(path)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        durable_replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
         raise
-    try:  # make the rename itself durable
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
 
 
 def read_at(path, offset: int, count: int) -> bytes:

@@ -57,6 +57,11 @@ def scan(path) -> list[Record]:
             rtype = head[16:].split(b"\0")[0].decode("ascii", "replace")
             data_off = off + HEADER_BYTES
             if data_off + length > size:
+                following = _next_header(f, data_off, size)
+                if following is not None:
+                    raise fail(path, f"LIME record {rtype!r} at byte {off} claims {length} bytes, past the end of "
+                                     f"the file ({size} bytes), yet another record header follows at byte "
+                                     f"{following}", "the record header is damaged: copy the file again")
                 raise truncated(path, "LIME", data_off + length, size, f"record {rtype!r} of {length} bytes")
             records.append(Record(rtype, data_off, length, bool(flags & _MB), bool(flags & _ME)))
             off = data_off + padded(length)
@@ -64,6 +69,20 @@ def scan(path) -> list[Record]:
         raise fail(path, f"truncated LIME file: it ends after record {records[-1].type!r} in the middle of a "
                          f"message (no message-end flag; {size} bytes)", "the copy is incomplete: copy it again")
     return records
+
+
+def _next_header(f, start: int, size: int) -> int | None:
+    """The offset of the first LIME record header after ``start`` (records start on 8-byte boundaries), or None:
+    tells a damaged length field (the records go on) from a file cut short (they do not)."""
+    magic = struct.pack(">I", MAGIC)
+    f.seek(start)
+    rest = f.read(size - start)
+    at = rest.find(magic)
+    while at >= 0:
+        if (start + at) % 8 == 0:
+            return start + at
+        at = rest.find(magic, at + 1)
+    return None
 
 
 def read_data(path, rec: Record) -> bytes:

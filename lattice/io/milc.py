@@ -81,7 +81,8 @@ def read(path, ignore_checksum: bool = False):
     elif size == n64:
         bits = 64
     else:
-        raise truncated(path, "MILC v5", n32, size, f"{dims_str(dims)} sites x 4 links x 18 float32 + 96-byte header")
+        raise truncated(path, "MILC v5", n32, size, f"{dims_str(dims)} sites x 4 links x 18 float32 + 96-byte header",
+                        WORDS_PER_SITE * 4, HEADER_V5)
     a, raw = _data(path, HEADER_V5, dims, f"{e}f{bits // 8}")
     # checksum over the uint32 words of the values as they sit in a little-endian host's memory
     c29, c31 = milc_checksum(raw.astype(f"<f{bits // 8}", copy=False))
@@ -111,7 +112,8 @@ def read_1996(path, ignore_checksum: bool = False):
     expected = HEADER_1996 + math.prod(dims) * WORDS_PER_SITE * 4
     if size != expected:
         raise truncated(path, "MILC 1996", expected, size,
-                        f"{dims_str(dims)} sites x 4 links x 18 float32 + 28-byte header")
+                        f"{dims_str(dims)} sites x 4 links x 18 float32 + 28-byte header", WORDS_PER_SITE * 4,
+                        HEADER_1996)
     a, _ = _data(path, HEADER_1996, dims, e + "f4")
     extra = struct.unpack(e + "2f", head[20:28])
     info = {

@@ -80,7 +80,8 @@ def read(path, ignore_checksum: bool = False):
     size = os.path.getsize(path)
     if size != offset + count * dtype.itemsize:
         raise truncated(path, "NERSC", offset + count * dtype.itemsize, size,
-                        f"{dims_str(dims)} sites x 4 links x {rows}x3 {fp} + {offset}-byte header")
+                        f"{dims_str(dims)} sites x 4 links x {rows}x3 {fp} + {offset}-byte header",
+                        4 * rows * 3 * 2 * dtype.itemsize, offset)
     raw = np.fromfile(path, dtype=dtype, count=count, offset=offset)
     computed = nersc_checksum(raw.astype(dtype.newbyteorder("<"), copy=False))
     expected = None
@@ -89,7 +90,7 @@ def read(path, ignore_checksum: bool = False):
             expected = int(header["CHECKSUM"], 16)
         except ValueError:
             raise fail(path, f"NERSC CHECKSUM {header['CHECKSUM']!r} is not hexadecimal",
-                       "pass --ignore-checksum (ignore_checksum=True) to read the file anyway") from None
+                       "pass --ignore-checksum to read the file anyway") from None
     ok = None if expected is None else expected == computed
     if ok is False and not ignore_checksum:
         raise checksum_error(path, "NERSC", f"{expected:x}", f"{computed:x}")
@@ -107,8 +108,7 @@ def read(path, ignore_checksum: bool = False):
                 continue
             if abs(hv - value) > max(tol * max(1.0, abs(hv)), printed_resolution(header[key])):
                 raise fail(path, f"NERSC {key} mismatch: the header says {header[key]}, the data give {value:.10g}",
-                           "the file is corrupt: copy it again, or pass --ignore-checksum (ignore_checksum=True) "
-                           "to read it anyway")
+                           "the file is corrupt: copy it again, or pass --ignore-checksum to read it anyway")
     info = {"format": "nersc", "path": path, "dims": dims, "precision": 8 * dtype.itemsize,
             "endian": "little" if fp.endswith("LITTLE") else "big", "datatype": datatype,
             "checksums": {"expected": {"checksum": expected}, "computed": {"checksum": computed}, "ok": ok},

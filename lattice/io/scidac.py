@@ -34,7 +34,7 @@ def xml_fields(payload: bytes) -> dict:
     text = payload.split(b"\0")[0]
     try:
         root = ET.fromstring(text)
-    except ET.ParseError:
+    except (ET.ParseError, LookupError, ValueError):   # malformed, or a damaged encoding="..." in its declaration
         return {}
     return {el.tag.rsplit("}", 1)[-1]: (el.text or "").strip() for el in root.iter()}
 
@@ -67,7 +67,8 @@ def _describe(path, records, index: int):
 
 
 def _layout(path, records, binrec, before):
-    """dims, bytes per real, complex numbers per value, values per site, datatype, format name, metadata."""
+    """dims, bytes per real, complex numbers per value, values per site, colours, datatype, format name,
+    metadata."""
     meta = {}
     private_file = lime.find(records, "scidac-private-file-xml")
     if private_file is not None:
@@ -96,7 +97,7 @@ def _layout(path, records, binrec, before):
         if fmt.get("field", "su3gauge") != "su3gauge" or bits not in (32, 64):
             raise fail(path, f"ILDG field {fmt.get('field')!r} with precision {bits} is not supported",
                        "only su3gauge in 32 or 64 bits is read")
-        return dims, bits // 8, 9, 4, "su3gauge", "ildg", meta
+        return dims, bits // 8, 9, 4, 3, "su3gauge", "ildg", meta
     # SciDAC
     sf, sr = meta.get("scidac_file", {}), meta.get("scidac_record", {})
     try:
@@ -109,7 +110,10 @@ def _layout(path, records, binrec, before):
                    "the file is damaged") from None
     if typesize % (2 * nbytes):
         raise fail(path, f"SciDAC typesize {typesize} does not fit precision {sr['precision']}", "the file is damaged")
-    return dims, nbytes, typesize // (2 * nbytes), count, sr.get("datatype", ""), "scidac", meta
+    if typesize <= 0 or count <= 0 or colors <= 0:
+        raise fail(path, f"SciDAC private record XML gives typesize {typesize}, datacount {count}, colors {colors}: "
+                         "each must be positive", "the file is damaged")
+    return dims, nbytes, typesize // (2 * nbytes), count, colors, sr.get("datatype", ""), "scidac", meta
 
 
 def read_field(path, ignore_checksum: bool = False, index: int = 0):
@@ -120,7 +124,7 @@ def read_field(path, ignore_checksum: bool = False, index: int = 0):
     path = os.fspath(path)
     records = lime.scan(path)
     binrec, before, after = _describe(path, records, index)
-    dims, nbytes, ncomplex, count, datatype, fmt, meta = _layout(path, records, binrec, before)
+    dims, nbytes, ncomplex, count, colors, datatype, fmt, meta = _layout(path, records, binrec, before)
     nx, ny, nz, nt = dims
     volume = nx * ny * nz * nt
     site_bytes = ncomplex * 2 * nbytes * count
@@ -139,12 +143,11 @@ def read_field(path, ignore_checksum: bool = False, index: int = 0):
             ea, eb = int(x["suma"], 16), int(x["sumb"], 16)
         except (KeyError, ValueError):
             raise fail(path, "scidac-checksum record without readable suma and sumb",
-                       "pass --ignore-checksum (ignore_checksum=True) to read the file anyway") from None
+                       "pass --ignore-checksum to read the file anyway") from None
         sums["expected"] = {"suma": ea, "sumb": eb}
         sums["ok"] = (ea, eb) == (ca, cb)
         if not sums["ok"] and not ignore_checksum:
             raise checksum_error(path, "SciDAC", f"suma {ea:x} sumb {eb:x}", f"{ca:x} {cb:x}")
-    colors = int(meta.get("scidac_record", {}).get("colors") or 3)
     elem = (colors, colors) if ncomplex == colors * colors else (ncomplex,)
     a = (np.frombuffer(raw, dtype=f">f{nbytes}").astype(np.float64).view(np.complex128)
          .reshape((nt, nz, ny, nx, count) + elem))
