@@ -53,7 +53,8 @@ def load_rationals(deck: dict, text: str | None = None, path: str | None = None)
     tolerance triples, and every approximation's error against its bound (the file's stated error, else
     max_rational_error; :func:`hmc.rational.check_error_bounds`). A mismatch is a one-line DeckError naming both
     sides."""
-    from .rational import RationalsError, check_error_bounds, check_masses, parse_rationals, read_rationals
+    from .rational import RationalsError, check_error_bounds, check_masses
+    from .rational_file import parse_rationals, read_rationals
 
     f = deck["fermions"]
     where = path or "the run file's rational functions"

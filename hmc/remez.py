@@ -467,7 +467,8 @@ def main(argv=None) -> int:
     import argparse
     import sys
 
-    from .rational import approximation_error, write_rationals
+    from .rational import approximation_error
+    from .rational_file import write_rationals
 
     ap = argparse.ArgumentParser(prog="python -m hmc.remez",
                                  description="Make MILC-format RHMC rational functions (MD, GR, FA per pseudofermion) "

@@ -21,7 +21,8 @@ from hypothesis import given
 
 from hmc import deck as deckmod
 from hmc import runfile
-from hmc.rational import RationalsError, read_rationals
+from hmc.rational import RationalsError
+from hmc.rational_file import read_rationals
 from lattice import su3
 from lattice.io import GaugeFileError, lime, read_gauge, write_gauge
 from tests.faults.fuzzing import Field, check_reader, fuzz_settings, lime_mutations, mutations

@@ -15,7 +15,7 @@ import pytest
 from hmc import deck as deckmod
 from hmc.assemble import make_geometry, make_monomials
 from hmc.momenta import random_momenta
-from hmc.rational import read_rationals
+from hmc.rational_file import read_rationals
 from hmc.rhmc import FermionMonomial, PseudofermionTerm
 from hmc.rngs import draw_momenta, rng_from_state
 from hmc.run import init_run, run

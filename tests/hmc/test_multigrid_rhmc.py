@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hmc.rhmc import FermionMonomial, PseudofermionTerm
-from hmc.rational import read_rationals
+from hmc.rational_file import read_rationals
 from hmc.momenta import random_momenta
 from lattice import CounterRNG, GaugeField, Geometry, su3
 from solvers.multigrid.shifts import MultigridShifts

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from hmc.rational import (RationalApprox, RationalsError, approximation_error, check_masses, check_ordering,
-                          error_extrema, flavor_content, format_rationals, naik_groups,
-                          read_rationals, write_rationals)
+                          error_extrema, flavor_content, naik_groups)
+from hmc.rational_file import format_rationals, read_rationals, write_rationals
 from hmc.remez import PseudofermionSpec, equioscillation, main, make_rationals, remez, remez_approx
 from tests.conftest import ROOT, fixture_path
 

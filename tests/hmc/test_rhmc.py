@@ -12,7 +12,7 @@ from hmc.cli import main
 from hmc.integrators import Level, build_schedule
 from hmc.monomials import GaugeMonomial
 from hmc.momenta import random_momenta
-from hmc.rational import read_rationals
+from hmc.rational_file import read_rationals
 from hmc.rhmc import FermionMonomial, PseudofermionTerm
 from hmc.rngs import MilcStreams, pseudofermion_sources
 from hmc.run import init_run, run
