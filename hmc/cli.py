@@ -20,6 +20,9 @@ USER_ERRORS = (DeckError, RunFileError, GeometryError, BackendError, CommsError,
 
 def _user_errors():
     errs = list(USER_ERRORS)
+    from .milc.compare import MilcCheckError
+
+    errs.append(MilcCheckError)
     try:
         from lattice.io import GaugeFileError
 
@@ -35,6 +38,15 @@ def _add_action_args(p):
     p.add_argument("--gauge-action", choices=("wilson", "symanzik"), default="symanzik")
     p.add_argument("--quark-loops", choices=("none", "asqtad", "hisq"), default="none")
     p.add_argument("--nf", type=int, default=0, help="number of dynamical flavours in the quark-loop terms")
+
+
+def _add_milc_args(p):
+    p.add_argument("--search", action="append", default=[], metavar="DIR",
+                   help="folder where the deck's reload_serial and load_rhmc_params files are found by name when "
+                        "they are not where the deck says (repeatable)")
+    p.add_argument("--build", help="the MILC executable the deck is for (default: from the deck's file name, else "
+                                   "su3_rhmc_hisq): su3_rhmc_hisq, su3_rhmd_hisq, su3_rhmc_hisq_su3, su3_leapfrog, "
+                                   "su3_omelyan_rhmc, su3_spectrum_hisq")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="RHMC rational functions (MILC's format) instead of the deck's [fermions] rationals")
     p.add_argument("--ignore-checksum", action="store_true", help="read a lattice whose checksum does not match")
     p.add_argument("--force", action="store_true", help="overwrite an existing run file")
+    p.add_argument("--milc", action="store_true", help="DECK is a MILC ks_imp_rhmc input deck (as for hmc milc)")
+    _add_milc_args(p)
+
+    p = sub.add_parser("milc", help="run a MILC ks_imp_rhmc input deck unchanged, printing MILC's output lines")
+    p.add_argument("deck", help="MILC input deck (- reads standard input)")
+    p.add_argument("-o", "--output", help="run file (default: the deck's name with .h5); resumed when it holds a "
+                                          "run of the same deck")
+    p.add_argument("--force", action="store_true", help="start over even if the run file exists")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_milc_args(p)
 
     p = sub.add_parser("run", help="run or resume the trajectories a run file describes")
     p.add_argument("runfile")
@@ -86,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("references", nargs="*", help="reference names (default: all in runs/checks)")
     p.add_argument("--update", action="store_true", help="write new reference values (printed old and new)")
     p.add_argument("--list", action="store_true", help="list the references")
+    p.add_argument("--milc", metavar="DIR", help="MILC's regression suite instead: run the cases of DIR/checklist "
+                                                 "(REFERENCES: case names, e.g. su3_rhmc_hisq.2) and compare with "
+                                                 "MILC's sample outputs under their errtol files")
+    p.add_argument("--search", action="append", default=[], metavar="DIR",
+                   help="--milc: more folders where the decks' lattices and rational functions are found by name")
+    p.add_argument("--test-out", metavar="FILE", help="--milc: compare this output of one case instead of running it")
+    p.add_argument("--out-dir", metavar="DIR", help="--milc: keep the outputs and run files here")
 
     p = sub.add_parser("bench", help="benchmarks (commands, not tests)")
     bsub = p.add_subparsers(dest="bench", required=True)
@@ -168,6 +197,20 @@ def _comms_options(args):
 
 
 def _dispatch(args) -> int:
+    if args.command == "init" and args.milc:
+        from .milc.runner import init_milc
+
+        if args.deck is None or args.from_lattice or args.rationals:
+            raise DeckError("hmc init --milc DECK -o RUN.h5: give the MILC deck; its reload_serial and "
+                            "load_rhmc_params name the lattice and rational functions (no --from-lattice, --rationals)")
+        init_milc(args.deck, args.output, args.build, args.search, args.force, args.backend, args.ignore_checksum)
+        return 0
+    if args.command == "milc":
+        from .milc.runner import run_milc
+
+        run_milc(args.deck, args.output, args.build, args.search, args.force, args.backend,
+                 show_progress=not args.no_progress)
+        return 0
     if args.command == "init":
         from .run import init_run
 
@@ -197,6 +240,11 @@ def _dispatch(args) -> int:
     if args.command == "check":
         from . import check
 
+        if args.milc:
+            from .milc.runner import check_milc
+
+            return 1 if check_milc(args.milc, args.references, args.search, args.out_dir, args.backend,
+                                   args.test_out) else 0
         if args.list:
             print("\n".join(check.available()))
             return 0

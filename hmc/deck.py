@@ -50,6 +50,8 @@ SCHEMA = {
         "checkpoint_every": Key(int, 1, _positive, "a positive number of trajectories"),
         "warmups": Key(int, 0, _nonneg, "a number >= 0 of leading trajectories run without the Metropolis test "
                        "(thermalization, as MILC's rhmd; marked in the history and left out of statistics)"),
+        "metropolis": Key(bool, True, None, "true (HMC: a Metropolis test ends every trajectory after the warmups) "
+                          "or false (RHMD: every trajectory is kept, MILC's CHECK: delta S line)"),
     },
     "lattice": {
         "dims": Key(list, None, _dims, "four even integers >= 2: nx ny nz nt"),
@@ -102,8 +104,19 @@ SCHEMA = {
                           "a list of positive valence masses for the PBP measurement after each trajectory, e.g. "
                           "[0.0018, 0.018] ([] for none)"),
         "npbp_reps": Key(int, 1, _positive, "a positive number of PBP sources per mass"),
-        "pbp_error": Key((int, float), 1e-6, lambda v: 0 < v < 1, "the PBP solves' residual (MILC's "
-                         "error_for_propagator), in (0, 1)"),
+        "pbp_error": Key((int, float, list), 1e-6, lambda v: all(_number(r) and 0 < r < 1 for r in
+                                                                  (v if isinstance(v, list) else [v])),
+                         "the PBP solves' residual (MILC's error_for_propagator) in (0, 1), or a list of them, one "
+                         "per mass"),
+        "pbp_maxiter": Key(int, 10000, _positive, "a positive iteration limit of each PBP solve"),
+    },
+    # optional: MILC's ks_imp_rhmc run (hmc milc, hmc.milc): hmc run prints MILC's output lines and measurements
+    "milc": {
+        "build": Key(str, "su3_rhmc_hisq", None, "the MILC executable the deck was written for (hmc.milc.builds)"),
+        "warms": Key(int, 0, _nonneg, "a number >= 0 of leading trajectories before MILC's WARMUPS COMPLETED "
+                     "(not measured)"),
+        "traj_between_meas": Key(int, 1, _positive, "a positive number: measure (G_LOOP, PBP) every so many "
+                                 "trajectories after the warms"),
     },
     # optional: Kahler-Dirac multigrid (solvers.multigrid) for the light pseudofermion's smallest shifts
     "multigrid": {
@@ -129,7 +142,7 @@ SCHEMA = {
                             "heat-bath and action solves to solve by multigrid (0: all multishift CG)"),
     },
 }
-OPTIONAL_SECTIONS = ("fermions", "multigrid")
+OPTIONAL_SECTIONS = ("fermions", "multigrid", "milc")
 
 
 def _validate_value(section, name, key: Key, value):
@@ -201,6 +214,9 @@ def _cross_checks(d):
             raise DeckError(f"[gauge] nf = {g['nf']} but [fermions] dyn_flavors add up to {nf}: the quark-loop terms "
                             "of the gauge action take the total number of dynamical flavours (MILC's "
                             "total_dyn_flavors)")
+        if isinstance(f["pbp_error"], list) and len(f["pbp_error"]) != len(f["pbp_masses"]):
+            raise DeckError(f"[fermions] pbp_error has {len(f['pbp_error'])} residuals but pbp_masses "
+                            f"{len(f['pbp_masses'])} masses: give one residual, or one per mass")
         if f["action"] == "hisq" and f["u0"] != 1.0:
             raise DeckError("[fermions] u0 applies to the asqtad action only (HISQ has no tadpole factor): remove it "
                             "or set action = \"asqtad\"")

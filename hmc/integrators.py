@@ -62,6 +62,9 @@ def _milc_3g1f_cycle(eps, outer, inner, alpha=0.1, beta=0.1):
 
 
 REUNITARIZE = ("R", 0.0)
+#: evaluate and record the Hamiltonian here (MILC's mid-trajectory ``d_action_rhmc`` monitor, which prints
+#: PLAQUETTE ACTION, ACTION and DG lines; hmc.trajectory.molecular_dynamics)
+MONITOR = ("H", 0.0)
 
 
 def _level_ops(level: Level, tau: float, inner_ops, reunitarize: bool = False):
@@ -131,6 +134,8 @@ def describe(schedule) -> str:
             lines.append(f"U  {op[1]:+.6f}")
         elif op[0] == "R":
             lines.append("R  (reunitarize)")
+        elif op[0] == "H":
+            lines.append("H  (action monitor)")
         else:
             lines.append(f"P  {op[2]:+.6f}  [{', '.join(op[1])}]")
     return "\n".join(lines)

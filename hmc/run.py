@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 import numpy as np
 
@@ -44,12 +45,17 @@ def _run_files(d: dict, deck_path: str | None, rationals: str | None) -> dict:
 
 def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, force: bool = False,
              ignore_checksum: bool = False, backend: str | None = None, log=print,
-             rationals: str | None = None) -> runfile.RunState:
+             rationals: str | None = None, deck_text: str | None = None, files: dict | None = None
+             ) -> runfile.RunState:
     """Validate the deck (or the embedded quick deck), build the starting configuration, write the run file.
 
     With ``[fermions]`` the rational functions (the deck's ``rationals``, relative to the deck's folder, or
-    ``rationals``, relative to the working directory) are checked against the deck and copied into the run file."""
-    if deck_path is None:
+    ``rationals``, relative to the working directory) are checked against the deck and copied into the run file.
+    ``deck_text``: the deck's TOML text instead of reading ``deck_path`` (which then only names its folder);
+    ``files``: more texts for the run file to keep (e.g. the MILC deck ``hmc milc`` translated)."""
+    if deck_text is not None:
+        text, d = deck_text, deckmod.loads(deck_text)
+    elif deck_path is None:
         text = deckmod.default_deck_text()
         d = deckmod.loads(text)
     else:
@@ -57,7 +63,7 @@ def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, f
     if os.path.exists(out) and not force:
         raise runfile.RunFileError(f"{out} exists already: continue it with 'hmc run {out}', or pass --force to "
                                    "overwrite it")
-    files = _run_files(d, deck_path, rationals)
+    files = {**_run_files(d, deck_path, rationals), **(files or {})}
     geom = make_geometry(d, backend)
     u, source = _starting_links(d, geom, from_lattice, ignore_checksum)
     ss, st = plaquette(u)                    # collective: every rank has checked for an existing file by now
@@ -88,29 +94,60 @@ def _history_row(traj, res, u, geom, warmup: bool, fermions=()) -> dict:
     return row
 
 
-def milc_lines(res, fermions, row: dict) -> list[str]:
-    """MILC's printout of one RHMC trajectory (CONVENTIONS.md 3.6): GRSOURCE and heat-bath CG lines, the action's CG
-    lines and ``ACTION: g,h,f = ...`` at the start, the CG lines of every force evaluation, the same at the end,
-    ``ACCEPT``/``REJECT: delta S``, ``PLAQ:`` and ``P_LOOP:``."""
-    def action(h):
-        return f"ACTION: g,h,f = {h.gauge:.14e}  {h.kinetic:.14e}  {h.fermion:.14e}  {h.total:.14e}"
+def milc_lines(res, fermions, row: dict, beta: float, volume: int, previous=(0.0, 0.0, 0.0),
+               metropolis: bool = True) -> list[str]:
+    """MILC's printout of one RHMC trajectory (CONVENTIONS.md 3.6; ``update_rhmc.c``, ``d_action_rhmc.c``): GRSOURCE
+    and heat-bath CG lines; at the start, at every monitor of the schedule (``res.monitors``) and at the end MILC's
+    ``d_action_rhmc`` lines: ``PLAQUETTE ACTION: -beta V (ss + st)``, the action's CG lines, ``ACTION: g,h,f =
+    ...`` and ``DG = ..., DH = ..., DF = ..., D = ...`` (the changes since MILC's previous such call: ``previous``
+    is its g, h, f, the last trajectory's end); the CG lines of every force evaluation in between; then
+    ``ACCEPT``/``REJECT: delta S`` (``CHECK: delta S`` without the Metropolis test, RHMD)."""
+    prev = [float(x) for x in previous]
+
+    def d_action(h, call):
+        out = [f"PLAQUETTE ACTION: {-beta * volume * (h.plaq[0] + h.plaq[1]):e}"] if h.plaq else []
+        for m in fermions:
+            out += m.milc_lines("FA", call)
+        out.append(f"ACTION: g,h,f = {h.gauge:.14e}  {h.kinetic:.14e}  {h.fermion:.14e}  {h.total:.14e}")
+        out.append(f"DG = {h.gauge - prev[0]:e}, DH = {h.kinetic - prev[1]:e}, DF = {h.fermion - prev[2]:e}, "
+                   f"D = {h.total - sum(prev):e}")
+        prev[:] = [h.gauge, h.kinetic, h.fermion]
+        return out
+
+    def force_lines(upto):
+        out = []
+        for m in fermions:
+            for call in range(done[m.name], upto(m)):
+                out += m.milc_lines("MD", call)
+            done[m.name] = max(done[m.name], upto(m))
+        return out
 
     out = []
     for m in fermions:
         out += m.milc_lines("GR")
-    for m in fermions:
-        out += m.milc_lines("FA", 0)
-    out.append(action(res.start))
-    for m in fermions:
-        for call in range(m.stats.calls.get("MD", 0)):
-            out += m.milc_lines("MD", call)
-    for m in fermions:
-        out += m.milc_lines("FA", 1)
-    out.append(action(res.end))
-    word = "WARMUP" if row["warmup"] else "ACCEPT" if row["accepted"] else "REJECT"
+    out += d_action(res.start, 0)
+    done = {m.name: 0 for m in fermions}
+    for k, (h, kicks) in enumerate(res.monitors):
+        out += force_lines(lambda m: kicks.get(m.name, 0))
+        out += d_action(h, k + 1)
+    out += force_lines(lambda m: m.stats.calls.get("MD", 0))
+    out += d_action(res.end, len(res.monitors) + 1)
+    word = "WARMUP" if row["warmup"] else "CHECK" if not metropolis else "ACCEPT" if row["accepted"] else "REJECT"
     out.append(f"{word}: delta S = {row['dH']:e}")
-    out.append(f"PLAQ:\t{row['plaq_ss']:.16f}\t{row['plaq_st']:.16f}")
-    out.append(f"P_LOOP:\t{row['ploop_re']:e}\t{row['ploop_im']:e}")
+    return out
+
+
+def gauge_measurement_lines(row: dict, u=None, gauge_action=None) -> list[str]:
+    """MILC's ``PLAQ:`` and ``P_LOOP:`` lines; with ``u`` and ``gauge_action`` also its gauge-loop measurement
+    (``G_LOOP:`` lines and ``GACTION:``, :func:`hmc.milc_loops.g_loop_lines`) as ks_imp_rhmc's ``g_measure``."""
+    out = [f"PLAQ:\t{row['plaq_ss']:.16f}\t{row['plaq_st']:.16f}", f"P_LOOP:\t{row['ploop_re']:e}\t{row['ploop_im']:e}"]
+    if u is not None:
+        try:
+            from .milc_loops import g_loop_lines
+        except ImportError:                  # MILC's gauge loops come with hmc.milc_loops (not in this tree)
+            print("hmc: G_LOOP and GACTION not measured: hmc.milc_loops is missing", file=sys.stderr)
+            return out
+        out += g_loop_lines(u, gauge_action)
     return out
 
 
@@ -170,9 +207,41 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
     if root:
         tested = [r["accepted"] for r in state.history[-remaining:] if not r["warmup"]]
         acc = f"acceptance {np.mean(tested):.3f}" if tested else "all warmups"
+        if not d["run"]["metropolis"]:
+            acc = "no Metropolis test (RHMD)"
         log(f"RUNNING COMPLETED: {remaining} trajectories, {acc}, file {path}")
     geom.grid.close()                        # free the halo buffers; fails if a mapping or window leaked
     return state
+
+
+def _last_action(history) -> tuple:
+    """g, h, f of the last action evaluation before the next trajectory (the end of the last one), MILC's
+    ``old_g, old_h, old_f`` of its DG line; zeros at the start of a run, as MILC's."""
+    if not history:
+        return (0.0, 0.0, 0.0)
+    r = history[-1]
+    return (r["g_end"], r["h_end"], r["f_end"])
+
+
+def _measured(d: dict, trajectory: int) -> bool:
+    """Whether trajectory number ``trajectory`` (from 1) is measured: every one, or with ``[milc]`` MILC's rule:
+    after the warms, every traj_between_meas-th."""
+    milc = d.get("milc")
+    if not milc:
+        return True
+    k = trajectory - milc["warms"]
+    return k >= 1 and k % milc["traj_between_meas"] == 0
+
+
+def _trajectory_lines(d, res, monomials, fermions, row, u, previous, measured) -> list[str]:
+    """MILC's lines of one trajectory and its gauge measurement (collective: the gauge loops sum over ranks)."""
+    milc = d.get("milc") is not None
+    out = milc_lines(res, fermions, row, d["gauge"]["beta"], u.geom.volume, previous,
+                     d["run"]["metropolis"]) if fermions else []
+    if measured and (fermions or milc):
+        gauge = next(m for m in monomials if m.kind == "gauge")
+        out += gauge_measurement_lines(row, u if milc else None, gauge.gauge_action)
+    return out
 
 
 def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm, remaining, every, bar, log,
@@ -186,6 +255,7 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
         from .measure import PBPMeasurement
 
         pbp = PBPMeasurement(d)
+    milc = d.get("milc")
     for i in range(remaining):
         if d["integrator"]["reversibility_check"]:
             probe_rng = copy_rng(rng)
@@ -196,18 +266,24 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
             if root:
                 log(f"REVERSIBILITY: max|dU| = {rev['links']:.3e} max|dP| = {rev['momenta']:.3e} "
                     f"dH = {rev['dH']:+.3e}")
+        if milc and root and state.trajectory == milc["warms"]:
+            log("WARMUPS COMPLETED")
         warmup = state.trajectory < d["run"]["warmups"]
         u, res = hmc_trajectory(u, rng, monomials, schedule, expm, d["integrator"]["reunitarize"],
-                                metropolis=not warmup)
+                                metropolis=d["run"]["metropolis"] and not warmup)
+        previous = _last_action(state.history)
         state.trajectory += 1
         row = _history_row(state.trajectory, res, u, geom, warmup, fermions)
-        pbp_out = pbp.measure(u, rng) if pbp is not None else ({}, [])
+        measured = _measured(d, state.trajectory)
+        pbp_out = (pbp.measure(u, rng) if measured else (pbp.empty_row(), [])) if pbp is not None else ({}, [])
         row.update(pbp_out[0])
         state.history.append(row)
+        lines = _trajectory_lines(d, res, monomials, fermions, row, u, previous, measured) + pbp_out[1]
         if root:
-            for line in (milc_lines(res, fermions, row) if fermions else []) + pbp_out[1]:
+            for line in lines:
                 log(line)
-            log(summary_line(row))
+            if not milc:
+                log(summary_line(row))
         bar.update(i + 1, f"dH {row['dH']:+.2e}")
         if (i + 1) % every == 0 or i + 1 == remaining:
             state.links = geom.gather(u.site_major())      # collective: the whole lattice on rank 0

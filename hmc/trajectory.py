@@ -8,7 +8,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from lattice import GaugeField, su3
+from lattice import GaugeField, plaquette, su3
 
 from .momenta import kinetic_energy, random_momenta  # noqa: F401  (random_momenta: imported from here elsewhere)
 from .rngs import draw_momenta
@@ -20,6 +20,7 @@ class Hamiltonian:
     kinetic: float
     fermion: float = 0.0
     parts: dict = field(default_factory=dict)
+    plaq: tuple = ()            # MILC's (ss, st) plaquette of the links (MILC's PLAQUETTE ACTION line)
 
     @property
     def total(self) -> float:
@@ -30,7 +31,7 @@ def hamiltonian(u: GaugeField, p, monomials) -> Hamiltonian:
     parts = {m.name: m.action(u) for m in monomials}
     g = sum(v for m, v in zip(monomials, parts.values()) if m.kind == "gauge")
     f = sum(v for m, v in zip(monomials, parts.values()) if m.kind != "gauge")
-    return Hamiltonian(gauge=g, kinetic=kinetic_energy(u.geom, p), fermion=f, parts=parts)
+    return Hamiltonian(gauge=g, kinetic=kinetic_energy(u.geom, p), fermion=f, parts=parts, plaq=plaquette(u))
 
 
 def link_exponential(name: str):
@@ -42,14 +43,16 @@ def link_exponential(name: str):
     raise ValueError(f"unknown link exponential {name!r}: use exact or taylor8")
 
 
-def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3, timers=None):
-    """Integrate (U, P) along ``schedule`` in place (``("R", 0)`` re-unitarizes the links); returns the time spent
-    per phase (link updates, each monomial's force). On a GPU each phase's clock stops after the device has
-    finished it (a link update or a gauge force is only enqueued when its call returns), so that its time is not
-    counted in the next phase."""
+def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3, timers=None, monitors=None):
+    """Integrate (U, P) along ``schedule`` in place (``("R", 0)`` re-unitarizes the links; ``("H", 0)`` appends
+    (Hamiltonian, {monomial: kicks so far}) to ``monitors``, MILC's mid-trajectory ``d_action`` monitor); returns
+    the time spent per phase (link updates, each monomial's force). On a GPU each phase's clock stops after the
+    device has finished it (a link update or a gauge force is only enqueued when its call returns), so that its
+    time is not counted in the next phase."""
     by_name = {m.name: m for m in monomials}
     timers = timers if timers is not None else {}
     backend = u.geom.backend
+    kicks = {m.name: 0 for m in monomials}
 
     def add(key, t0):
         backend.synchronize()
@@ -60,6 +63,9 @@ def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3,
             t0 = time.perf_counter()
             u.reunitarize()
             add("links", t0)
+        elif op[0] == "H":
+            if monitors is not None:
+                monitors.append((hamiltonian(u, p, monomials), dict(kicks)))
         elif op[0] == "U":
             t0 = time.perf_counter()
             if expm is su3.expm_su3 or expm is su3.expm_taylor:     # one fused kernel on a GPU
@@ -72,6 +78,7 @@ def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3,
             for name in names:
                 t0 = time.perf_counter()
                 p += dt * by_name[name].force(u)
+                kicks[name] += 1
                 add(f"force_{name}", t0)
     return timers
 
@@ -83,6 +90,7 @@ class TrajectoryResult:
     accepted: bool
     xrandom: float
     timers: dict
+    monitors: list = field(default_factory=list)     # (Hamiltonian, kicks so far) at each ("H", 0) operation
 
     @property
     def delta_h(self) -> float:
@@ -102,7 +110,8 @@ def hmc_trajectory(u: GaugeField, rng, monomials, schedule, expm=su3.expm_su3, r
         m.refresh(u, rng)
     start = hamiltonian(u, p, monomials)
     v = u.copy()
-    timers = molecular_dynamics(v, p, schedule, monomials, expm)
+    monitors = []
+    timers = molecular_dynamics(v, p, schedule, monomials, expm, monitors=monitors)
     if reunitarize and not any(op[0] == "R" for op in schedule):
         v.reunitarize()
     end = hamiltonian(v, p, monomials)
@@ -110,7 +119,7 @@ def hmc_trajectory(u: GaugeField, rng, monomials, schedule, expm=su3.expm_su3, r
     dh = end.total - start.total
     accepted = (not metropolis) or (dh <= 0 or math.exp(-dh) >= xr)
     timers["total"] = time.perf_counter() - t0
-    return (v if accepted else u), TrajectoryResult(start, end, accepted, xr, timers)
+    return (v if accepted else u), TrajectoryResult(start, end, accepted, xr, timers, monitors)
 
 
 def reversibility_check(u: GaugeField, p, monomials, schedule, expm=su3.expm_su3):

@@ -238,13 +238,14 @@ def compare_outputs(test_text: str, sample_text: str, errtol_text: str, case: Ca
 
 
 def format_table(rows) -> str:
-    """rows: (case name, Comparison, seconds or None). MILC's verdict per case, one line each."""
-    head = f"{'case':30s} {'lines':>5s} {'fields':>6s} {'fail':>4s} {'worst diff/tol':>14s} {'time/s':>7s}  result"
+    """rows: (case name, Comparison, (wall, CPU seconds) or None). MILC's verdict per case, one line each."""
+    head = (f"{'case':26s} {'lines':>5s} {'fields':>6s} {'fail':>4s} {'worst diff/tol':>14s} {'wall/s':>7s} "
+            f"{'cpu/s':>6s}  result")
     out = [head, "-" * len(head)]
     for name, c, secs in rows:
-        t = "" if secs is None else f"{secs:7.1f}"
+        t = f"{'':7s} {'':6s}" if secs is None else f"{secs[0]:7.1f} {secs[1]:6.1f}"
         word = "ok" if c.ok else "FAIL"
-        out.append(f"{name:30s} {c.lines:5d} {c.fields:6d} {c.failure_count:4d} {c.worst:14.3g} {t:>7s}  {word}")
+        out.append(f"{name:26s} {c.lines:5d} {c.fields:6d} {c.failure_count:4d} {c.worst:14.3g} {t}  {word}")
     return "\n".join(out)
 
 
