@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--milc: more folders where the decks' lattices and rational functions are found by name")
     p.add_argument("--test-out", metavar="FILE", help="--milc: compare this output of one case instead of running it")
     p.add_argument("--out-dir", metavar="DIR", help="--milc: keep the outputs and run files here")
+    p.add_argument("--launch", metavar="CMD", help="--milc: command that starts each run, as MILC's LAUNCH, e.g. "
+                                                   "'mpiexec -n 2' (--grid and --transport reach the runs)")
 
     p = sub.add_parser("bench", help="benchmarks (commands, not tests)")
     bsub = p.add_subparsers(dest="bench", required=True)
@@ -244,7 +246,7 @@ def _dispatch(args) -> int:
             from .milc.runner import check_milc
 
             return 1 if check_milc(args.milc, args.references, args.search, args.out_dir, args.backend,
-                                   args.test_out) else 0
+                                   args.test_out, launch=args.launch) else 0
         if args.list:
             print("\n".join(check.available()))
             return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -75,11 +76,11 @@ def select_cases(cases, names) -> list:
     return out
 
 
-def _run_case(case, folder: Path, work: Path, search, backend) -> tuple[str, tuple]:
+def _run_case(case, folder: Path, work: Path, search, backend, launch=None) -> tuple[str, tuple]:
     """Run one case's sample-in with ``hmc milc`` in a fresh process; (its standard output, (wall seconds, CPU
     seconds of the process)."""
     deck = folder / f"{case.prefix}.sample-in"
-    cmd = [sys.executable, "-m", "hmc"] + (["--backend", backend] if backend else []) + [
+    cmd = shlex.split(launch or "") + [sys.executable, "-m", "hmc"] + (["--backend", backend] if backend else []) + [
         "milc", str(deck), "--build", case.executable, "-o", str(work / f"{case.prefix}.h5"), "--force",
         "--no-progress"]
     for s in search:
@@ -99,9 +100,12 @@ def _run_case(case, folder: Path, work: Path, search, backend) -> tuple[str, tup
     return p.stdout, secs
 
 
-def check_milc(folder, names=(), search=(), out_dir=None, backend=None, test_out=None, log=print) -> int:
+def check_milc(folder, names=(), search=(), out_dir=None, backend=None, test_out=None, log=print,
+               launch: str | None = None) -> int:
     """``hmc check --milc DIR [CASE ...]``: run (or, with ``test_out``, take that output of one case), compare with
-    MILC's sample output under its errtol file, print the table and what failed; the number of failed cases."""
+    MILC's sample output under its errtol file, print the table and what failed; the number of failed cases.
+    ``launch``: the command that starts each run, as MILC's LAUNCH (e.g. ``mpiexec -n 2``; --grid and --transport
+    reach the runs through the environment)."""
     folder = Path(folder)
     cases = select_cases(compare.read_checklist(folder), names)
     if test_out is not None and len(cases) != 1:
@@ -123,7 +127,7 @@ def check_milc(folder, names=(), search=(), out_dir=None, backend=None, test_out
                 if test_out is not None:
                     text = Path(test_out).read_text()
                 else:
-                    text, secs = _run_case(case, folder, work, search, backend)
+                    text, secs = _run_case(case, folder, work, search, backend, launch)
             except compare.MilcCheckError as e:
                 log(str(e))
                 rows.append((case.prefix, compare.Comparison(error=str(e)), None))
