@@ -29,24 +29,24 @@ from lattice.padded import pad_links, pads_on_gpu
 
 from . import loops as _loops
 
-#: MILC's alpha_s from u0 (hep-lat/9507010; CONVENTIONS.md 2): alpha_s = -4 ln(u0) / 3.0684.
-_ALPHA_S_DEN = 3.0684
-
-QUARK_LOOPS = ("hisq", "asqtad", "none")
+QUARK_LOOPS = ("hisq", "asqtad", "asqtad_nf", "none")
 
 
 def symanzik_coefficients(u0: float, nf: int = 0, quark_loops: str = "hisq") -> dict:
-    """One-loop Symanzik loop coefficients (c_pl, c_rt, c_pg), plaquette normalized to 1.
+    """One-loop Symanzik loop coefficients (c_pl, c_rt, c_pg), plaquette normalized to 1, as MILC's gauge-action
+    headers (``generic/imp_actions/``) compute them.
 
-    * ``hisq``: HISQ quark loops (``generic/imp_actions/symanzik_1loop_hisq_action.h``; Hart, von Hippel,
-      Horgan, PRD 79 074008):
+    * ``hisq``: HISQ quark loops (``symanzik_1loop_hisq_action.h``, the gauge action of MILC's HISQ builds; Hart,
+      von Hippel, Horgan, PRD 79 074008):
       c_rt = -1/(20 u0^2) [1 - (0.6264 - 1.1746 nf) ln u0],  c_pg = (1/u0^2)(0.0433 - 0.0156 nf) ln u0.
-    * ``asqtad``: asqtad quark loops (``symanzik_1loop_nf_action.h``; Hao et al., arXiv:0705.4660):
+    * ``asqtad``: the gauge action of MILC's asqtad builds (``ks_imp_rhmc/Make_template``: su3_leapfrog,
+      su3_omelyan_rhmc, su3_rhmc, su3_rhmd), ``symanzik_1loop_action.h``, which has no quark-loop correction:
+      the ``none`` coefficients whatever nf (MILC applies the nf-dependent terms only to HISQ sea quarks).
+    * ``asqtad_nf``: asqtad quark loops (``symanzik_1loop_nf_action.h``, MILC's ASQ_OPTIONS_NF targets; Hao et
+      al., arXiv:0705.4660):
       c_rt = -1/(20 u0^2) [1 - (0.6264 - 0.4742 nf) ln u0],  c_pg = (1/u0^2)(0.0433 - 0.012 nf) ln u0.
-    * ``none``: pure gauge (Alford et al., hep-lat/9507010, MILC's ``symanzik_1loop_action.h``), in terms of
-      alpha_s = -4 ln u0 / 3.0684:
-      c_rt = -(1 + 0.4805 alpha_s)/(20 u0^2),  c_pg = -0.03325 alpha_s / u0^2,
-      i.e. c_rt = -1/(20 u0^2)(1 - 0.62639 ln u0) and c_pg = 0.043345 ln u0 / u0^2. ``nf`` must be 0.
+    * ``none``: pure gauge (Alford et al., hep-lat/9507010; MILC's ``symanzik_1loop_action.h``):
+      c_rt = -1/(20 u0^2) (1 - 0.6264 ln u0),  c_pg = 0.04335 ln u0 / u0^2. ``nf`` must be 0.
     """
     u0 = float(u0)
     if not u0 > 0:
@@ -58,16 +58,15 @@ def symanzik_coefficients(u0: float, nf: int = 0, quark_loops: str = "hisq") -> 
     if quark_loops == "hisq":
         c_rt = -inv / 20.0 * (1.0 - (0.6264 - 1.1746 * nf) * lnu)
         c_pg = inv * (0.0433 - 0.0156 * nf) * lnu
-    elif quark_loops == "asqtad":
+    elif quark_loops == "asqtad_nf":
         c_rt = -inv / 20.0 * (1.0 - (0.6264 - 0.4742 * nf) * lnu)
         c_pg = inv * (0.0433 - 0.012 * nf) * lnu
-    elif quark_loops == "none":
-        if nf != 0:
+    elif quark_loops in ("none", "asqtad"):
+        if quark_loops == "none" and nf != 0:
             raise ValueError(f"quark_loops 'none' is the pure-gauge action, but nf = {nf}: use nf = 0, or "
                              "quark_loops 'hisq' or 'asqtad' for dynamical flavours")
-        alpha_s = -4.0 * lnu / _ALPHA_S_DEN
-        c_rt = -inv / 20.0 * (1.0 + 0.4805 * alpha_s)
-        c_pg = -inv * 0.03325 * alpha_s
+        c_rt = -inv / 20.0 * (1.0 - 0.6264 * lnu)
+        c_pg = inv * 0.04335 * lnu
     else:
         raise ValueError(f"quark_loops {quark_loops!r}: use one of {', '.join(QUARK_LOOPS)}")
     return {"plaquette": 1.0, "rectangle": c_rt, "parallelogram": c_pg}
@@ -339,6 +338,7 @@ class SymanzikAction(GaugeAction):
         coeff = symanzik_coefficients(u0, nf, quark_loops)
         table = _loops.loop_table()
         super().__init__(beta, {k: (coeff[k], table[k]) for k in ("plaquette", "rectangle", "parallelogram")})
-        loops_word = {"hisq": "HISQ quark loops", "asqtad": "asqtad quark loops", "none": "no quark loops"}
+        loops_word = {"hisq": "HISQ quark loops", "asqtad": "asqtad sea quarks (no quark-loop terms)",
+                      "asqtad_nf": "asqtad quark loops", "none": "no quark loops"}
         self.name = (f"Symanzik 1x1 + 1x2 + 1x1x1 action with {loops_word[quark_loops]} "
                      f"(u0={self.u0:g}, nf={self.nf})")

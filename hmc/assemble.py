@@ -8,7 +8,7 @@ from lattice import Geometry, get_backend
 from comms import ProcessGrid
 
 from .deck import DeckError
-from .integrators import Level, build_schedule
+from .integrators import MILC_SCHEMES, Level, build_schedule
 from .monomials import GaugeMonomial
 
 
@@ -88,7 +88,8 @@ def make_monomials(deck: dict, files: dict | None = None, base_dir: str | None =
 
 
 def make_schedule(deck: dict, monomials: list) -> list:
-    """Gauge monomials on the innermost level; fermion monomials (when present) on the outer one.
+    """Gauge monomials on the innermost level; fermion monomials (when present) on the outer one; MILC's
+    single-level builds (``milc_leapfrog``, ``milc_omelyan``) kick the gauge monomials first, then the fermions.
     ``reunitarize = "cycle"`` re-unitarizes after every outer cycle, as MILC."""
     integ = deck["integrator"]
     gauge = [m.name for m in monomials if m.kind == "gauge"]
@@ -98,6 +99,8 @@ def make_schedule(deck: dict, monomials: list) -> list:
     elif integ["inner_scheme"] and fermion:
         levels = [Level(integ["scheme"], integ["steps"], fermion),
                   Level(integ["inner_scheme"], integ["inner_steps"], gauge)]
+    elif integ["scheme"] in MILC_SCHEMES:          # update_h_rhmc: the gauge force, then the fermion force
+        levels = [Level(integ["scheme"], integ["steps"], gauge + fermion)]
     else:
         levels = [Level(integ["scheme"], integ["steps"], fermion + gauge)]
     return build_schedule(levels, integ["tau"], reunitarize=integ["reunitarize"] == "cycle")

@@ -36,7 +36,7 @@ def _add_action_args(p):
     p.add_argument("--beta", type=float, help="gauge coupling beta = 10/g^2 (MILC normalization)")
     p.add_argument("--u0", type=float, default=1.0, help="tadpole factor u0 (Symanzik only)")
     p.add_argument("--gauge-action", choices=("wilson", "symanzik"), default="symanzik")
-    p.add_argument("--quark-loops", choices=("none", "asqtad", "hisq"), default="none")
+    p.add_argument("--quark-loops", choices=("none", "asqtad", "asqtad_nf", "hisq"), default="none")
     p.add_argument("--nf", type=int, default=0, help="number of dynamical flavours in the quark-loop terms")
 
 

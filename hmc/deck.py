@@ -48,10 +48,10 @@ SCHEMA = {
         "rng": Key(str, "philox", None, "", ("philox", "milc", "milc_old")),
         "backend": Key(str, "numpy", None, "", ("numpy", "cupy", "auto")),
         "checkpoint_every": Key(int, 1, _positive, "a positive number of trajectories"),
+        "metropolis": Key(bool, True, None, "true for RHMC (the Metropolis test after each trajectory), false for "
+                          "RHMD (every trajectory kept, MILC's builds without -DHMC; MILC prints CHECK: delta S)"),
         "warmups": Key(int, 0, _nonneg, "a number >= 0 of leading trajectories run without the Metropolis test "
                        "(thermalization, as MILC's rhmd; marked in the history and left out of statistics)"),
-        "metropolis": Key(bool, True, None, "true (HMC: a Metropolis test ends every trajectory after the warmups) "
-                          "or false (RHMD: every trajectory is kept, MILC's CHECK: delta S line)"),
     },
     "lattice": {
         "dims": Key(list, None, _dims, "four even integers >= 2: nx ny nz nt"),
@@ -62,11 +62,11 @@ SCHEMA = {
         "action": Key(str, "wilson", None, "", ("wilson", "symanzik")),
         "beta": Key((int, float), None, _positive, "a positive number"),
         "u0": Key((int, float), 1.0, _positive, "a positive tadpole factor (1 for none)"),
-        "quark_loops": Key(str, "none", None, "", ("none", "asqtad", "hisq")),
+        "quark_loops": Key(str, "none", None, "", ("none", "asqtad", "asqtad_nf", "hisq")),
         "nf": Key(int, 0, _nonneg, "the number of dynamical flavours, >= 0"),
     },
     "integrator": {
-        "scheme": Key(str, "omelyan", None, "", ("leapfrog", "omelyan", "3g1f")),
+        "scheme": Key(str, "omelyan", None, "", ("leapfrog", "omelyan", "3g1f", "milc_leapfrog", "milc_omelyan")),
         "steps": Key(int, 10, _positive, "a positive integer (even for omelyan and 3g1f)"),
         "tau": Key((int, float), 1.0, _positive, "a positive trajectory length"),
         "inner_scheme": Key(str, "", None, "", ("", "leapfrog", "omelyan")),
@@ -189,7 +189,7 @@ def validate(raw: dict) -> dict:
 
 def _cross_checks(d):
     integ = d["integrator"]
-    if integ["scheme"] in ("omelyan", "3g1f") and integ["steps"] % 2:
+    if integ["scheme"] in ("omelyan", "3g1f", "milc_omelyan") and integ["steps"] % 2:
         raise DeckError(f"[integrator] steps = {integ['steps']}: {integ['scheme']} integrates two steps per cycle, "
                         "so steps must be even")
     dims, grid = d["lattice"]["dims"], d["lattice"]["grid"]

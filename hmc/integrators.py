@@ -15,14 +15,26 @@ Schemes (CONVENTIONS.md 3.5; MILC ``ks_imp_rhmc/update_rhmc.c``), with eps = tau
 With ``reunitarize=True`` the schedule also has ``("R", 0.0)`` after every cycle of the outer level (one step of
 leapfrog, two of omelyan and 3g1f): re-unitarize the links there, as MILC's ``update_rhmc.c`` does
 (``reunitarize()`` after each pass of its step loop).
+
+MILC's single-time-scale builds, as ``ks_imp_rhmc/update_rhmc.c`` runs them (one level; every kick is
+``update_h_rhmc``: the gauge force, then the fermion force of all pseudofermions ganged, with the same step; the
+level's monomials are kicked in the order given, gauge first; a re-unitarization closes every cycle whatever
+``reunitarize`` says):
+- ``milc_leapfrog`` (INT_LEAPFROG, the su3_leapfrog build): per step U eps/2, P eps, U eps/2, R; after every
+  4th step (``step % 4 == 0``) the build measures the action (``d_action_rhmc``, its "TEMP - monitor action"):
+  ``("A", 0.0)``, which changes nothing but prints MILC's PLAQUETTE ACTION / ACTION / DG lines.
+- ``milc_omelyan`` (INT_OMELYAN with MILC's lambda = 0.8, the su3_omelyan_rhmc build): per two steps
+  U 0.4 eps, P eps, U 1.2 eps, P eps, U 0.4 eps, R (``omelyan`` with ``reunitarize``); ``steps`` even.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-SCHEMES = ("leapfrog", "omelyan", "3g1f")
+SCHEMES = ("leapfrog", "omelyan", "3g1f", "milc_leapfrog", "milc_omelyan")
+MILC_SCHEMES = ("milc_leapfrog", "milc_omelyan")
 OMELYAN_LAMBDA = 0.2
+MILC_LEAPFROG_MONITOR_EVERY = 4          # update_rhmc.c: if(step%4==0) d_action_rhmc(...)
 
 
 class IntegratorError(ValueError):
@@ -40,7 +52,7 @@ class Level:
             raise IntegratorError(f"unknown integrator {self.scheme!r}: use one of {', '.join(SCHEMES)}")
         if not isinstance(self.steps, int) or self.steps < 1:
             raise IntegratorError(f"integrator steps must be a positive integer, got {self.steps!r}")
-        if self.scheme in ("omelyan", "3g1f") and self.steps % 2:
+        if self.scheme in ("omelyan", "3g1f", "milc_omelyan") and self.steps % 2:
             raise IntegratorError(f"{self.scheme} integrates two steps per cycle: steps must be even, "
                                   f"got {self.steps}")
 
@@ -62,9 +74,7 @@ def _milc_3g1f_cycle(eps, outer, inner, alpha=0.1, beta=0.1):
 
 
 REUNITARIZE = ("R", 0.0)
-#: evaluate and record the Hamiltonian here (MILC's mid-trajectory ``d_action_rhmc`` monitor, which prints
-#: PLAQUETTE ACTION, ACTION and DG lines; hmc.trajectory.molecular_dynamics)
-MONITOR = ("H", 0.0)
+MONITOR = ("A", 0.0)
 
 
 def _level_ops(level: Level, tau: float, inner_ops, reunitarize: bool = False):
@@ -77,7 +87,13 @@ def _level_ops(level: Level, tau: float, inner_ops, reunitarize: bool = False):
     if level.scheme == "leapfrog":
         for _ in range(level.steps):
             ops += inner_ops(eps / 2) + [("P", names, eps)] + inner_ops(eps / 2) + tail
-    elif level.scheme == "omelyan":
+    elif level.scheme == "milc_leapfrog":
+        for step in range(1, level.steps + 1):
+            ops += inner_ops(eps / 2) + [("P", names, eps)] + inner_ops(eps / 2) + [REUNITARIZE]
+            if step % MILC_LEAPFROG_MONITOR_EVERY == 0:
+                ops.append(MONITOR)
+    elif level.scheme in ("omelyan", "milc_omelyan"):
+        tail = [REUNITARIZE] if reunitarize or level.scheme == "milc_omelyan" else []
         h, lam = 2 * eps, OMELYAN_LAMBDA
         for _ in range(level.steps // 2):
             ops += (inner_ops(lam * h) + [("P", names, h / 2)] + inner_ops((1 - 2 * lam) * h)
@@ -103,6 +119,9 @@ def build_schedule(levels: list[Level], tau: float, reunitarize: bool = False) -
         return _drop_empty(ops)
     if any(lv.scheme == "3g1f" for lv in levels):
         raise IntegratorError("3g1f must be the outer level")
+    if any(lv.scheme in MILC_SCHEMES for lv in levels) and len(levels) != 1:
+        raise IntegratorError(f"{', '.join(MILC_SCHEMES)} are MILC's single-time-scale builds: give one level with "
+                              "every monomial (gauge first)")
 
     def expand(depth):
         if depth == len(levels):
@@ -134,8 +153,8 @@ def describe(schedule) -> str:
             lines.append(f"U  {op[1]:+.6f}")
         elif op[0] == "R":
             lines.append("R  (reunitarize)")
-        elif op[0] == "H":
-            lines.append("H  (action monitor)")
+        elif op[0] == "A":
+            lines.append("A  (measure the action)")
         else:
             lines.append(f"P  {op[2]:+.6f}  [{', '.join(op[1])}]")
     return "\n".join(lines)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 
 import numpy as np
 
@@ -94,44 +93,35 @@ def _history_row(traj, res, u, geom, warmup: bool, fermions=()) -> dict:
     return row
 
 
-def milc_lines(res, fermions, row: dict, beta: float, volume: int, previous=(0.0, 0.0, 0.0),
+def milc_lines(res, fermions, row: dict, beta: float | None = None, volume: int | None = None, previous=None,
                metropolis: bool = True) -> list[str]:
-    """MILC's printout of one RHMC trajectory (CONVENTIONS.md 3.6; ``update_rhmc.c``, ``d_action_rhmc.c``): GRSOURCE
-    and heat-bath CG lines; at the start, at every monitor of the schedule (``res.monitors``) and at the end MILC's
-    ``d_action_rhmc`` lines: ``PLAQUETTE ACTION: -beta V (ss + st)``, the action's CG lines, ``ACTION: g,h,f =
-    ...`` and ``DG = ..., DH = ..., DF = ..., D = ...`` (the changes since MILC's previous such call: ``previous``
-    is its g, h, f, the last trajectory's end); the CG lines of every force evaluation in between; then
-    ``ACCEPT``/``REJECT: delta S`` (``CHECK: delta S`` without the Metropolis test, RHMD)."""
-    prev = [float(x) for x in previous]
-
-    def d_action(h, call):
-        out = [f"PLAQUETTE ACTION: {-beta * volume * (h.plaq[0] + h.plaq[1]):e}"] if h.plaq else []
-        for m in fermions:
-            out += m.milc_lines("FA", call)
-        out.append(f"ACTION: g,h,f = {h.gauge:.14e}  {h.kinetic:.14e}  {h.fermion:.14e}  {h.total:.14e}")
-        out.append(f"DG = {h.gauge - prev[0]:e}, DH = {h.kinetic - prev[1]:e}, DF = {h.fermion - prev[2]:e}, "
-                   f"D = {h.total - sum(prev):e}")
-        prev[:] = [h.gauge, h.kinetic, h.fermion]
-        return out
-
-    def force_lines(upto):
-        out = []
-        for m in fermions:
-            for call in range(done[m.name], upto(m)):
-                out += m.milc_lines("MD", call)
-            done[m.name] = max(done[m.name], upto(m))
-        return out
-
+    """MILC's printout of one RHMC trajectory (CONVENTIONS.md 3.6), in MILC's order: GRSOURCE and heat-bath CG lines;
+    then for every action measurement (``d_action_rhmc``: the start, the integrator's monitors, the end) the
+    ``PLAQUETTE ACTION`` line (with ``beta`` and the lattice ``volume``: -beta V (ss + st)), the action's CG lines,
+    ``ACTION: g,h,f = ...`` and ``DG = ...``
+    (differences from the measurement before, ``previous`` = (g, h, f, total) for the first: MILC keeps them across
+    trajectories, zero at its start), with the CG lines of the force evaluations between them; then
+    ``ACCEPT``/``REJECT: delta S`` (``CHECK`` without the Metropolis test, MILC's RHMD builds). ``PLAQ:`` and
+    ``P_LOOP:`` follow in :func:`gauge_measurement_lines`."""
+    old = list(previous) if previous is not None else [0.0, 0.0, 0.0, 0.0]
     out = []
     for m in fermions:
         out += m.milc_lines("GR")
-    out += d_action(res.start, 0)
-    done = {m.name: 0 for m in fermions}
-    for k, (h, kicks) in enumerate(res.monitors):
-        out += force_lines(lambda m: kicks.get(m.name, 0))
-        out += d_action(h, k + 1)
-    out += force_lines(lambda m: m.stats.calls.get("MD", 0))
-    out += d_action(res.end, len(res.monitors) + 1)
+    md_done = {m.name: 0 for m in fermions}
+    for call, h in enumerate([res.start] + list(res.monitors) + [res.end]):
+        for m in fermions:
+            for c in range(md_done[m.name], h.md_calls.get(m.name, md_done[m.name])):
+                out += m.milc_lines("MD", c)
+            md_done[m.name] = h.md_calls.get(m.name, md_done[m.name])
+        if beta is not None and h.plaquette:
+            out.append(f"PLAQUETTE ACTION: {-beta * volume * (h.plaquette[0] + h.plaquette[1]):e}")
+        for m in fermions:
+            out += m.milc_lines("FA", call)
+        new = [h.gauge, h.kinetic, h.fermion, h.total]
+        out.append(f"ACTION: g,h,f = {new[0]:.14e}  {new[1]:.14e}  {new[2]:.14e}  {new[3]:.14e}")
+        d = [a - b for a, b in zip(new, old)]
+        out.append(f"DG = {d[0]:e}, DH = {d[1]:e}, DF = {d[2]:e}, D = {d[3]:e}")
+        old = new
     word = "WARMUP" if row["warmup"] else "CHECK" if not metropolis else "ACCEPT" if row["accepted"] else "REJECT"
     out.append(f"{word}: delta S = {row['dH']:e}")
     return out
@@ -142,11 +132,8 @@ def gauge_measurement_lines(row: dict, u=None, gauge_action=None) -> list[str]:
     (``G_LOOP:`` lines and ``GACTION:``, :func:`hmc.milc_loops.g_loop_lines`) as ks_imp_rhmc's ``g_measure``."""
     out = [f"PLAQ:\t{row['plaq_ss']:.16f}\t{row['plaq_st']:.16f}", f"P_LOOP:\t{row['ploop_re']:e}\t{row['ploop_im']:e}"]
     if u is not None:
-        try:
-            from .milc_loops import g_loop_lines
-        except ImportError:                  # MILC's gauge loops come with hmc.milc_loops (not in this tree)
-            print("hmc: G_LOOP and GACTION not measured: hmc.milc_loops is missing", file=sys.stderr)
-            return out
+        from .milc_loops import g_loop_lines
+
         out += g_loop_lines(u, gauge_action)
     return out
 
@@ -215,12 +202,12 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
 
 
 def _last_action(history) -> tuple:
-    """g, h, f of the last action evaluation before the next trajectory (the end of the last one), MILC's
-    ``old_g, old_h, old_f`` of its DG line; zeros at the start of a run, as MILC's."""
+    """g, h, f and their sum at the last action evaluation before the next trajectory (the end of the last one),
+    MILC's ``old_g, old_h, old_f, old_a`` of its DG line; zeros at the start of a run, as MILC's."""
     if not history:
-        return (0.0, 0.0, 0.0)
+        return (0.0, 0.0, 0.0, 0.0)
     r = history[-1]
-    return (r["g_end"], r["h_end"], r["f_end"])
+    return (r["g_end"], r["h_end"], r["f_end"], r["g_end"] + r["h_end"] + r["f_end"])
 
 
 def _measured(d: dict, trajectory: int) -> bool:
@@ -238,9 +225,9 @@ def _trajectory_lines(d, res, monomials, fermions, row, u, previous, measured) -
     milc = d.get("milc") is not None
     out = milc_lines(res, fermions, row, d["gauge"]["beta"], u.geom.volume, previous,
                      d["run"]["metropolis"]) if fermions else []
-    if measured and (fermions or milc):
+    if measured and (fermions or milc):               # MILC's g_measure: PLAQ, P_LOOP, G_LOOP, GACTION
         gauge = next(m for m in monomials if m.kind == "gauge")
-        out += gauge_measurement_lines(row, u if milc else None, gauge.gauge_action)
+        out += gauge_measurement_lines(row, u, gauge.gauge_action)
     return out
 
 

@@ -8,7 +8,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from lattice import GaugeField, plaquette, su3
+from lattice import GaugeField, su3
 
 from .momenta import kinetic_energy, random_momenta  # noqa: F401  (random_momenta: imported from here elsewhere)
 from .rngs import draw_momenta
@@ -20,7 +20,8 @@ class Hamiltonian:
     kinetic: float
     fermion: float = 0.0
     parts: dict = field(default_factory=dict)
-    plaq: tuple = ()            # MILC's (ss, st) plaquette of the links (MILC's PLAQUETTE ACTION line)
+    plaquette: tuple = ()          # (ss, st) of the links, for MILC's PLAQUETTE ACTION line (measured_action)
+    md_calls: dict = field(default_factory=dict)     # force evaluations of each fermion monomial before it
 
     @property
     def total(self) -> float:
@@ -31,7 +32,19 @@ def hamiltonian(u: GaugeField, p, monomials) -> Hamiltonian:
     parts = {m.name: m.action(u) for m in monomials}
     g = sum(v for m, v in zip(monomials, parts.values()) if m.kind == "gauge")
     f = sum(v for m, v in zip(monomials, parts.values()) if m.kind != "gauge")
-    return Hamiltonian(gauge=g, kinetic=kinetic_energy(u.geom, p), fermion=f, parts=parts, plaq=plaquette(u))
+    return Hamiltonian(gauge=g, kinetic=kinetic_energy(u.geom, p), fermion=f, parts=parts)
+
+
+def measured_action(u: GaugeField, p, monomials) -> Hamiltonian:
+    """MILC's ``d_action_rhmc`` at the start and end of a trajectory and at the integrator's ``("A", 0)`` monitors:
+    the Hamiltonian, the plaquette (its PLAQUETTE ACTION line) and how many force evaluations each fermion
+    monomial had made by then (to print the solves in MILC's order)."""
+    from lattice import plaquette
+
+    h = hamiltonian(u, p, monomials)
+    h.plaquette = plaquette(u)
+    h.md_calls = {m.name: m.stats.calls.get("MD", 0) for m in monomials if hasattr(m, "stats")}
+    return h
 
 
 def link_exponential(name: str):
@@ -44,15 +57,14 @@ def link_exponential(name: str):
 
 
 def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3, timers=None, monitors=None):
-    """Integrate (U, P) along ``schedule`` in place (``("R", 0)`` re-unitarizes the links; ``("H", 0)`` appends
-    (Hamiltonian, {monomial: kicks so far}) to ``monitors``, MILC's mid-trajectory ``d_action`` monitor); returns
-    the time spent per phase (link updates, each monomial's force). On a GPU each phase's clock stops after the
-    device has finished it (a link update or a gauge force is only enqueued when its call returns), so that its
-    time is not counted in the next phase."""
+    """Integrate (U, P) along ``schedule`` in place (``("R", 0)`` re-unitarizes the links, ``("A", 0)`` appends
+    :func:`measured_action` to ``monitors``); returns the time spent per phase (link updates, each monomial's
+    force). On a GPU each phase's clock stops after the device has
+    finished it (a link update or a gauge force is only enqueued when its call returns), so that its time is not
+    counted in the next phase."""
     by_name = {m.name: m for m in monomials}
     timers = timers if timers is not None else {}
     backend = u.geom.backend
-    kicks = {m.name: 0 for m in monomials}
 
     def add(key, t0):
         backend.synchronize()
@@ -63,9 +75,11 @@ def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3,
             t0 = time.perf_counter()
             u.reunitarize()
             add("links", t0)
-        elif op[0] == "H":
+        elif op[0] == "A":
+            t0 = time.perf_counter()
             if monitors is not None:
-                monitors.append((hamiltonian(u, p, monomials), dict(kicks)))
+                monitors.append(measured_action(u, p, monomials))
+            add("monitor", t0)
         elif op[0] == "U":
             t0 = time.perf_counter()
             if expm is su3.expm_su3 or expm is su3.expm_taylor:     # one fused kernel on a GPU
@@ -78,7 +92,6 @@ def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3,
             for name in names:
                 t0 = time.perf_counter()
                 p += dt * by_name[name].force(u)
-                kicks[name] += 1
                 add(f"force_{name}", t0)
     return timers
 
@@ -90,7 +103,7 @@ class TrajectoryResult:
     accepted: bool
     xrandom: float
     timers: dict
-    monitors: list = field(default_factory=list)     # (Hamiltonian, kicks so far) at each ("H", 0) operation
+    monitors: list = field(default_factory=list)     # the actions measured along the trajectory ("A" operations)
 
     @property
     def delta_h(self) -> float:
@@ -108,13 +121,13 @@ def hmc_trajectory(u: GaugeField, rng, monomials, schedule, expm=su3.expm_su3, r
     p = draw_momenta(u.geom, rng)
     for m in monomials:
         m.refresh(u, rng)
-    start = hamiltonian(u, p, monomials)
+    start = measured_action(u, p, monomials)
     v = u.copy()
     monitors = []
     timers = molecular_dynamics(v, p, schedule, monomials, expm, monitors=monitors)
     if reunitarize and not any(op[0] == "R" for op in schedule):
         v.reunitarize()
-    end = hamiltonian(v, p, monomials)
+    end = measured_action(v, p, monomials)
     xr = rng.global_uniform("metropolis")
     dh = end.total - start.total
     accepted = (not metropolis) or (dh <= 0 or math.exp(-dh) >= xr)

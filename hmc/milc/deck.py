@@ -288,9 +288,13 @@ def deck_toml(deck: dict, comment: str = "") -> str:
 
 
 def read_text(path: str) -> str:
-    """The text of the deck at ``path`` (``-``: standard input)."""
+    """The text of the deck at ``path`` (``-``: standard input, which an MPI launcher gives rank 0 only: rank 0
+    reads it and hands it to the others)."""
     if path == "-":
-        return sys.stdin.read()
+        from comms import world
+
+        w = world()
+        return w.bcast(sys.stdin.read() if w.rank == 0 else None)
     try:
         with open(path, encoding="utf-8") as fh:
             return fh.read()

@@ -34,6 +34,7 @@ ACTIONS = {
     "wilson": lambda: WilsonAction(6.0),
     "symanzik_hisq": lambda: SymanzikAction(7.4, 0.89, 3, "hisq"),
     "symanzik_asqtad": lambda: SymanzikAction(7.2, 0.85, 3, "asqtad"),
+    "symanzik_asqtad_nf": lambda: SymanzikAction(7.2, 0.85, 3, "asqtad_nf"),
     "symanzik_none": lambda: SymanzikAction(8.0, 0.87, 0, "none"),
 }
 
@@ -104,7 +105,7 @@ def test_hisq_coefficients_match_milc(beta, u0, nf, c_rt, c_pg):
 def test_other_coefficients():
     u0, lnu = 0.87, math.log(0.87)
     # asqtad quark loops (symanzik_1loop_nf_action.h)
-    c = symanzik_coefficients(u0, 3, "asqtad")
+    c = symanzik_coefficients(u0, 3, "asqtad_nf")
     assert c["rectangle"] == pytest.approx(-1 / (20 * u0**2) * (1 - (0.6264 - 0.4742 * 3) * lnu), rel=1e-15)
     assert c["parallelogram"] == pytest.approx((0.0433 - 0.012 * 3) * lnu / u0**2, rel=1e-15)
     # pure gauge: (1 + 0.4805 alpha_s), 0.03325 alpha_s with alpha_s = -4 ln u0 / 3.0684
@@ -112,13 +113,25 @@ def test_other_coefficients():
     assert c0["rectangle"] == pytest.approx(-1 / (20 * u0**2) * (1 - 0.6264 * lnu), rel=1e-5)
     assert c0["parallelogram"] == pytest.approx(0.04335 * lnu / u0**2, rel=2e-4)  # 0.03325*4/3.0684 = 0.043345
     # HISQ and asqtad loops agree at nf = 0 up to MILC's rounding of 0.0433
-    assert symanzik_coefficients(u0, 0, "hisq") == symanzik_coefficients(u0, 0, "asqtad")
+    assert symanzik_coefficients(u0, 0, "hisq") == symanzik_coefficients(u0, 0, "asqtad_nf")
     assert symanzik_coefficients(1.0, 3, "hisq") == {"plaquette": 1.0, "rectangle": -0.05, "parallelogram": 0.0}
     with pytest.raises(ValueError, match="pure-gauge"):
         symanzik_coefficients(u0, 3, "none")
     with pytest.raises(ValueError, match="quark_loops"):
         SymanzikAction(6.0, u0, 3, "wilson")
     assert WilsonAction(6.0).coefficients == {"plaquette": 1.0}
+
+
+@pytest.mark.parametrize("nf", [0, 2, 3])
+def test_asqtad_coefficients_match_milc(nf):
+    """MILC's asqtad builds (su3_leapfrog.2.sample-out: beta 6.5, u0 0.862, dyn_flavors 2 1) print the loop
+    coefficients 1, -7.355018e-02, -8.663653e-03: symanzik_1loop_action.h, no nf-dependent quark-loop terms."""
+    act = SymanzikAction(6.5, 0.862, nf, "asqtad")
+    c = act.coefficients
+    assert [f"{c[k]:e}" for k in ("plaquette", "rectangle", "parallelogram")] == [
+        "1.000000e+00", "-7.355018e-02", "-8.663653e-03"]
+    assert c == symanzik_coefficients(0.862, 0, "none")
+    assert c != symanzik_coefficients(0.862, 3, "asqtad_nf")
 
 
 # action ---------------------------------------------------------------------------------------------------
@@ -249,3 +262,16 @@ def test_milc_sample_lattice_gauge_action():
     g = act.action(u)
     assert g == pytest.approx(1.91689566918234e+04, rel=1e-13)
     assert f"{act.gaction(u):f}" == "5.996295"
+
+
+def test_milc_asqtad_sample_lattice_gauge_action():
+    """lat.sample.l6666b650m010m050, re-unitarized: MILC's su3_leapfrog.2 prints ACTION: g = 1.67770842632224e+04
+    (beta 6.5, u0 0.862, asqtad, dyn_flavors 2 1) before its first step."""
+    path = MILC_FIXTURES / "lat.sample.l6666b650m010m050"
+    if not path.is_file():
+        pytest.skip(f"MILC sample lattice not found at {path} (the shared fixtures folder beside the repository)")
+    from lattice.io import read_gauge
+
+    u, _ = read_gauge(path, reunitarize=True)
+    g = SymanzikAction(6.5, 0.862, 3, "asqtad").action(u)
+    assert g == pytest.approx(1.67770842632224e+04, rel=1e-13)            # MILC prints 15 digits; errtol 0.03
