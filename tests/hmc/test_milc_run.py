@@ -107,3 +107,17 @@ def test_init_milc_rejects_lattice_options(deck, tmp_path, capsys):
     assert main(["milc", str(bad), "-o", str(tmp_path / "y.h5")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "line 9" in err and "'betta'" in err
+
+
+def test_milc_deck_from_standard_input(deck, tmp_path, capsys, monkeypatch):
+    """``hmc milc -``: the deck on standard input, its files relative to the working directory."""
+    import io
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.stdin", io.StringIO(DECK.replace("trajecs 2", "trajecs 1")))
+    assert main(["milc", "-", "-o", "stdin.h5", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("ACTION: g,h,f") == 2 and "RUNNING COMPLETED" in text
+    state = runfile.load(tmp_path / "stdin.h5")
+    assert state.files["milc_deck"].startswith("prompt 0")
+    assert state.deck["run"]["name"] == "MILC su3_rhmc_hisq: <stdin>"
