@@ -21,7 +21,9 @@ translation (:func:`project_deck`) refuses, with the key and its line, what the 
 saving a lattice, a second input set, PBP masses with a Naik epsilon or a relative residual, different iteration
 limits per phase, su3_spectrum_hisq's spectrum requests. MILC's precision flags (``cgprec_md_fa_gr``, ``prec_ff``,
 ``prec_pbp``) choose single-precision solves in MILC; the project solves in double precision and ignores them.
-``max_cg_prop`` x (``max_cg_prop_restarts`` + 1) bounds the PBP solves (MILC's restarted CG).
+``max_cg_prop`` x (``max_cg_prop_restarts`` + 1) bounds the PBP solves (MILC's restarted CG). The rational
+functions are MILC's file as MILC reads it: approximations as coarse as the file states are allowed
+(``max_rational_error``), each still checked against its own stated error.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from .. import deck as deckmod
 from ..deck import DeckError
 from .builds import Build, build_for
 
@@ -226,6 +229,19 @@ def _pbp_section(d: MilcDeck) -> dict:
             "pbp_maxiter": d["max_cg_prop"] * (max(restarts, 0) + 1)}
 
 
+def _stated_error(d: MilcDeck, path: str) -> float:
+    """The largest error MILC's rational-function file states for its approximations (0 if none). MILC takes the file
+    as it is: the translation allows approximations as coarse as the file says (hmc init still checks each one
+    against its own stated error, :func:`hmc.rational.check_error_bounds`)."""
+    from ..rational import RationalsError, read_rationals
+
+    try:
+        pfs = read_rationals(path)
+    except RationalsError as e:
+        raise d.error(d.entry("load_rhmc_params"), str(e)) from None
+    return max((ap.error for pf in pfs for ap in pf.approximations if ap.error is not None), default=0.0)
+
+
 def project_deck(d: MilcDeck, search=()) -> dict:
     """The project's deck (a dict of TOML sections, to be validated by :func:`hmc.deck.validate`) for a MILC deck;
     the rational functions and the starting lattice are resolved to absolute paths."""
@@ -252,6 +268,9 @@ def project_deck(d: MilcDeck, search=()) -> dict:
                 "dyn_mass": d["dyn_mass"], "dyn_flavors": d["dyn_flavors"],
                 "cgresid_md_fa_gr": [pf["cgresid_md_fa_gr"].value for pf in d.pseudofermions],
                 "max_multicg": limits.pop() if limits else 2500, **_pbp_section(d)}
+    stated = _stated_error(d, fermions["rationals"])
+    if stated > deckmod.SCHEMA["fermions"]["max_rational_error"].default:
+        fermions["max_rational_error"] = stated
     if b.fermion == "asqtad":
         fermions["u0"] = d["u0"]
     name = os.path.basename(d.source)

@@ -58,9 +58,10 @@ forget
 
 @pytest.fixture
 def files(tmp_path):
-    """A deck folder with the rationals file beside the deck and the lattice in a separate search folder."""
+    """A deck folder with a rational-function file beside the deck and the lattice in a separate search folder."""
     (tmp_path / "decks").mkdir()
-    (tmp_path / "decks" / "rationals.test").write_text("x")
+    rationals = ROOT / "runs" / "rationals" / "rationals.su3_rhmc_hisq"
+    (tmp_path / "decks" / "rationals.test").write_text(rationals.read_text())
     (tmp_path / "lats").mkdir()
     (tmp_path / "lats" / "lat.test").write_text("x")
     return tmp_path
@@ -123,6 +124,18 @@ def test_unsupported_values(files):
                    "line 8: load_rhmc_params none.test")
     one_line_error(DECK.replace("reload_serial ../lattices/lat.test", "restore ../lattices/lat.test"), files,
                    "line 40: unknown key 'restore'")
+
+
+def test_rationals_file_as_milc_reads_it(files):
+    """A MILC file whose approximations state errors above the default bound is taken as MILC takes it."""
+    text = (ROOT / "runs" / "rationals" / "rationals.su3_rhmc_hisq").read_text()
+    assert "error = " in text
+    (files / "decks" / "rationals.test").write_text(text.replace("error = 7.142803e-07", "error = 7.142803e-05"))
+    assert translate(DECK, files)["fermions"]["max_rational_error"] == 7.142803e-05
+    (files / "decks" / "rationals.test").write_text(text)
+    assert "max_rational_error" not in translate(DECK, files)["fermions"]
+    (files / "decks" / "rationals.test").write_text("not a rational function file\n")
+    one_line_error(DECK, files, "line 8: load_rhmc_params rationals.test")
 
 
 def test_build_from_file_name():
