@@ -47,6 +47,9 @@ def _add_milc_args(p):
     p.add_argument("--build", help="the MILC executable the deck is for (default: from the deck's file name, else "
                                    "su3_rhmc_hisq): su3_rhmc_hisq, su3_rhmd_hisq, su3_rhmc_hisq_su3, su3_leapfrog, "
                                    "su3_omelyan_rhmc, su3_spectrum_hisq")
+    p.add_argument("--precision", type=int, choices=(1, 2), default=2,
+                   help="MILC's build precision whose output formats to print (1: single, PLAQ %%f and G_LOOP %%e; "
+                        "the arithmetic stays double)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,13 +208,14 @@ def _dispatch(args) -> int:
         if args.deck is None or args.from_lattice or args.rationals:
             raise DeckError("hmc init --milc DECK -o RUN.h5: give the MILC deck; its reload_serial and "
                             "load_rhmc_params name the lattice and rational functions (no --from-lattice, --rationals)")
-        init_milc(args.deck, args.output, args.build, args.search, args.force, args.backend, args.ignore_checksum)
+        init_milc(args.deck, args.output, args.build, args.search, args.force, args.backend, args.ignore_checksum,
+                  precision=args.precision)
         return 0
     if args.command == "milc":
         from .milc.runner import run_milc
 
         run_milc(args.deck, args.output, args.build, args.search, args.force, args.backend,
-                 show_progress=not args.no_progress)
+                 show_progress=not args.no_progress, precision=args.precision)
         return 0
     if args.command == "init":
         from .run import init_run

@@ -117,6 +117,8 @@ SCHEMA = {
                      "(not measured)"),
         "traj_between_meas": Key(int, 1, _positive, "a positive number: measure (G_LOOP, PBP) every so many "
                                  "trajectories after the warms"),
+        # MILC's PRECISION 1 build prints PLAQ with %f and the G_LOOP averages with %e; the arithmetic here stays double
+        "precision": Key(int, 2, None, "", (1, 2)),
     },
     # optional: Kahler-Dirac multigrid (solvers.multigrid) for the light pseudofermion's smallest shifts
     "multigrid": {

@@ -127,14 +127,17 @@ def milc_lines(res, fermions, row: dict, beta: float | None = None, volume: int 
     return out
 
 
-def gauge_measurement_lines(row: dict, u=None, gauge_action=None) -> list[str]:
+def gauge_measurement_lines(row: dict, u=None, gauge_action=None, precision: int = 2) -> list[str]:
     """MILC's ``PLAQ:`` and ``P_LOOP:`` lines; with ``u`` and ``gauge_action`` also its gauge-loop measurement
-    (``G_LOOP:`` lines and ``GACTION:``, :func:`hmc.milc_loops.g_loop_lines`) as ks_imp_rhmc's ``g_measure``."""
-    out = [f"PLAQ:\t{row['plaq_ss']:.16f}\t{row['plaq_st']:.16f}", f"P_LOOP:\t{row['ploop_re']:e}\t{row['ploop_im']:e}"]
+    (``G_LOOP:`` lines and ``GACTION:``, :func:`hmc.milc_loops.g_loop_lines`) as ks_imp_rhmc's ``g_measure``, in the
+    formats of MILC's double (``precision`` 2) or single-precision build (1: PLAQ ``%f``, G_LOOP ``%e``)."""
+    fmt = ".16f" if precision == 2 else "f"
+    out = [f"PLAQ:\t{row['plaq_ss']:{fmt}}\t{row['plaq_st']:{fmt}}",
+           f"P_LOOP:\t{row['ploop_re']:e}\t{row['ploop_im']:e}"]
     if u is not None:
         from .milc_loops import g_loop_lines
 
-        out += g_loop_lines(u, gauge_action)
+        out += g_loop_lines(u, gauge_action, precision)
     return out
 
 
@@ -227,7 +230,7 @@ def _trajectory_lines(d, res, monomials, fermions, row, u, previous, measured) -
                      d["run"]["metropolis"]) if fermions else []
     if measured and (fermions or milc):               # MILC's g_measure: PLAQ, P_LOOP, G_LOOP, GACTION
         gauge = next(m for m in monomials if m.kind == "gauge")
-        out += gauge_measurement_lines(row, u, gauge.gauge_action)
+        out += gauge_measurement_lines(row, u, gauge.gauge_action, d.get("milc", {}).get("precision", 2))
     return out
 
 

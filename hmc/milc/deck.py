@@ -242,9 +242,10 @@ def _stated_error(d: MilcDeck, path: str) -> float:
     return max((ap.error for pf in pfs for ap in pf.approximations if ap.error is not None), default=0.0)
 
 
-def project_deck(d: MilcDeck, search=()) -> dict:
+def project_deck(d: MilcDeck, search=(), precision: int = 2) -> dict:
     """The project's deck (a dict of TOML sections, to be validated by :func:`hmc.deck.validate`) for a MILC deck;
-    the rational functions and the starting lattice are resolved to absolute paths."""
+    the rational functions and the starting lattice are resolved to absolute paths. ``precision``: MILC's build
+    precision, whose output formats the run prints."""
     b = d.build
     _check(d, d.entry("prompt"), d["prompt"] == 0, "only 0 (no prompts) is supported")
     if b.spectrum:
@@ -283,7 +284,8 @@ def project_deck(d: MilcDeck, search=()) -> dict:
         "fermions": fermions,
         "integrator": {"scheme": b.scheme, "steps": steps.value, "tau": steps.value * eps,
                        "link_exponential": "taylor8", "reunitarize": "cycle"},
-        "milc": {"build": b.name, "warms": warms.value, "traj_between_meas": d["traj_between_meas"]},
+        "milc": {"build": b.name, "warms": warms.value, "traj_between_meas": d["traj_between_meas"],
+                 "precision": precision},
     }
 
 
@@ -323,7 +325,8 @@ def read_text(path: str) -> str:
         raise MilcDeckError(f"cannot read MILC deck {path}: {e}") from None
 
 
-def read(path: str, build: str | None = None, search=(), text: str | None = None) -> tuple[MilcDeck, str, str]:
+def read(path: str, build: str | None = None, search=(), text: str | None = None,
+         precision: int = 2) -> tuple[MilcDeck, str, str]:
     """(MilcDeck, the project's deck as TOML text, the MILC deck's text) for the deck at ``path`` (``-``: standard
     input, relative files then resolve from the working directory), or of ``text`` said to come from there."""
     text = read_text(path) if text is None else text
@@ -332,6 +335,6 @@ def read(path: str, build: str | None = None, search=(), text: str | None = None
     else:
         source, base = path, os.path.dirname(os.path.abspath(path))
     d = parse(text, build_for(build, None if path == "-" else path), source, base)
-    toml = deck_toml(project_deck(d, search), f"translated by hmc milc from the MILC deck {source} "
+    toml = deck_toml(project_deck(d, search, precision), f"translated by hmc milc from the MILC deck {source} "
                                                f"(build {d.build.name})")
     return d, toml, text

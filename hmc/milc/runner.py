@@ -34,18 +34,19 @@ def default_output(deck: str) -> str:
 
 
 def init_milc(deck: str, out: str, build: str | None = None, search=(), force: bool = False,
-              backend: str | None = None, ignore_checksum: bool = False, log=print, text: str | None = None):
+              backend: str | None = None, ignore_checksum: bool = False, log=print, text: str | None = None,
+              precision: int = 2):
     """Translate the MILC deck (``text``: its text, already read) and write the run file ``out``
     (``hmc init --milc``)."""
     from ..run import init_run
 
-    d, toml, text = read(deck, build, search, text)
+    d, toml, text = read(deck, build, search, text, precision)
     return init_run(None if deck == "-" else deck, out, force=force, backend=backend, log=log,
                     ignore_checksum=ignore_checksum, deck_text=toml, files={RUN_FILE_KEY: text})
 
 
 def run_milc(deck: str, out: str | None, build: str | None = None, search=(), force: bool = False,
-             backend: str | None = None, show_progress: bool = True, log=print):
+             backend: str | None = None, show_progress: bool = True, log=print, precision: int = 2):
     """``hmc milc``: init (or resume, when ``out`` holds a run of the same MILC deck) and run."""
     from ..run import run
 
@@ -58,7 +59,7 @@ def run_milc(deck: str, out: str | None, build: str | None = None, search=(), fo
                                        "over, or -o another file")
         log(f"hmc milc: resuming {out} after trajectory {state.trajectory}")
     else:
-        init_milc(deck, out, build, search, force=True, backend=backend, log=log, text=text)
+        init_milc(deck, out, build, search, force=True, backend=backend, log=log, text=text, precision=precision)
     return run(out, None, backend, show_progress=show_progress, log=log)
 
 
@@ -81,8 +82,8 @@ def _run_case(case, folder: Path, work: Path, search, backend, launch=None) -> t
     seconds of the process)."""
     deck = folder / f"{case.prefix}.sample-in"
     cmd = shlex.split(launch or "") + [sys.executable, "-m", "hmc"] + (["--backend", backend] if backend else []) + [
-        "milc", str(deck), "--build", case.executable, "-o", str(work / f"{case.prefix}.h5"), "--force",
-        "--no-progress"]
+        "milc", str(deck), "--build", case.executable, "--precision", case.precision, "-o",
+        str(work / f"{case.prefix}.h5"), "--force", "--no-progress"]
     for s in search:
         cmd += ["--search", str(s)]
     env = dict(os.environ)

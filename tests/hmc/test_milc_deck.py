@@ -81,7 +81,8 @@ def test_translation_and_file_resolution(files):
     assert f["cgresid_md_fa_gr"] == [[5e-4, 1e-4, 1e-4], [5e-6, 1e-6, 1e-6]]
     assert f["pbp_masses"] == [0.0018, 0.018] and f["pbp_error"] == [1e-6, 1e-8] and f["pbp_maxiter"] == 3000
     assert raw["integrator"]["steps"] == 10 and raw["integrator"]["tau"] == pytest.approx(0.2, abs=1e-16)
-    assert raw["gauge"]["nf"] == 3 and raw["milc"] == {"build": "su3_rhmc_hisq", "warms": 0, "traj_between_meas": 1}
+    assert raw["gauge"]["nf"] == 3
+    assert raw["milc"] == {"build": "su3_rhmc_hisq", "warms": 0, "traj_between_meas": 1, "precision": 2}
     rhmd = translate(DECK, files, "su3_rhmd_hisq")
     assert rhmd["run"]["metropolis"] is False and rhmd["integrator"]["scheme"] == "3g1f"
 

@@ -89,6 +89,16 @@ def test_milc_run_prints_milc_lines_and_resumes(deck, tmp_path, capsys):
     assert "was not made from this MILC deck" in capsys.readouterr().err
 
 
+def test_single_precision_formats(deck, tmp_path, capsys):
+    """--precision 1: the formats of MILC's single-precision build (PLAQ %f, G_LOOP %e), double arithmetic."""
+    deck.write_text(DECK.replace("trajecs 2", "trajecs 1"))
+    assert main(["milc", str(deck), "--precision", "1", "-o", str(tmp_path / "p1.h5"), "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"PLAQ:\t\d\.\d{6}\t\d\.\d{6}", next(s for s in lines if s.startswith("PLAQ:")))
+    assert re.match(r"G_LOOP:  0  0  4   \t\d\.\d{6}e[-+]\d\d\t", next(s for s in lines if s.startswith("G_LOOP:")))
+    assert runfile.load(tmp_path / "p1.h5").deck["milc"]["precision"] == 1
+
+
 def test_rhmd_build_has_no_metropolis_test(deck, tmp_path, capsys):
     out = tmp_path / "rhmd.h5"
     deck.write_text(DECK.replace("trajecs 2", "trajecs 1"))
