@@ -50,9 +50,13 @@ def run_milc(deck: str, out: str | None, build: str | None = None, search=(), fo
     """``hmc milc``: init (or resume, when ``out`` holds a run of the same MILC deck) and run."""
     from ..run import run
 
+    from comms import world
+
     out = out or default_output(deck)
     text = read_text(deck)
-    if os.path.exists(out) and not force:
+    w = world()
+    exists = w.bcast(os.path.exists(out) if w.rank == 0 else None)      # one decision for every rank
+    if exists and not force:
         state = runfile.load(out)
         if state.files.get(RUN_FILE_KEY) != text:
             raise runfile.RunFileError(f"{out} exists and was not made from this MILC deck: pass --force to start "
@@ -60,6 +64,7 @@ def run_milc(deck: str, out: str | None, build: str | None = None, search=(), fo
         log(f"hmc milc: resuming {out} after trajectory {state.trajectory}")
     else:
         init_milc(deck, out, build, search, force=True, backend=backend, log=log, text=text, precision=precision)
+        w.bcast(None)                 # rank 0 has written the run file when the others read it
     return run(out, None, backend, show_progress=show_progress, log=log)
 
 
@@ -96,8 +101,9 @@ def _run_case(case, folder: Path, work: Path, search, backend, launch=None) -> t
     (work / f"{case.prefix}.test-out").write_text(p.stdout)
     if p.returncode:
         err = p.stderr.strip().splitlines()
+        ours = [s for s in err if s.startswith("hmc milc: error:")]      # a launcher's banner may follow it
         raise compare.MilcCheckError(f"{case.prefix}: hmc milc failed (exit {p.returncode}): "
-                                     f"{err[-1] if err else 'no message'}")
+                                     f"{(ours or err or ['no message'])[-1]}")
     return p.stdout, secs
 
 
