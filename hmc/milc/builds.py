@@ -6,7 +6,8 @@ Makefile, whose default is INT_3G1F). This table is the one place where a build 
 deck schema does not know yet (an integrator or fermion variant still to come) fails validation with its one-line
 error naming the key.
 
-* ``fermion``: ``[fermions] action``; ``quark_loops``: ``[gauge] quark_loops`` (``symanzik_1loop_hisq_action.h``
+* ``fermion``: ``[fermions] action``; ``unitarization_group``: ``[fermions] unitarization_group`` of HISQ (u3:
+  ``hisq/hisq_u3_action.h``, su3: ``hisq/hisq_su3_action.h``, omitted: the deck's default); ``quark_loops``: ``[gauge] quark_loops`` (``symanzik_1loop_hisq_action.h``
   is "hisq", ``symanzik_1loop_action.h`` "asqtad");
 * ``scheme``: ``[integrator] scheme`` (INT_3G1F, INT_LEAPFROG, INT_OMELYAN as those builds run them);
 * ``metropolis``: the ``-DHMC`` macro (without it the trajectory ends with MILC's ``CHECK: delta S`` line and no
@@ -31,6 +32,7 @@ class Build:
     metropolis: bool
     naik: bool = True
     rng: str = "milc"
+    unitarization_group: str | None = None
     spectrum: bool = False
 
 
@@ -39,7 +41,7 @@ BUILDS = {b.name: b for b in (
     Build("su3_rhmd_hisq", "hisq", "hisq", "3g1f", False),
     # hisq/hisq_su3_action.h: the HISQ links' unitarization projects on SU(3) instead of U(3); its sample output is
     # from MILC of May 2009 (the generator before OLD_GAUSSRAND was retired)
-    Build("su3_rhmc_hisq_su3", "hisq_su3", "hisq", "3g1f", True, rng="milc_old"),
+    Build("su3_rhmc_hisq_su3", "hisq", "hisq", "3g1f", True, rng="milc_old", unitarization_group="su3"),
     Build("su3_leapfrog", "asqtad", "asqtad", "milc_leapfrog", False, naik=False),
     Build("su3_omelyan_rhmc", "asqtad", "asqtad", "milc_omelyan", True, naik=False),
     Build("su3_spectrum_hisq", "hisq", "hisq", "3g1f", True, spectrum=True, rng="milc_old"),

@@ -274,6 +274,8 @@ def project_deck(d: MilcDeck, search=(), precision: int = 2) -> dict:
         fermions["max_rational_error"] = stated
     if b.fermion == "asqtad":
         fermions["u0"] = d["u0"]
+    if b.unitarization_group is not None:
+        fermions["unitarization_group"] = b.unitarization_group
     name = os.path.basename(d.source)
     return {
         "run": {"name": f"MILC {b.name}: {name}", "seed": d["iseed"], "trajectories": warms.value + trajecs.value,
