@@ -24,6 +24,9 @@ EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
 def _user_errors():
     errs = list(USER_ERRORS)
+    from .milc.compare import MilcCheckError
+
+    errs.append(MilcCheckError)
     try:
         from lattice.io import GaugeFileError
 
@@ -75,6 +78,18 @@ def _add_action_args(p):
     p.add_argument("--nf", type=int, default=0, help="number of dynamical flavours in the quark-loop terms")
 
 
+def _add_milc_args(p):
+    p.add_argument("--search", action="append", default=[], metavar="DIR",
+                   help="folder where the deck's reload_serial and load_rhmc_params files are found by name when "
+                        "they are not where the deck says (repeatable)")
+    p.add_argument("--build", help="the MILC executable the deck is for (default: from the deck's file name, else "
+                                   "su3_rhmc_hisq): su3_rhmc_hisq, su3_rhmd_hisq, su3_rhmc_hisq_su3, su3_leapfrog, "
+                                   "su3_omelyan_rhmc, su3_spectrum_hisq")
+    p.add_argument("--precision", type=int, choices=(1, 2), default=2,
+                   help="MILC's build precision whose output formats to print (1: single, PLAQ %%f and G_LOOP %%e; "
+                        "the arithmetic stays double)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -100,6 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force-reunitarize", action="store_true",
                    help="project links far from U(3) onto SU(3) instead of refusing the lattice")
     p.add_argument("--force", action="store_true", help="overwrite an existing run file")
+    p.add_argument("--milc", action="store_true", help="DECK is a MILC ks_imp_rhmc input deck (as for hmc milc)")
+    _add_milc_args(p)
+
+    p = sub.add_parser("milc", help="run a MILC ks_imp_rhmc input deck unchanged, printing MILC's output lines")
+    p.add_argument("deck", help="MILC input deck (- reads standard input)")
+    p.add_argument("-o", "--output", help="run file (default: the deck's name with .h5); resumed when it holds a "
+                                          "run of the same deck")
+    p.add_argument("--force", action="store_true", help="start over even if the run file exists")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_milc_args(p)
 
     p = sub.add_parser("run", help="run or resume the trajectories a run file describes")
     p.add_argument("runfile")
@@ -132,6 +157,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("references", nargs="*", help="reference names (default: all; --list shows them)")
     p.add_argument("--update", action="store_true", help="write new reference values (printed old and new)")
     p.add_argument("--list", action="store_true", help="list the references")
+    p.add_argument("--milc", metavar="DIR", help="MILC's regression suite instead: run the cases of DIR/checklist "
+                                                 "(REFERENCES: case names, e.g. su3_rhmc_hisq.2) and compare with "
+                                                 "MILC's sample outputs under their errtol files")
+    p.add_argument("--search", action="append", default=[], metavar="DIR",
+                   help="--milc: more folders where the decks' lattices and rational functions are found by name")
+    p.add_argument("--test-out", metavar="FILE", help="--milc: compare this output of one case instead of running it")
+    p.add_argument("--out-dir", metavar="DIR", help="--milc: keep the outputs and run files here")
+    p.add_argument("--launch", metavar="CMD", help="--milc: command that starts each run, as MILC's LAUNCH, e.g. "
+                                                   "'mpiexec -n 2' (--grid and --transport reach the runs)")
 
     from .commands import add_provided_parsers  # bench, scaling: registered from above, never imported here
 
@@ -233,6 +267,21 @@ def _run_settings(args):
 def _dispatch(args) -> int:
     if getattr(args, "run_command", None) is not None:       # a registered command (hmc.commands)
         return args.run_command(args)
+    if args.command == "init" and args.milc:
+        from .milc.runner import init_milc
+
+        if args.deck is None or args.from_lattice or args.rationals:
+            raise DeckError("hmc init --milc DECK -o RUN.h5: give the MILC deck; its reload_serial and "
+                            "load_rhmc_params name the lattice and rational functions (no --from-lattice, --rationals)")
+        init_milc(args.deck, args.output, args.build, args.search, args.force, args.backend, args.ignore_checksum,
+                  precision=args.precision, settings=args.settings)
+        return 0
+    if args.command == "milc":
+        from .milc.runner import run_milc
+
+        run_milc(args.deck, args.output, args.build, args.search, args.force, args.backend,
+                 show_progress=not args.no_progress, precision=args.precision, settings=args.settings)
+        return 0
     if args.command == "init":
         from .run import init_run
 
@@ -264,6 +313,11 @@ def _dispatch(args) -> int:
                 print(f"{k}: {v}")
         return 0
     if args.command == "check":
+        if args.milc:
+            from .milc.runner import check_milc
+
+            return 1 if check_milc(args.milc, args.references, args.search, args.out_dir, args.backend,
+                                   args.test_out, launch=args.launch) else 0
         return _check(args)
     if args.command in ("solve", "spectrum"):
         from . import solve, spectrum

@@ -121,8 +121,21 @@ SCHEMA = {
                           "a list of positive valence masses for the PBP measurement after each trajectory, e.g. "
                           "[0.0018, 0.018] ([] for none)"),
         "npbp_reps": Key(int, 1, _positive, "a positive number of PBP sources per mass"),
-        "pbp_error": Key((int, float), 1e-6, lambda v: 0 < v < 1, "the PBP solves' residual (MILC's "
-                         "error_for_propagator), in (0, 1)"),
+        "pbp_error": Key((int, float, list), 1e-6, lambda v: all(_number(r) and 0 < r < 1 for r in
+                                                                  (v if isinstance(v, list) else [v])),
+                         "the PBP solves' residual (MILC's error_for_propagator) in (0, 1), or a list of them, one "
+                         "per mass"),
+        "pbp_maxiter": Key(int, 10000, _positive, "a positive iteration limit of each PBP solve"),
+    },
+    # optional: MILC's ks_imp_rhmc run (hmc milc, hmc.milc): hmc run prints MILC's output lines and measurements
+    "milc": {
+        "build": Key(str, "su3_rhmc_hisq", None, "the MILC executable the deck was written for (hmc.milc.builds)"),
+        "warms": Key(int, 0, _nonneg, "a number >= 0 of leading trajectories before MILC's WARMUPS COMPLETED "
+                     "(not measured)"),
+        "traj_between_meas": Key(int, 1, _positive, "a positive number: measure (G_LOOP, PBP) every so many "
+                                 "trajectories after the warms"),
+        # MILC's PRECISION 1 build prints PLAQ with %f and the G_LOOP averages with %e; the arithmetic here stays double
+        "precision": Key(int, 2, None, "", (1, 2)),
     },
     # optional: Kahler-Dirac multigrid (solvers.multigrid) for the light pseudofermion's smallest shifts
     "multigrid": {
@@ -148,7 +161,7 @@ SCHEMA = {
                             "heat-bath and action solves to solve by multigrid (0: all multishift CG)"),
     },
 }
-OPTIONAL_SECTIONS = ("fermions", "multigrid")
+OPTIONAL_SECTIONS = ("fermions", "multigrid", "milc")
 
 
 def _validate_value(section, name, key: Key, value):
@@ -226,6 +239,9 @@ def _cross_checks(d):
         if f["action"] != "hisq" and f["unitarization_group"] != "u3":
             raise DeckError("[fermions] unitarization_group applies to the HISQ action only (asqtad links are not "
                             "unitarized): remove it or set action = \"hisq\"")
+        if isinstance(f["pbp_error"], list) and len(f["pbp_error"]) != len(f["pbp_masses"]):
+            raise DeckError(f"[fermions] pbp_error has {len(f['pbp_error'])} residuals but pbp_masses "
+                            f"{len(f['pbp_masses'])} masses: give one residual, or one per mass")
         if f["action"] == "hisq" and f["u0"] != 1.0:
             raise DeckError("[fermions] u0 applies to the asqtad action only (HISQ has no tadpole factor): remove it "
                             "or set action = \"asqtad\"")

@@ -70,7 +70,7 @@ def pbp(D, mass: float, g, tol: float = 1e-6, inverse=None, maxiter: int = 10000
         iters, solver, ok = [s.milc_iters for s in stats], "cg", all(s.converged for s in stats)
     else:
         x, st = inverse.solve(g)
-        iters, solver, ok = [st.iters], "mg", bool(st.converged)
+        iters, solver, ok, stats = [st.iters], "mg", bool(st.converged), [st]
     par = geom.parity()
     V = geom.volume
     dots = (g.conj() * x).sum(axis=-1)
@@ -79,13 +79,16 @@ def pbp(D, mass: float, g, tol: float = 1e-6, inverse=None, maxiter: int = 10000
     mdg = D.matrix(mass).adjoint()(g)
     fa = float(geom.sum(((mdg.conj() * x).sum(axis=-1) * (par == 0)).real)) / V
     return {"mass": float(mass), "re_even": pe.real, "re_odd": po.real, "im_even": pe.imag, "im_odd": po.imag,
-            "faction": fa, "iters": iters, "solver": solver, "converged": ok}
+            "faction": fa, "iters": iters, "solver": solver, "converged": ok,
+            "solver_lines": [s.milc_line() for s in stats]}
 
 
 def pbp_lines(results: list, reps: int = 1) -> list[str]:
-    """MILC's ``PBP:`` and ``FACTION:`` lines (``results`` in the order measured, ``reps`` sources per mass)."""
+    """MILC's lines (``results`` in the order measured, ``reps`` sources per mass): per source its solves' lines,
+    ``PBP:`` and ``FACTION:``."""
     out = []
     for i, r in enumerate(results):
+        out += r.get("solver_lines", [])
         out.append(f"PBP: mass {r['mass']:e}     {r['re_even']:e}  {r['re_odd']:e}  {r['im_even']:e}  "
                    f"{r['im_odd']:e} ( {i % reps + 1} of {reps} )")
         out.append(f"FACTION: mass = {r['mass']:e},  {r['faction']:e} ( {i % reps + 1} of {reps} )")
@@ -102,7 +105,9 @@ class PBPMeasurement:
         f = deck["fermions"]
         self.masses = [float(m) for m in f["pbp_masses"]]
         self.reps = int(f["npbp_reps"])
-        self.tol = float(f["pbp_error"])
+        tol = f["pbp_error"]
+        self.tols = [float(t) for t in tol] if isinstance(tol, list) else [float(tol)] * len(self.masses)
+        self.maxiter = int(f.get("pbp_maxiter", 10000))
         self.action, self.u0, self.time_bc = f["action"], float(f["u0"]), f["time_bc"]
         self.group = f["unitarization_group"]
         mg = deck.get("multigrid")
@@ -128,11 +133,21 @@ class PBPMeasurement:
 
         key = (id(D), mass)
         if key not in self._inverses:
-            inv = multigrid(self.tol, 500, subspace=self._subspace, **self.mg)(D.matrix(mass))
+            inv = multigrid(self.tols[self.masses.index(mass)], 500, subspace=self._subspace,
+                            **self.mg)(D.matrix(mass))
             self._subspace = inv.subspace
             self._inverses = {k: v for k, v in self._inverses.items() if k[0] == id(D)}
             self._inverses[key] = inv
         return self._inverses[key]
+
+    def empty_row(self) -> dict:
+        """The history columns of :meth:`measure` for a trajectory not measured: NaN (iterations 0)."""
+        row = {}
+        for i in range(len(self.masses)):
+            for key in ("re_even", "re_odd", "im_even", "im_odd", "faction"):
+                row[f"pbp{i}_{key}"] = float("nan")
+            row[f"pbp{i}_iters"] = 0
+        return row
 
     def measure(self, u, rng) -> tuple[dict, list[str]]:
         """(history columns pbp{i}_re_even, ... per mass i (averaged over the sources), MILC's lines)."""
@@ -142,7 +157,8 @@ class PBPMeasurement:
             rs = []
             for _ in range(self.reps):
                 g = pbp_source(u.geom, rng)
-                rs.append(pbp(D, m, g, self.tol, self._inverse(D, m) if self.mg is not None else None))
+                rs.append(pbp(D, m, g, self.tols[i], self._inverse(D, m) if self.mg is not None else None,
+                              self.maxiter))
             results += rs
             for key in ("re_even", "re_odd", "im_even", "im_odd", "faction"):
                 row[f"pbp{i}_{key}"] = sum(r[key] for r in rs) / len(rs)

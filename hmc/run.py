@@ -46,7 +46,8 @@ def _run_files(d: dict, deck_path: str | None, rationals: str | None) -> dict:
 def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, force: bool = False,
              ignore_checksum: bool = False, backend: str | None = None, log=print,
              rationals: str | None = None, settings: dict | None = None,
-             force_reunitarize: bool = False) -> runfile.RunState:
+             force_reunitarize: bool = False, deck_text: str | None = None, files: dict | None = None
+             ) -> runfile.RunState:
     """Validate the deck (or the embedded quick deck), build the starting configuration, write the run file.
     A lattice file with NaN/inf or links far from U(3) is refused unless ``force_reunitarize``
     (:mod:`lattice.io.physical`).
@@ -54,8 +55,12 @@ def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, f
     With ``[fermions]`` the rational functions (the deck's ``rationals``, relative to the deck's folder, or
     ``rationals``, relative to the working directory) are checked against the deck and copied into the run file.
     ``settings``: the command line's explicit run settings (:func:`hmc.assemble.run_config`; ``backend`` is one);
-    the run configuration they give is stored in the run file."""
-    if deck_path is None:
+    the run configuration they give is stored in the run file. ``deck_text``: the deck's TOML text instead of
+    reading ``deck_path`` (which then only names its folder); ``files``: more texts for the run file to keep (e.g. the
+    MILC deck ``hmc milc`` translated)."""
+    if deck_text is not None:
+        text, d = deck_text, deckmod.loads(deck_text)
+    elif deck_path is None:
         text = deckmod.default_deck_text()
         d = deckmod.loads(text)
     else:
@@ -63,7 +68,7 @@ def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, f
     if os.path.exists(out) and not force:
         raise runfile.RunFileError(f"{out} exists already: continue it with 'hmc run {out}', or pass --force to "
                                    "overwrite it")
-    files = _run_files(d, deck_path, rationals)
+    files = {**_run_files(d, deck_path, rationals), **(files or {})}
     config = run_config(text, _with_backend(settings, backend))
     geom = make_geometry(d, config=config)
     u, source = _starting_links(d, geom, from_lattice, ignore_checksum, force_reunitarize)
@@ -99,11 +104,12 @@ def milc_lines(res, fermions, row: dict, beta: float | None = None, volume: int 
                metropolis: bool = True) -> list[str]:
     """MILC's printout of one RHMC trajectory (CONVENTIONS.md 3.6), in MILC's order: GRSOURCE and heat-bath CG lines;
     then for every action measurement (``d_action_rhmc``: the start, the integrator's monitors, the end) the
-    ``PLAQUETTE ACTION`` line (with ``beta`` and the lattice ``volume``: -beta V (ss + st)), the action's CG lines, ``ACTION: g,h,f = ...`` and ``DG = ...``
+    ``PLAQUETTE ACTION`` line (with ``beta`` and the lattice ``volume``: -beta V (ss + st)), the action's CG lines,
+    ``ACTION: g,h,f = ...`` and ``DG = ...``
     (differences from the measurement before, ``previous`` = (g, h, f, total) for the first: MILC keeps them across
     trajectories, zero at its start), with the CG lines of the force evaluations between them; then
-    ``ACCEPT``/``REJECT: delta S`` (``CHECK`` without the Metropolis test, MILC's RHMD builds), ``PLAQ:`` and
-    ``P_LOOP:``."""
+    ``ACCEPT``/``REJECT: delta S`` (``CHECK`` without the Metropolis test, MILC's RHMD builds). ``PLAQ:`` and
+    ``P_LOOP:`` follow in :func:`gauge_measurement_lines`."""
     old = list(previous) if previous is not None else [0.0, 0.0, 0.0, 0.0]
     out = []
     for m in fermions:
@@ -125,23 +131,21 @@ def milc_lines(res, fermions, row: dict, beta: float | None = None, volume: int 
         old = new
     word = "WARMUP" if row["warmup"] else "CHECK" if not metropolis else "ACCEPT" if row["accepted"] else "REJECT"
     out.append(f"{word}: delta S = {row['dH']:e}")
-    out.append(f"PLAQ:\t{row['plaq_ss']:.16f}\t{row['plaq_st']:.16f}")
-    out.append(f"P_LOOP:\t{row['ploop_re']:e}\t{row['ploop_im']:e}")
     return out
 
 
-def _milc_printout(d, geom, res, fermions, monomials, u, row, history) -> list[str]:
-    """An RHMC trajectory's MILC lines (:func:`milc_lines`; the DG differences continue from the end action of the
-    trajectory before, when this run file has one), then G_LOOP and GACTION (:func:`hmc.milc_loops.g_loop_lines`).
-    Collective: call it on every rank."""
-    from .milc_loops import g_loop_lines
+def gauge_measurement_lines(row: dict, u=None, gauge_action=None, precision: int = 2) -> list[str]:
+    """MILC's ``PLAQ:`` and ``P_LOOP:`` lines; with ``u`` and ``gauge_action`` also its gauge-loop measurement
+    (``G_LOOP:`` lines and ``GACTION:``, :func:`hmc.milc_loops.g_loop_lines`) as ks_imp_rhmc's ``g_measure``, in the
+    formats of MILC's double (``precision`` 2) or single-precision build (1: PLAQ ``%f``, G_LOOP ``%e``)."""
+    fmt = ".16f" if precision == 2 else "f"
+    out = [f"PLAQ:\t{row['plaq_ss']:{fmt}}\t{row['plaq_st']:{fmt}}",
+           f"P_LOOP:\t{row['ploop_re']:e}\t{row['ploop_im']:e}"]
+    if u is not None:
+        from .milc_loops import g_loop_lines
 
-    prev = history[-1] if history else None
-    previous = None if prev is None else (prev["g_end"], prev["h_end"], prev["f_end"],
-                                          prev["g_end"] + prev["h_end"] + prev["f_end"])
-    lines = milc_lines(res, fermions, row, d["gauge"]["beta"], geom.volume, previous, d["run"]["metropolis"])
-    gauge = next(m for m in monomials if m.kind == "gauge")
-    return lines + g_loop_lines(u, gauge.gauge_action)
+        out += g_loop_lines(u, gauge_action, precision)
+    return out
 
 
 def summary_line(row: dict) -> str:
@@ -219,9 +223,41 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
     if root:
         tested = [r["accepted"] for r in state.history[-remaining:] if not r["warmup"]]
         acc = f"acceptance {np.mean(tested):.3f}" if tested else "all warmups"
+        if not d["run"]["metropolis"]:
+            acc = "no Metropolis test (RHMD)"
         log(f"RUNNING COMPLETED: {remaining} trajectories, {acc}, file {path}")
     geom.grid.close()                        # free the halo buffers; fails if a mapping or window leaked
     return state
+
+
+def _last_action(history) -> tuple:
+    """g, h, f and their sum at the last action evaluation before the next trajectory (the end of the last one),
+    MILC's ``old_g, old_h, old_f, old_a`` of its DG line; zeros at the start of a run, as MILC's."""
+    if not history:
+        return (0.0, 0.0, 0.0, 0.0)
+    r = history[-1]
+    return (r["g_end"], r["h_end"], r["f_end"], r["g_end"] + r["h_end"] + r["f_end"])
+
+
+def _measured(d: dict, trajectory: int) -> bool:
+    """Whether trajectory number ``trajectory`` (from 1) is measured: every one, or with ``[milc]`` MILC's rule:
+    after the warms, every traj_between_meas-th."""
+    milc = d.get("milc")
+    if not milc:
+        return True
+    k = trajectory - milc["warms"]
+    return k >= 1 and k % milc["traj_between_meas"] == 0
+
+
+def _trajectory_lines(d, res, monomials, fermions, row, u, previous, measured) -> list[str]:
+    """MILC's lines of one trajectory and its gauge measurement (collective: the gauge loops sum over ranks)."""
+    milc = d.get("milc") is not None
+    out = milc_lines(res, fermions, row, d["gauge"]["beta"], u.geom.volume, previous,
+                     d["run"]["metropolis"]) if fermions else []
+    if measured and (fermions or milc):               # MILC's g_measure: PLAQ, P_LOOP, G_LOOP, GACTION
+        gauge = next(m for m in monomials if m.kind == "gauge")
+        out += gauge_measurement_lines(row, u, gauge.gauge_action, d.get("milc", {}).get("precision", 2))
+    return out
 
 
 def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm, remaining, every, bar, log,
@@ -235,6 +271,7 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
         from .measure import PBPMeasurement
 
         pbp = PBPMeasurement(d)
+    milc = d.get("milc")
     for i in range(remaining):
         if d["integrator"]["reversibility_check"]:
             probe_rng = copy_rng(rng)
@@ -245,20 +282,24 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
             if root:
                 log(f"REVERSIBILITY: max|dU| = {rev['links']:.3e} max|dP| = {rev['momenta']:.3e} "
                     f"dH = {rev['dH']:+.3e}")
+        if milc and root and state.trajectory == milc["warms"]:
+            log("WARMUPS COMPLETED")
         warmup = state.trajectory < d["run"]["warmups"]
         u, res = hmc_trajectory(u, rng, monomials, schedule, expm, d["integrator"]["reunitarize"],
                                 metropolis=d["run"]["metropolis"] and not warmup)
+        previous = _last_action(state.history)
         state.trajectory += 1
         row = _history_row(state.trajectory, res, u, geom, warmup, fermions)
-        pbp_out = pbp.measure(u, rng) if pbp is not None else ({}, [])
+        measured = _measured(d, state.trajectory)
+        pbp_out = (pbp.measure(u, rng) if measured else (pbp.empty_row(), [])) if pbp is not None else ({}, [])
         row.update(pbp_out[0])
         state.history.append(row)
-        # collective (the G_LOOP sums): every rank computes the lines, rank 0 prints them
-        printout = _milc_printout(d, geom, res, fermions, monomials, u, row, state.history[:-1]) if fermions else []
+        lines = _trajectory_lines(d, res, monomials, fermions, row, u, previous, measured) + pbp_out[1]
         if root:
-            for line in printout + pbp_out[1]:
+            for line in lines:
                 log(line)
-            log(summary_line(row))
+            if not milc:
+                log(summary_line(row))
         bar.update(i + 1, f"dH {row['dH']:+.2e}")
         if (i + 1) % every == 0 or i + 1 == remaining:
             state.links = geom.gather(u.site_major())      # collective: the whole lattice on rank 0
