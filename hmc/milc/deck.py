@@ -233,7 +233,8 @@ def _stated_error(d: MilcDeck, path: str) -> float:
     """The largest error MILC's rational-function file states for its approximations (0 if none). MILC takes the file
     as it is: the translation allows approximations as coarse as the file says (hmc init still checks each one
     against its own stated error, :func:`hmc.rational.check_error_bounds`)."""
-    from ..rational import RationalsError, read_rationals
+    from ..rational import RationalsError
+    from ..rational_file import read_rationals
 
     try:
         pfs = read_rationals(path)
