@@ -43,7 +43,7 @@ import time
 import numpy as np
 from cuda.bindings import driver as drv
 
-from ..grid import CommsError, CommsTimeout, DIRS, mpi
+from ..base import CommsError, CommsTimeout, DIRS, mpi
 from ..halo import GPU_TRANSPORTS, MIN_CAPACITY, TAG_BASE, _LIVE, HaloEngine, link_name
 from . import alloc as alloc_policy
 from . import cu, ipc, vmm
