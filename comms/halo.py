@@ -27,7 +27,7 @@ import numpy as np
 from .base import _LIVE, DIRS, CommsError, CommsTimeout, is_mpi_comm, leaked, link_name, mpi  # noqa: F401
 from .config import ConfigError, RunConfig
 from .transport import registry
-from .transport.host import MIN_CAPACITY, TAG_BASE  # noqa: F401 - the GPU engine's too
+from .transport.host import TAG_BASE
 
 FALLBACK = "mpi"                 # the transport of a link that cannot be peer-to-peer (and the reference)
 HOST_DEFAULT = "shm"             # the peer-to-peer transport of host faces when none is asked for
