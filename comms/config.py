@@ -16,7 +16,7 @@ values allowed. The object is immutable; ``ProcessGrid(config=...)``, ``Geometry
 
 Why here: ``comms`` is the lowest package (lattice, solvers, force and hmc all import it, it imports none of
 them), and the process grid and the halo engines are the first consumers; this module imports nothing of the
-project, so every layer can import it.
+project but the transport registry (comms/transport/registry.py, which imports nothing), so every layer can import it.
 
 This module is the only package module that touches ``os.environ``: :meth:`RunConfig.resolve` reads the settings,
 :func:`launcher` reads what the MPI launcher announced (rank count, node-local rank; not settings), :func:`child_env`
@@ -31,7 +31,7 @@ import json
 import os
 from dataclasses import dataclass
 
-TRANSPORT_NAMES = ("mpi", "shm", "event", "stream_gated")
+from .transport import registry as _transports
 
 
 class ConfigError(ValueError):
@@ -114,8 +114,8 @@ def _transport(v):
     s = str(v).strip().lower()
     if s in ("", "auto"):
         return None
-    if s not in TRANSPORT_NAMES:
-        raise ValueError(f"use one of {', '.join(TRANSPORT_NAMES)} (or auto)")
+    if s not in _transports.names():              # the registered transports (comms/transport/registry.py)
+        raise ValueError(f"use one of {', '.join(_transports.names())} (or auto)")
     return s
 
 

@@ -1,8 +1,7 @@
 """The process grid, split grids and global reductions (COMMS.md, DESIGN.md "Decomposition and halos").
 
-A single process needs no MPI library: mpi4py is imported only when the job has more than one rank (detected from
-the launcher's environment, :func:`comms.config.launcher`), when a dimension is partitioned with one rank (it then
-exchanges with itself through MPI.COMM_SELF), or when it is asked for explicitly (HMC_FORCE_MPI=1).
+A single process needs no MPI library (comms/base.py): a one-rank partitioned dimension exchanges with itself
+through MPI.COMM_SELF.
 
 Rank mapping is node-aware: the ranks are ordered node by node (MPI.COMM_TYPE_SHARED split), then numbered into
 the grid with x fastest, so consecutive grid positions, and therefore neighbours along the first split dimension,
@@ -15,12 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import numpy as np
 
 from . import reduce as _reduce
-from .config import ConfigError, RunConfig, launcher, set_mpi_defaults
+from .base import (DIRS, CommsError, CommsTimeout, _SingleComm, is_mpi_comm, launched_size, leaked, mpi,  # noqa: F401
+                   world)
+from .config import ConfigError, RunConfig
 
 
 def _sum_scalars(comm, value):
@@ -43,74 +43,6 @@ def _sum_scalars(comm, value):
         except OverflowError:          # a partial sum beyond the float range: the exact parts handle it
             sums.append(_reduce.combine([_reduce.exact_parts(col)]))
     return complex(sums[0], sums[1]) if isinstance(value, complex) else sums[0]
-
-DIRS = "xyzt"
-
-
-class CommsError(RuntimeError):
-    """A user-facing communication error (bad grid, bad transport request, protocol timeout)."""
-
-
-class CommsTimeout(CommsError):
-    """A host-side wait passed its deadline (HMC_COMMS_TIMEOUT). Raised on the rank that waited, not on all."""
-
-
-def launched_size() -> int:
-    """Rank count that the MPI launcher announced in the environment (1 when not under mpiexec)."""
-    return launcher().size
-
-
-def mpi():
-    """The mpi4py MPI module (initializing MPI on first use, after :func:`comms.config.set_mpi_defaults`)."""
-    set_mpi_defaults()
-    from mpi4py import MPI
-
-    return MPI
-
-
-class _SingleComm:
-    """The part of an MPI communicator this project uses, for one process without MPI."""
-
-    rank = 0
-    size = 1
-
-    def allreduce(self, x, op=None):
-        return x
-
-    def allgather(self, x):
-        return [x]
-
-    def bcast(self, x, root=0):
-        return x
-
-    def gather(self, x, root=0):
-        return [x]
-
-    def Barrier(self):
-        pass
-
-    def Abort(self, code=1):
-        os._exit(code)
-
-
-_world = None
-
-
-def world():
-    """COMM_WORLD from mpi4py when running under an MPI launcher, else a single-process stand-in."""
-    global _world
-    if _world is None:
-        launch = launcher()
-        if launch.size > 1 or launch.force_mpi:
-            _world = mpi().COMM_WORLD
-        else:
-            _world = _SingleComm()
-    return _world
-
-
-def is_mpi_comm(comm) -> bool:
-    return not isinstance(comm, _SingleComm)
-
 
 # ------------------------------------------------------------------------------------------------------------
 # grid shapes
@@ -384,16 +316,16 @@ class ProcessGrid:
     # halo exchange ------------------------------------------------------------------------------------------
     @property
     def halo(self):
-        """The halo engine of the current context (created collectively on first use)."""
+        """The halo engine of the current context (created collectively on first use): the GPU engine when the
+        requested transport has device buffers (and this machine can run it), else the host engine."""
         ctx = self._need()
         if ctx.engine is None:
-            from .halo import HaloEngine, ProtocolState
+            from .halo import HaloEngine, ProtocolState, wants_gpu_transport
 
             if self._protocol is None:
                 self._protocol = ProtocolState()
             engine_class = HaloEngine
-            from .halo import wants_gpu_transport          # GPU transports hook (comms/cuda)
-            if wants_gpu_transport(self.transport_request):
+            if wants_gpu_transport(self.transport_request):      # loaded only then: it imports CuPy
                 from .cuda.transports import GpuHaloEngine as engine_class
             ctx.engine = engine_class(self, ctx, self._protocol, self.transport_request)
         return ctx.engine
@@ -466,8 +398,6 @@ class ProcessGrid:
         if self._ctx is not None and self._ctx.engine is not None:
             self._ctx.engine.free()
             self._ctx.engine = None
-        from .halo import leaked
-
         left = leaked(id(self))
         if left:
             raise CommsError(f"rank {self.rank}: comms teardown found leaked mappings/windows: {left}")

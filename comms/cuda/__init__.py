@@ -8,7 +8,9 @@ Modules: ``cu`` (checked driver calls, device facts), ``vmm`` (VMM allocations a
 check, fabric-then-POSIX-fd handle choice, the Unix-socket descriptor broker), ``ipc`` (legacy CUDA IPC allocations
 and mappings: cuMemAlloc + cuIpcGetMemHandle / cuIpcOpenMemHandle, in the same registry; not yet run on a GPU),
 ``alloc`` (the per-node choice fabric / posix_fd / legacy: pure functions, tested on the CPU), ``transports``
-(GpuHaloEngine: the probe, the per-link table, event and stream_gated, graph mode), ``mps`` (start/stop MPS).
+(GpuHaloEngine: the per-link table, streams, sends, graph mode), ``segment`` (its header layout, allocation kind,
+probe, peer mappings), ``exchange`` (its receives), ``mps`` (start/stop MPS). The transports' own steps are in
+comms/transport/event.py and comms/transport/stream_gated.py.
 The multi-rank checks are tests/comms/cuda_checks.py, the GPU halo benchmark bench/halo_cuda.py; on the device
 machine ``hmc bench suite transports`` runs the checks, the tests and the benchmarks in one call.
 

@@ -19,7 +19,7 @@ against a stand-in driver only, not yet on a GPU (written in a session without d
 """
 from __future__ import annotations
 
-from ..grid import CommsError
+from ..base import CommsError
 
 REQUESTS = ("auto", "vmm", "legacy")
 KINDS = ("fabric", "posix_fd", "legacy")

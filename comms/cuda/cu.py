@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cuda.bindings import driver as drv
 
-from ..grid import CommsError
+from ..base import CommsError
 
 R = drv.CUresult
 SUCCESS = R.CUDA_SUCCESS

@@ -26,7 +26,7 @@ import time
 
 from cuda.bindings import driver as drv
 
-from ..grid import CommsError, CommsTimeout
+from ..base import CommsError, CommsTimeout
 from .cu import UNREACHABLE, CudaError, call, try_call
 
 POSIX_FD = drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
