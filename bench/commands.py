@@ -77,7 +77,8 @@ def _add_rhmc(bsub):
     from . import rhmc
 
     b = bsub.add_parser("rhmc", help="HISQ 2+1+1 RHMC trajectories of a production deck on one L^4 lattice: the "
-                                     "per-phase times of each trajectory and the Dslash share of the solves",
+                                     "per-phase times of each trajectory, the Dslash share of the solves and "
+                                     "each phase's floor and the fraction of it reached",
                         description=rhmc.__doc__.split("\n\n")[0])
     rhmc.add_arguments(b)
     b.set_defaults(run_command=_run_rhmc)

@@ -118,10 +118,8 @@ def bench_dslash_dist(args) -> dict:
     from comms import ProcessGrid
     from comms.grid import choose_grid, world
     from comms.halo import check_transport_name
-    from solvers import StaggeredDslash
-    from solvers.staggered_dist_cuda import PhaseProfile
 
-    from .dslash_dist_cuda import DeviceCG, DslashRunner, close_graph_mode, graph_split, memop_update_cost
+    from .dslash_dist_cuda import close_graph_mode
 
     backend = get_backend(args.backend or "cupy")
     if not backend.is_gpu:
@@ -143,47 +141,7 @@ def bench_dslash_dist(args) -> dict:
         for tr in transports:
             grid = ProcessGrid(gd, transport=tr)
             geom = Geometry(lattice, backend, grid)
-            rng = CounterRNG(3)
-            fat = _random_links(geom, rng, "fat", 0.3)
-            long = _random_links(geom, rng, "long", 0.05)
-            d = StaggeredDslash(geom, fat, long)
-            g = rng.gaussian("src", geom.site_ids(), 6).reshape(geom.shape + (3, 2))
-            psi = g[..., 0] + 1j * g[..., 1]
-            hop = d._hop_impl
-            modes = [(False, None)]
-            if getattr(args, "graph", False) and tr == "stream_gated":
-                modes += [(True, True), (True, False)]
-            eng = grid.halo
-            for graph, par in modes:
-                if par is not None:            # stream_gated receive chains in parallel (default) or serial
-                    eng.parallel_recv = par
-                row = {"ranks": comm.size, "grid": "x".join(map(str, gd)), "local": L, "lattice": list(lattice),
-                       "transport": tr, "graph": graph, "hop": type(hop).__name__,
-                       "recv": {True: "parallel", False: "serial", None: ""}[par]}
-                run = DslashRunner(d, psi, graph=graph)
-                row["dslash_full_us"] = 1e6 * run.time(reps)
-                row["dslash_hop_us"] = row["dslash_full_us"] / 2
-                cgi = DeviceCG(d, 0.01, psi * (geom.parity() == 0)[..., None], graph=graph)
-                row["cg_iter_us"] = 1e6 * cgi.time_iteration(reps)
-                if graph:
-                    row["graph_split"] = graph_split(d, psi, reps)
-                    try:
-                        row["option2"] = memop_update_cost(run.graph, run.stream, reps, grid.active_comm)
-                        row["option2_cg"] = memop_update_cost(cgi.graph, cgi.stream, reps, grid.active_comm)
-                    except Exception as e:  # noqa: BLE001 - recorded: the measurement is optional
-                        row["option2_error"] = f"{type(e).__name__}: {e}"
-                elif hasattr(hop, "profile"):
-                    hop.profile = PhaseProfile()
-                    with run.stream:
-                        for _ in range(20):
-                            run.run()
-                    run.stream.synchronize()
-                    row["phases"] = hop.profile.summary()
-                    hop.profile = None
-                rows.append(row)
-                del run, cgi
-                if par is not None:
-                    eng.parallel_recv = True
+            rows += _dist_rows(args, geom, gd, L, tr, reps)
             close_graph_mode(geom)
             grid.close()
     out = {"rows": rows}
@@ -196,6 +154,59 @@ def bench_dslash_dist(args) -> dict:
         if not getattr(args, "json", False):
             print(format_dist_rows(rows))
     return out
+
+
+def _dist_rows(args, geom, gd: tuple, L: int, tr: str, reps: int) -> list:
+    """The rows of one (local volume, transport): uncaptured, and with ``--graph`` on stream_gated the graph replays
+    with parallel and serial receive chains."""
+    from solvers import StaggeredDslash
+    from solvers.staggered_dist_cuda import PhaseProfile
+
+    from .dslash_dist_cuda import DeviceCG, DslashRunner, graph_split, memop_update_cost
+
+    grid, rows = geom.grid, []
+    rng = CounterRNG(3)
+    fat = _random_links(geom, rng, "fat", 0.3)
+    long = _random_links(geom, rng, "long", 0.05)
+    d = StaggeredDslash(geom, fat, long)
+    g = rng.gaussian("src", geom.site_ids(), 6).reshape(geom.shape + (3, 2))
+    psi = g[..., 0] + 1j * g[..., 1]
+    hop = d._hop_impl
+    modes = [(False, None)]
+    if getattr(args, "graph", False) and tr == "stream_gated":
+        modes += [(True, True), (True, False)]
+    eng = grid.halo
+    for graph, par in modes:
+        if par is not None:            # stream_gated receive chains in parallel (default) or serial
+            eng.parallel_recv = par
+        row = {"ranks": grid.size, "grid": "x".join(map(str, gd)), "local": L, "lattice": list(geom.dims),
+               "transport": tr, "graph": graph, "hop": type(hop).__name__,
+               "recv": {True: "parallel", False: "serial", None: ""}[par]}
+        run = DslashRunner(d, psi, graph=graph)
+        row["dslash_full_us"] = 1e6 * run.time(reps)
+        row["dslash_hop_us"] = row["dslash_full_us"] / 2
+        cgi = DeviceCG(d, 0.01, psi * (geom.parity() == 0)[..., None], graph=graph)
+        row["cg_iter_us"] = 1e6 * cgi.time_iteration(reps)
+        if graph:
+            row["graph_split"] = graph_split(d, psi, reps)
+            try:
+                row["option2"] = memop_update_cost(run.graph, run.stream, reps, grid.active_comm)
+                row["option2_cg"] = memop_update_cost(cgi.graph, cgi.stream, reps, grid.active_comm)
+            except Exception as e:  # noqa: BLE001 - recorded: the measurement is optional
+                row["option2_error"] = f"{type(e).__name__}: {e}"
+        elif hasattr(hop, "profile"):
+            hop.profile = PhaseProfile()
+            with run.stream:
+                for _ in range(20):
+                    run.run()
+            run.stream.synchronize()
+            row["phases"] = hop.profile.summary()
+            hop.profile = None
+        rows.append(row)
+        del run, cgi
+        if par is not None:
+            eng.parallel_recv = True
+    return rows
 
 
 def format_dist_rows(rows) -> str:

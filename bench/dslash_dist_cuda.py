@@ -11,7 +11,8 @@ from functools import partial
 import numpy as np
 
 from lattice import cuda_source
-from solvers.staggered_dist_cuda import MAX_RBLOCKS, RBLOCK, _is_gpu_engine
+from lattice.geometry import device_engine
+from solvers.staggered_dist_cuda import MAX_RBLOCKS, RBLOCK
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -56,7 +57,7 @@ def set_graph_mode(geom, on: bool):
     if not any(geom.grid.partitioned):
         return
     eng = geom.grid.halo
-    if not _is_gpu_engine(eng):
+    if not device_engine(eng):
         if on:
             raise ValueError(f"graph capture needs the stream_gated transport on every link; this grid's halo "
                              f"engine is the host one ({eng.request or 'default'}): use --transport stream_gated")
@@ -239,7 +240,7 @@ class DeviceCG:
         self.mass, self.parity = float(mass), int(parity)
         self.grid = self.geom.grid
         self.engine = self.grid.halo if any(self.grid.partitioned) else None
-        self.gpu_engine = _is_gpu_engine(self.engine)
+        self.gpu_engine = device_engine(self.engine)
         self.stream = cp.cuda.Stream(non_blocking=True)
         be = self.geom.backend
         self.k = {n: cuda_source.function(be, "solvers", "dist_cg.cu", n)

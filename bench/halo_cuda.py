@@ -57,13 +57,13 @@ import numpy as np
 ELEMENTS = {"vector": ((3,), 48), "matrix": ((3, 3), 144)}
 
 
-def _grid(n, tr):
+def _grid(n, tr, config=None):
     from comms import ProcessGrid, world
     from comms.halo import ProtocolState
 
     from comms.cuda.transports import GpuHaloEngine
 
-    g = ProcessGrid((1, 1, 1, n), world(), partitioned=(False, False, False, True), transport=tr)
+    g = ProcessGrid((1, 1, 1, n), world(), partitioned=(False, False, False, True), transport=tr, config=config)
     if tr == "mpi":                 # the GPU engine with every link on MPI (device faces staged through the host)
         g._protocol = ProtocolState()
         g._ctx.engine = GpuHaloEngine(g, g._ctx, g._protocol, "mpi")
@@ -87,7 +87,9 @@ def _loop(eng, face, dest, back, reps, round_trip, cp):
 
 
 def bench_halo(transports=("mpi", "event", "stream_gated"), sizes=(2, 4, 8, 16, 32), element="vector",
-               reps=200, repeats=7, graph=False, graph_reps=500):
+               reps=200, repeats=7, graph=False, graph_reps=500, config=None):
+    """Rows of one-way and round-trip times per transport and face size (module docstring); ``config``: the run
+    configuration of the grids (default: from the environment)."""
     import cupy as cp
 
     from comms import world
@@ -103,7 +105,7 @@ def bench_halo(transports=("mpi", "event", "stream_gated"), sizes=(2, 4, 8, 16, 
     comm = world()
     n = comm.size
     inner, site_bytes = ELEMENTS[element]
-    grids = {tr: _grid(n, tr) for tr in transports}
+    grids = {tr: _grid(n, tr, config) for tr in transports}
     engines = {tr: g.halo for tr, g in grids.items()}
     for e in engines.values():
         e.reserve(max(sizes) ** 3 * site_bytes)
@@ -151,11 +153,11 @@ def bench_halo(transports=("mpi", "event", "stream_gated"), sizes=(2, 4, 8, 16, 
     for tr in reversed(transports):
         grids[tr].close()
     if graph:
-        rows += bench_graph(sizes, element, graph_reps, repeats)
+        rows += bench_graph(sizes, element, graph_reps, repeats, config)
     return rows
 
 
-def bench_graph(sizes, element, replays, repeats):
+def bench_graph(sizes, element, replays, repeats, config=None):
     """stream_gated round trip captured in a CUDA graph (binary flags), replayed: device and host time."""
     import cupy as cp
 
@@ -166,7 +168,7 @@ def bench_graph(sizes, element, replays, repeats):
     comm = world()
     n = comm.size
     inner, site_bytes = ELEMENTS[element]
-    grid = _grid(n, "stream_gated")
+    grid = _grid(n, "stream_gated", config)
     eng = grid.halo
     eng.reserve(max(sizes) ** 3 * site_bytes)
     eng.set_graph_mode(True)
@@ -260,13 +262,13 @@ def main(argv=None) -> int:
     ap.add_argument("--label", default="")
     a = ap.parse_args(argv)
     from comms import world
+    from comms.config import RunConfig
 
+    config = RunConfig.from_environment()       # each rank under mpiexec: the launch's configuration
     transports = tuple(t.strip() for t in a.transport.split(",") if t.strip())
-    rows = bench_halo(transports, a.sizes, a.element, a.reps, a.repeats, a.graph, a.graph_reps)
+    rows = bench_halo(transports, a.sizes, a.element, a.reps, a.repeats, a.graph, a.graph_reps, config)
     if world().rank == 0:
-        import os
-
-        mps = "MPS on" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "no MPS"
+        mps = "MPS on" if config.launch.mps_pipe_directory else "no MPS"
         label = f"{a.label}; {mps}" if a.label else mps
         print(format_rows(rows, label), flush=True)
         if a.json:

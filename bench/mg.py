@@ -34,8 +34,9 @@ a coarsest lattice of more than 5000 unknowns is solved by GCR instead); Nv 48 o
 50 set-up iterations (more do not help: solvers/multigrid's notes), smoothers (0, 4) (none on M itself), the
 preconditioner in double precision (``--mg-precision single``: K-cycle, smoothers, coarse operators and coarsest
 solve in complex64, the outer GCR in double).
-``--mg-*`` options (or the environment variables L, MG_TOL, THERM, BUDGET, OUT, MG_NV, MG_SETUP_ITERS, MG_BLOCKS,
-MG_LEVELS, MG_COARSEST, MG_SCAN, MG_PRECISION) change them; the suite ``mg`` of bench/suites.toml runs it on a GPU.
+The ``--mg-*`` options change them; the suite ``mg`` of bench/suites.toml runs it on a GPU (its variable ``args``
+passes more options). The backend: ``--backend``, else the run configuration's when it states one (HMC_BACKEND),
+else auto.
 """
 from __future__ import annotations
 
@@ -60,10 +61,6 @@ def elapsed() -> float:
 
 
 # ------------------------------------------------------------------------------------------------ arguments
-def default_backend() -> str:
-    return os.environ.get("HMC_BACKEND", "auto")
-
-
 def parse(argv=None):
     """The arguments of ``python -m bench.mg``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -73,47 +70,48 @@ def parse(argv=None):
 
 def add_arguments(p, backend: bool = True):
     """The benchmark's options on ``p`` (``hmc bench mg``: ``backend=False``, the global ``--backend`` holds it)."""
-    env = os.environ.get
-    p.add_argument("--lattice", type=int, default=int(env("L", "32")), help="L of the L^4 lattice (env L)")
+    p.add_argument("--lattice", type=int, default=32, help="L of the L^4 lattice (default 32)")
     p.add_argument("--mass", type=float, default=0.001, help="bare quark mass m, M = 2m + D (default 0.001)")
-    p.add_argument("--tol", type=float, default=float(env("MG_TOL", "1e-10")),
+    p.add_argument("--tol", type=float, default=1e-10,
                    help="|b - M x| <= tol |b| for both solvers (default 1e-10)")
     p.add_argument("--beta", type=float, default=6.0, help="Wilson gauge coupling (default 6.0)")
-    p.add_argument("--therm", type=int, default=int(env("THERM", "20")),
+    p.add_argument("--therm", type=int, default=20,
                    help="pure-gauge trajectories from the cold start (default 20)")
     p.add_argument("--steps", type=int, default=10, help="Omelyan steps per trajectory, tau 1 (default 10)")
     p.add_argument("--seed", type=int, default=7, help="seed of the momenta and of the sources")
-    p.add_argument("--budget", type=float, default=float(env("BUDGET", "130")),
+    p.add_argument("--budget", type=float, default=130.0,
                    help="seconds this process plans within: thermalization stops at 25%% of it, the second "
                         "multigrid source is skipped when it would not fit (default 130)")
     p.add_argument("--cg-maxiter", type=int, default=30000, help="most CG iterations (default 30000)")
     if backend:
-        p.add_argument("--backend", default=default_backend(), help="numpy, cupy or auto (default auto)")
-    p.add_argument("--out", default=env("OUT", "."), help="folder of the JSON and Markdown files (default $OUT)")
+        p.add_argument("--backend", default=None, help="numpy, cupy or auto (default: HMC_BACKEND, else auto)")
+    p.add_argument("--out", default=".", help="folder of the JSON and Markdown files (default .)")
     g = p.add_argument_group("multigrid")
     g.add_argument("--mg-levels", type=int, default=None, help="levels (default from the lattice, see above)")
-    g.add_argument("--mg-blocks", default=env("MG_BLOCKS"),
+    g.add_argument("--mg-blocks", default=None,
                    help='aggregation blocks, e.g. "4,4,4,4 2,2,2,2" (one per aggregation level)')
-    g.add_argument("--mg-nv", default=env("MG_NV", "48"), help='near-null vectors per level, e.g. "24" or "24 32"')
-    g.add_argument("--mg-setup-iters", default=env("MG_SETUP_ITERS", "50"), help="set-up CG iterations per level")
-    g.add_argument("--mg-smoother-steps", default=env("MG_SMOOTHER_STEPS", "0 4"), help="GCR smoother steps")
-    g.add_argument("--mg-coarsest", default=env("MG_COARSEST", "auto"), choices=("auto", "lu", "gcr"))
-    p.add_argument("--scan-masses", type=float, nargs="*", default=[float(x) for x in env("MG_SCAN", "").split()],
+    g.add_argument("--mg-nv", default="48", help='near-null vectors per level, e.g. "24" or "24 32"')
+    g.add_argument("--mg-setup-iters", default="50", help="set-up CG iterations per level")
+    g.add_argument("--mg-smoother-steps", default="0 4", help="GCR smoother steps")
+    g.add_argument("--mg-coarsest", default="auto", choices=("auto", "lu", "gcr"))
+    p.add_argument("--scan-masses", type=float, nargs="*", default=[],
                    help="after the comparison, multigrid (same near-null vectors) and CG at these masses too: "
-                        "the flat-in-mass check (env MG_SCAN, e.g. \"0.1 0.01\")")
+                        "the flat-in-mass check (e.g. 0.1 0.01)")
     g.add_argument("--mg-maxiter", type=int, default=300, help="most outer iterations (default 300)")
-    g.add_argument("--mg-precision", default=env("MG_PRECISION", "double"), choices=("double", "single"),
+    g.add_argument("--mg-precision", default="double", choices=("double", "single"),
                    help="precision of the preconditioner (K-cycle, smoothers, coarse operators, coarsest solve); "
-                        "the outer GCR and its true residual stay double (default double, env MG_PRECISION)")
+                        "the outer GCR and its true residual stay double (default double)")
 
 
 def finish_args(a):
-    """Defaults that depend on the parsed values (MG_LEVELS when --mg-levels is absent, the backend)."""
-    env = os.environ.get
-    if a.mg_levels is None and env("MG_LEVELS"):
-        a.mg_levels = int(env("MG_LEVELS"))
+    """The run configuration (``a.run_config``: the command line's, else built from the environment now) and the
+    backend: ``--backend``, else the configuration's when it states one, else auto."""
+    from comms.config import RunConfig
+
+    if getattr(a, "run_config", None) is None:
+        a.run_config = RunConfig.from_environment()
     if a.backend is None:
-        a.backend = default_backend()
+        a.backend = a.run_config.backend if "backend" in a.run_config.stated else "auto"
     return a
 
 
@@ -154,7 +152,7 @@ class Report:
         self.r = {"what": "issue 7 benchmark: KD multigrid against mixed-precision CG at the lightest mass",
                   "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
                   "lattice": [args.lattice] * 4, "mass": args.mass, "tol": args.tol, "status": "running",
-                  "phases_s": {}, "machine": machine(), "commit": commit()}
+                  "phases_s": {}, "machine": machine(), "commit": commit(args.run_config)}
 
     def start(self, name):
         """Mark the phase now running (what a run stopped by timeout was doing)."""
@@ -200,18 +198,19 @@ def machine() -> dict:
     return d
 
 
-def commit() -> str:
-    """HMC_GIT_COMMIT when set (the device copy of the tree may carry a stale .git), else git's HEAD."""
+def commit(config) -> str:
+    """The configuration's git_commit (HMC_GIT_COMMIT) when set (the device copy of the tree may carry a stale
+    .git), else git's HEAD."""
     import subprocess
 
-    if os.environ.get("HMC_GIT_COMMIT"):
-        return os.environ["HMC_GIT_COMMIT"]
+    if config.git_commit:
+        return config.git_commit
     try:
         c = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     except Exception:
         c = ""
-    return c or os.environ.get("HMC_GIT_COMMIT", "unknown")
+    return c or "unknown"
 
 
 def fmt(v, spec=".3g", none="-"):
@@ -327,7 +326,7 @@ def thermalize(args, geom, rep):
     # thermalized in the plaquette: the last five within 1% of the equilibrium value (beta 6.0 only)
     thermalized = args.beta == 6.0 and all(abs(p / PLAQ_EQUILIBRIUM - 1) < 0.01 for p in tail) and n >= 5
     verdict = ("thermalized in the plaquette, low modes and topology not decorrelated from the start" if thermalized
-               else "NOT thermalized in the plaquette (more trajectories needed: THERM, BUDGET)"
+               else "NOT thermalized in the plaquette (more trajectories needed: --therm, --budget)"
                if args.beta == 6.0 else f"equilibrium plaquette at beta {args.beta:g} not known here")
     desc = (f"quenched Wilson beta {args.beta:g}, made here: cold start and {n} pure-gauge MD trajectories "
             f"(Omelyan {args.steps} steps, tau 1, no accept/reject); plaquette <ReTr P>/3 = {plaqs[-1]:.4f} "
@@ -527,10 +526,10 @@ def main(argv=None, args=None) -> int:
     try:
         from lattice import Geometry, get_backend
 
-        be = get_backend(args.backend)
+        be = get_backend(args.backend, args.run_config)
         rep.r["backend"] = be.name
         L = args.lattice
-        geom = Geometry((L, L, L, L), be)
+        geom = Geometry((L, L, L, L), be, config=args.run_config)
         hp = hierarchy_params(args, geom.dims)
         print(f"[{elapsed():6.1f} s] mg_bench {L}^4 on {be.name} ({rep.r['machine'].get('gpu') or 'CPU'}), "
               f"m = {args.mass}, tol {args.tol:g}, budget {args.budget:g} s; multigrid {hp}", flush=True)

@@ -1,18 +1,21 @@
 """``hmc bench rhmc``: HISQ 2+1+1 RHMC trajectories of a production deck on one lattice, with the per-phase times
-the run file's history stores, trajectory by trajectory (issue 5).
+the run file's history stores, trajectory by trajectory (issue 5), each phase's floor and the fraction of it
+reached (issue 19; the floors' formulas: :mod:`bench.rhmc_floors`).
 
     hmc --backend cupy bench rhmc --lattice 32 --deck runs/hisq211_16.toml --trajectories 2 --steps 36 --out DIR
 
 For the lattice L^4: a deck written from ``--deck`` (dims L^4, ``--steps`` integrator steps or the deck's, the
 project's rational functions by absolute path, ``trajectories`` and ``warmups`` = ``--trajectories``), the time of
-one application of A = -D_eo D_oe from ``hmc bench dslash`` (double precision, 20 repeats), then ``hmc init`` (cold
+one application of A = -D_eo D_oe and the copy bandwidth from ``hmc bench dslash`` (double precision, 20 repeats),
+then ``hmc init`` (cold
 start) and ``hmc run``, each a process of its own with its log in DIR (``init_L_backend.log``, ``run_L_backend.log``,
 ``dslash_L_backend.err``). The report per trajectory: solvers (heat bath GR, actions FA, force MD), link smearing
 (fat/long link builds), fermion force without its solves (outer products + HISQ chain rule), gauge force, link
 updates and the rest (actions, momenta, Metropolis); the multishift iteration counts, dH and the plaquette. The share
 of the solver time spent in the Dslash is estimated as (multishift iterations = applications of A) x (time of one
-A) / solver time. The first trajectory starts cold and, on the GPU, compiles the kernels: read the last one. The
-link-update time is not synchronized: on the GPU its kernel time shows up in the next phase (link smearing).
+A) / solver time. Then per trajectory the table of the phases' times, floors (the fewest bytes at the measured copy
+bandwidth) and floor / time; ``floors_L_backend.json`` in DIR holds the same rows. The first trajectory starts cold
+and, on the GPU, compiles the kernels: read the last one.
 """
 from __future__ import annotations
 
@@ -54,27 +57,52 @@ def _hmc(backend: str, *argv) -> list:
     return [sys.executable, "-m", "hmc", "--backend", backend, *map(str, argv)]
 
 
-def operator_time(backend: str, L: int, err: Path) -> float | None:
-    """Seconds per application of A from ``hmc bench dslash --json`` (None when it fails: the share is left out)."""
+def dslash_figures(backend: str, L: int, err: Path) -> tuple[float | None, float | None]:
+    """(seconds per application of A, copy bandwidth in bytes/s) from ``hmc bench dslash --json``; None for what it
+    did not give (its failure leaves out the Dslash share and the floors)."""
     with open(err, "w") as ef:
         r = subprocess.run(_hmc(backend, "bench", "dslash", "--lattice", L, L, L, L, "--precision", "double",
                                 "--repeat", 20, "--json"), stdout=subprocess.PIPE, stderr=ef, text=True, cwd=ROOT)
     try:
-        return float(json.loads(r.stdout)["cg_operator_s"])
-    except (ValueError, KeyError, TypeError):
-        return None
+        res = json.loads(r.stdout)
+    except ValueError:
+        return None, None
+    figures = []
+    for key, scale in (("cg_operator_s", 1.0), ("copy_GBps", 1e9)):
+        try:
+            figures.append(float(res[key]) * scale)
+        except (KeyError, TypeError, ValueError):
+            figures.append(None)
+    return tuple(figures)
 
 
-def report(path: Path, backend: str, t_op: float | None) -> str:
-    """The per-phase lines of every trajectory in the run file's history."""
+def report(path: Path, backend: str, t_op: float | None, bandwidth: float | None = None,
+           floors_json: Path | None = None) -> str:
+    """The per-phase lines of every trajectory in the run file's history; with the copy ``bandwidth`` (bytes/s) the
+    table of floors after each (written as JSON to ``floors_json`` too)."""
     from hmc.runfile import load
+
+    from . import rhmc_floors
 
     st = load(str(path))
     dims = "x".join(map(str, st.deck["lattice"]["dims"]))
     it = st.deck["integrator"]
     lines = [f"== {dims} on {backend}: {it['scheme']} steps {it['steps']} tau {it['tau']}, 5 pseudofermions"]
+    m = rhmc_floors.model(st.deck, st.files) if bandwidth else None
+    table = []
     for r in st.history:
         lines += _trajectory_lines(r, t_op)
+        if m is None:
+            lines.append("        floors left out: hmc bench dslash gave no copy bandwidth (its log: dslash_*.err)")
+            continue
+        lines += rhmc_floors.table_lines(m, r, bandwidth)
+        table.append({"traj": int(r["traj"]), "copy_GBps": bandwidth / 1e9,
+                      "phases": [{"phase": x.phase, "time_s": x.time_s, "floor_s": x.floor_s,
+                                  "fraction": x.fraction, "floor_counts": x.note}
+                                 for x in rhmc_floors.rows(m, r, bandwidth)]})
+    if floors_json is not None and table:
+        floors_json.write_text(json.dumps({"lattice": st.deck["lattice"]["dims"], "backend": backend,
+                                           "trajectories": table}, indent=1))
     return "\n".join(lines)
 
 
@@ -120,7 +148,7 @@ def bench_rhmc(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     deck, run = out / f"hisq211_{L}_{backend}.toml", out / f"hisq211_{L}_{backend}.h5"
     make_deck(ROOT / args.deck, deck, L, steps_for(args), args.trajectories)
-    t_op = operator_time(backend, L, out / f"dslash_{L}_{backend}.err")
+    t_op, bandwidth = dslash_figures(backend, L, out / f"dslash_{L}_{backend}.err")
     t0 = time.monotonic()
     log = out / f"run_{L}_{backend}.log"
     with open(out / f"init_{L}_{backend}.log", "w") as f:
@@ -134,5 +162,5 @@ def bench_rhmc(args) -> int:
     if rc != 0:
         print("\n".join(log.read_text(errors="replace").splitlines()[-5:]) if log.exists() else "")
         return 1
-    print(report(run, backend, t_op), flush=True)
+    print(report(run, backend, t_op, bandwidth, out / f"floors_{L}_{backend}.json"), flush=True)
     return 0

@@ -48,6 +48,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from comms.config import child_env
+
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = Path(__file__).with_name("suites.toml")
 STEP_KEYS = {"name", "run", "ranks", "mps", "env", "unset", "timeout", "signal", "log", "stdout", "tail", "optional",
@@ -228,7 +230,8 @@ class Runner:
 
     def describe(self, i, n, st: Step) -> str:
         lines = [f"[{i}/{n}] {st.name}"]
-        extra = {k: v for k, v in st.env.items() if os.environ.get(k) != v}
+        inherited = child_env()
+        extra = {k: v for k, v in st.env.items() if inherited.get(k) != v}
         if extra:
             lines.append("    env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(extra.items())))
         if st.unset:
@@ -266,7 +269,9 @@ class Runner:
             return pack(Path(st.argv[1]), Path(st.argv[2]), st.spec)
         for d in st.spec.get("mkdir", []):
             Path(_fmt(d, st.values)).mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if k not in st.unset}
+        env = child_env()                       # this process's environment, less the step's unset, plus its env
+        for k in st.unset:
+            env.pop(k, None)
         env.update(st.env)
         if self.mps is not None:
             env.update(self.mps.vars)

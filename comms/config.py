@@ -176,7 +176,7 @@ SETTINGS = {
     "checks_dir": Setting("HMC_CHECKS_DIR", _optional(_text), None, "hmc check references (None: the package's hmc/checks)"),
     "fault_inject": Setting("HMC_FAULT_INJECT", _text, "", "testing: a fault to inject, e.g. "
                                                             "kill_during_checkpoint:3"),
-    # read by the benchmark and scaling harness (converted when it moves into its own package)
+    # read by the benchmark and scaling harness (bench/)
     "mpiexec": Setting("HMC_MPIEXEC", _optional(_text), None, "the launcher command of hmc scaling"),
     "git_commit": Setting("HMC_GIT_COMMIT", _optional(_text), None, "the commit a copied tree was made from"),
     "scaling_traceback": Setting("HMC_SCALING_TRACEBACK", _flag(False), False, "scaling worker tracebacks"),
@@ -185,23 +185,29 @@ SETTINGS = {
 _LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE")
 # launchers' node-local rank variables (Open MPI, MPICH/Intel MPI, Slurm, MVAPICH)
 _LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "MV2_COMM_WORLD_LOCAL_RANK")
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")       # the world rank before MPI starts (Open MPI, MPICH/Hydra)
 
 
 @dataclass(frozen=True)
 class Launcher:
-    """What the MPI launcher announced in the environment: rank count (1 without one), node-local rank (None), and
-    HMC_FORCE_MPI=1 (MPI even for one process). Facts of the launch, not settings: never stored or passed on."""
+    """What the MPI launcher announced in the environment: rank count (1 without one), node-local rank (None),
+    HMC_FORCE_MPI=1 (MPI even for one process), the world rank (0 without a launcher; readable where MPI may be
+    broken, e.g. in an error report) and CUDA_MPS_PIPE_DIRECTORY (set when this process is a client of a CUDA MPS
+    daemon; "" otherwise). Facts of the launch, not settings: never stored or passed on."""
 
     size: int = 1
     local_rank: int | None = None
     force_mpi: bool = False
+    rank: int = 0
+    mps_pipe_directory: str = ""
 
 
 def launcher(env=None) -> Launcher:
     env = os.environ if env is None else env
     size = next((int(env[v]) for v in _LAUNCHER_SIZE_VARS if v in env), 1)
     local = next((int(env[v]) for v in _LOCAL_RANK_VARS if v in env), None)
-    return Launcher(size, local, env.get("HMC_FORCE_MPI") == "1")
+    rank = next((int(env[v]) for v in _RANK_VARS if v in env), 0)
+    return Launcher(size, local, env.get("HMC_FORCE_MPI") == "1", rank, env.get("CUDA_MPS_PIPE_DIRECTORY", ""))
 
 
 @dataclass(frozen=True)
@@ -233,6 +239,9 @@ class RunConfig:
     git_commit: str | None = None
     scaling_traceback: bool = False
     launch: Launcher = dataclasses.field(default=Launcher(), compare=False)
+    #: the settings :meth:`resolve` took from the command line, the deck or the environment (not defaults): a
+    #: command whose own default differs (a benchmark's backend "auto") applies it only to the others
+    stated: frozenset = dataclasses.field(default=frozenset(), compare=False)
 
     @classmethod
     def resolve(cls, cli=None, deck=None, env=None) -> "RunConfig":
@@ -245,7 +254,7 @@ class RunConfig:
         unknown = set(cli) - set(SETTINGS)
         if unknown:
             raise ConfigError(f"unknown setting(s) {sorted(unknown)}: known ones are {', '.join(SETTINGS)}")
-        values = {}
+        values, stated = {}, set()
         for name, s in SETTINGS.items():
             section = (deck or {}).get(s.deck[0], {}) if s.deck else {}
             if cli.get(name) is not None:
@@ -258,7 +267,8 @@ class RunConfig:
                 values[name] = s.default
                 continue
             values[name] = _parsed(name, s, raw, where)
-        return cls(**values, launch=launcher(env))
+            stated.add(name)
+        return cls(**values, launch=launcher(env), stated=frozenset(stated))
 
     @classmethod
     def from_environment(cls) -> "RunConfig":

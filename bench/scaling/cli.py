@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
                         "'8x8x8x16' and '16^4' are accepted too)")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], metavar="N",
                    help="rank counts (default 1 2 4); the 1-rank baseline always runs")
-    # dest differs from the global --grid (which goes to HMC_GRID for every ProcessGrid of this process)
+    # dest differs from the global --grid (the run configuration's grid, for every ProcessGrid of this process)
     p.add_argument("--grid", dest="study_grids", nargs="+", default=[], metavar="PXxPYxPZxPT",
                    help="explicit process grids (e.g. 1x1x2x2), run as given beside the automatic grids of --ranks "
                         "(replacing the automatic one of the same rank count); a grid that does not split a lattice "
@@ -98,7 +98,11 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default=None)
     sub = ap.add_subparsers(dest="command", required=True)
     add_parser(sub)
-    return cli(ap.parse_args(argv))
+    args = ap.parse_args(argv)
+    from comms.config import RunConfig
+
+    args.run_config = RunConfig.resolve(cli={"backend": args.backend})     # as hmc's command line builds it
+    return cli(args)
 
 
 if __name__ == "__main__":

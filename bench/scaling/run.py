@@ -64,8 +64,10 @@ def run_study(args) -> int:
         raise ScalingError("--timeout must be positive and --min-time not negative")
     if any(L < 1 for L in args.halo_sizes):
         raise ScalingError("--halo-sizes: face sizes L must be positive")
-    backend = args.backend or os.environ.get("HMC_BACKEND") or ("cupy" if set(transports) & set(GPU_TRANSPORTS)
-                                                               else "numpy")
+    config = args.run_config
+    # a backend the command line or the environment states, else the one the transports need
+    backend = config.backend if "backend" in config.stated else ("cupy" if set(transports) & set(GPU_TRANSPORTS)
+                                                                 else "numpy")
     if backend == "auto":
         backend = "cupy" if _gpu_visible() else "numpy"
     if backend not in ("numpy", "cupy"):
@@ -90,10 +92,10 @@ def run_study(args) -> int:
                                    "new file)")
             done = head["status"]
     configs = plan(lattices, ranks, transports, args.graph, grids)
-    launcher = Launcher(args.launcher)
+    launcher = Launcher(args.launcher, config.mpiexec)
     todo = [c for c in configs if c.skip is None and done.get(c.key) not in ("ok",)]
     if todo:
-        launcher.check()
+        launcher.check(worker_env(config, args.threads))
     mps = start_mps(bool(getattr(args, "mps", False)) and bool(todo))
     try:
         return _run_configs(args, study, configs, done, params, transports, lattices, ranks, what, backend,
@@ -161,14 +163,15 @@ class _MpsPoller:
 
 def _run_configs(args, study, configs, done, params, transports, lattices, ranks, what, backend, launcher,
                  mps) -> int:
-    git = git_info()
+    config = args.run_config
+    git = git_info(config)
     machine = machine_info()
     header = {"git_commit": git["commit"], "git_dirty": git["dirty"], "machine": machine,
               "launcher": launcher.text, "launcher_version": launcher.version, "versions": versions(),
               "parameters": params,
               "transport_table": {t: TRANSPORT_TABLE[t] for t in ["serial"] + transports},
-              "env_hooks": {k: os.environ[k] for k in ("HMC_P2P_MASK", "HMC_P2P_FAKE_CLIQUE", "HMC_COMMS_TIMEOUT")
-                            if k in os.environ},
+              "env_hooks": {k: v for k, v in config.changed().items()
+                            if k in ("HMC_P2P_MASK", "HMC_P2P_FAKE_CLIQUE", "HMC_COMMS_TIMEOUT")},
               "command": "hmc " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "hmc scaling",
               "graph": bool(args.graph), "mps": mps_record(mps)}
     if study.exists():
@@ -185,7 +188,7 @@ def _run_configs(args, study, configs, done, params, transports, lattices, ranks
           f"{' (modified)' if git['dirty'] else ''}", flush=True)
     if mps.enabled:
         print(f"  {mps.line()}", flush=True)
-    env = mps.env(worker_env(args.threads))
+    env = mps.env(worker_env(config, args.threads))
     failed = skipped = ran = 0
     t_study = time.perf_counter()
     total = len(configs)

@@ -102,10 +102,10 @@ def _mpi_library() -> str:
     return mpi().Get_library_version().strip().splitlines()[0]
 
 
-def _fault(spec):
-    """Testing hook: HMC_FAULT_INJECT=scaling_fail:KEY or scaling_hang:KEY fails or hangs the configuration whose
-    key contains KEY."""
-    text = os.environ.get("HMC_FAULT_INJECT", "")
+def _fault(spec, config):
+    """Testing hook: HMC_FAULT_INJECT=scaling_fail:KEY or scaling_hang:KEY (the configuration's ``fault_inject``)
+    fails or hangs the configuration whose key contains KEY."""
+    text = config.fault_inject
     kind, _, key = text.partition(":")
     if kind in ("scaling_fail", "scaling_hang") and key and key in spec["key"]:
         if kind == "scaling_hang":
@@ -113,45 +113,31 @@ def _fault(spec):
         raise InjectedFault(f"injected fault (HMC_FAULT_INJECT={text})")
 
 
-def run(spec) -> dict:
+def run(spec, config=None) -> dict:
+    """Every operation of ``spec["what"]`` on the configuration's lattice and grid, with the driver's run
+    configuration ``config`` (rebuilt in this process from its ``RunConfig.to_env()``; default: from the
+    environment now)."""
     from comms import ProcessGrid, world
-    from comms.halo import format_table
+    from comms.config import RunConfig
     from lattice import Geometry, get_backend
 
+    config = config if config is not None else RunConfig.from_environment()
     t_start = time.perf_counter()
     comm = world()
-    _fault(spec)
-    backend = get_backend(spec.get("backend") or "numpy")
+    _fault(spec, config)
+    backend = get_backend(spec.get("backend") or "numpy", config)
     n = comm.size
     if n != spec["ranks"]:
         raise RuntimeError(f"launched on {n} rank(s), the configuration wants {spec['ranks']}: check the launcher "
                            "(--launcher / HMC_MPIEXEC) passes the rank count")
     transport = None if spec["transport"] == "serial" else spec["transport"]
-    grid = ProcessGrid(tuple(spec["grid"]), transport=transport)
+    grid = ProcessGrid(tuple(spec["grid"]), transport=transport, config=config)
     geom = Geometry(tuple(spec["lattice"]), backend, grid=grid)
     ctx = Context(spec, geom)
-    res = {"status": "ok", "ops": {}, "answers": {}, "backend": backend.name, "grid": list(grid.dims),
-           "local_dims": list(geom.local_dims), "hostname": platform.node(), "mpi_library": _mpi_library(),
-           "mps_client": os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")}
-    res.update(_gpu_info(backend))
-    table = grid.transport_table()
-    if ctx.rank == 0:
-        res["transport_table"] = table
-        res["transport_table_text"] = format_table(table, grid.describe()) if table else ""
-        res["links"] = "+".join(sorted({r["transport"] for r in table})) or "none"
+    res = _metadata(ctx, backend, grid, config)
     what = spec["what"]
     graph = bool(spec.get("graph"))
-    d, why = None, "not a GPU run"
-    if backend.is_gpu and {"halo", "dslash", "cg"} & set(what):
-        from solvers import StaggeredDslash
-
-        fat, long = _links(ctx)
-        d = StaggeredDslash(geom, fat, long)
-        why = gpu_device_path(d)
-        res["dslash_impl"] = type(d._hop_impl).__name__ if why is None else f"array body ({why})"
-        res["phase_clock"] = "device events" if why is None else "host perf_counter"
-    else:
-        res["phase_clock"] = "host perf_counter"
+    d, why = _gpu_dslash(ctx, res, backend, what)
     if graph and why is not None and {"dslash", "cg"} & set(what):
         raise RuntimeError(f"--graph: {why}")
     if "halo" in what:
@@ -163,31 +149,7 @@ def run(spec) -> dict:
         else:
             op_halo(ctx, res)
     if "dslash" in what or "cg" in what:
-        from solvers import StaggeredDslash
-
-        if d is None:
-            fat, long = _links(ctx)
-            d = StaggeredDslash(geom, fat, long)
-        for op, on_gpu, on_host in (("dslash", op_dslash_gpu, op_dslash), ("cg", op_cg_gpu, op_cg)):
-            if op not in what:
-                continue
-            if why is not None:
-                on_host(ctx, res, d)
-                continue
-            try:
-                on_gpu(ctx, res, d)
-            except Exception as e:  # noqa: BLE001 - an uncaptured row falls back to the host-driven path, noted
-                # (a rank that fails alone leaves its peers waiting in an exchange until HMC_COMMS_TIMEOUT, then
-                # they fail and fall back too; wrong halos after that would show in the answers check)
-                if graph:
-                    raise
-                res.setdefault("gpu_path_error", {})[op] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-                res["dslash_impl"] = f"{res.get('dslash_impl', '')}; {op}: host-driven path after an error"
-                on_host(ctx, res, d)
-        if why is None:
-            from bench.dslash_dist_cuda import close_graph_mode
-
-            close_graph_mode(geom)
+        _dslash_and_cg(ctx, res, d, why, what, graph)
     if "trajectory" in what:
         op_trajectory(ctx, res)
     if "rhmc" in what:
@@ -199,6 +161,71 @@ def run(spec) -> dict:
     grid.close()
     res["wall_s"] = time.perf_counter() - t_start
     return res
+
+
+def _metadata(ctx, backend, grid, config) -> dict:
+    """The result's head: backend, grid, host, MPI library, MPS client, GPU, and (rank 0) the transport table."""
+    from comms.halo import format_table
+
+    geom = ctx.geom
+    res = {"status": "ok", "ops": {}, "answers": {}, "backend": backend.name, "grid": list(grid.dims),
+           "local_dims": list(geom.local_dims), "hostname": platform.node(), "mpi_library": _mpi_library(),
+           "mps_client": config.launch.mps_pipe_directory}
+    res.update(_gpu_info(backend))
+    table = grid.transport_table()
+    if ctx.rank == 0:
+        res["transport_table"] = table
+        res["transport_table_text"] = format_table(table, grid.describe()) if table else ""
+        res["links"] = "+".join(sorted({r["transport"] for r in table})) or "none"
+    return res
+
+
+def _gpu_dslash(ctx, res, backend, what):
+    """(the dslash, None) when the GPU device path serves the halo, dslash or CG operations, else (None or the
+    dslash, why not); records the hop implementation and the phase clock."""
+    d, why = None, "not a GPU run"
+    if backend.is_gpu and {"halo", "dslash", "cg"} & set(what):
+        from solvers import StaggeredDslash
+
+        fat, long = _links(ctx)
+        d = StaggeredDslash(ctx.geom, fat, long)
+        why = gpu_device_path(d)
+        res["dslash_impl"] = type(d._hop_impl).__name__ if why is None else f"array body ({why})"
+        res["phase_clock"] = "device events" if why is None else "host perf_counter"
+    else:
+        res["phase_clock"] = "host perf_counter"
+    return d, why
+
+
+def _dslash_and_cg(ctx, res, d, why, what, graph):
+    """The dslash and CG operations: on the GPU device path (falling back to the host-driven one after an error
+    when not graph-captured), else host-driven."""
+    from solvers import StaggeredDslash
+
+    geom = ctx.geom
+    if d is None:
+        fat, long = _links(ctx)
+        d = StaggeredDslash(geom, fat, long)
+    for op, on_gpu, on_host in (("dslash", op_dslash_gpu, op_dslash), ("cg", op_cg_gpu, op_cg)):
+        if op not in what:
+            continue
+        if why is not None:
+            on_host(ctx, res, d)
+            continue
+        try:
+            on_gpu(ctx, res, d)
+        except Exception as e:  # noqa: BLE001 - an uncaptured row falls back to the host-driven path, noted
+            # (a rank that fails alone leaves its peers waiting in an exchange until HMC_COMMS_TIMEOUT, then
+            # they fail and fall back too; wrong halos after that would show in the answers check)
+            if graph:
+                raise
+            res.setdefault("gpu_path_error", {})[op] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            res["dslash_impl"] = f"{res.get('dslash_impl', '')}; {op}: host-driven path after an error"
+            on_host(ctx, res, d)
+    if why is None:
+        from bench.dslash_dist_cuda import close_graph_mode
+
+        close_graph_mode(geom)
 
 
 def _write(path, obj):
@@ -215,14 +242,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     spec = json.loads(args.spec)
     from comms import launched_size
+    from comms.config import RunConfig, launcher
 
+    config = None
     try:
-        res = run(spec)
+        config = RunConfig.from_environment()       # the driver's configuration (bench.scaling.launch.worker_env)
+        res = run(spec, config)
     except BaseException as e:  # noqa: BLE001 - report any failure, then leave without MPI_Finalize
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+        rank = launcher().rank                      # not MPI's: MPI may be what failed
         print(f"hmc scaling worker: rank {rank}: {type(e).__name__}: {msg}", file=sys.stderr, flush=True)
-        if os.environ.get("HMC_SCALING_TRACEBACK") == "1":
+        if config is not None and config.scaling_traceback:
             traceback.print_exc()
         if rank == 0:
             _write(args.out, {"status": "failed", "error": f"{type(e).__name__}: {msg}"})

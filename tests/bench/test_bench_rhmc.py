@@ -37,10 +37,18 @@ def test_steps_for_the_lattice():
         steps_for(argparse.Namespace(steps=None, steps_for=["32:36"], lattice=32))
 
 
-def test_one_trajectory_and_its_report(tmp_path):
+@pytest.fixture(scope="module")
+def one_trajectory(tmp_path_factory):
+    """``hmc bench rhmc`` of one 4^4 trajectory on the CPU: (completed process, its output folder)."""
+    tmp_path = tmp_path_factory.mktemp("bench_rhmc")
     r = subprocess.run([sys.executable, "-m", "hmc", "--backend", "numpy", "bench", "rhmc", "--lattice", "4",
                         "--deck", "runs/hisq211_8.toml", "--trajectories", "1", "--steps-for", "4=4", "--out",
                         str(tmp_path)], capture_output=True, text=True, cwd=ROOT, env=launch_env(), timeout=600)
+    return r, tmp_path
+
+
+def test_one_trajectory_and_its_report(one_trajectory):
+    r, tmp_path = one_trajectory
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert lines[1] == "== 4x4x4x4 on numpy: 3g1f steps 4 tau 1.0, 5 pseudofermions", r.stdout
@@ -48,3 +56,44 @@ def test_one_trajectory_and_its_report(tmp_path):
     assert "multishift iterations GR" in lines[3] and "Dslash share of solver time" in lines[3]
     for name in ("hisq211_4_numpy.toml", "hisq211_4_numpy.h5", "init_4_numpy.log", "run_4_numpy.log"):
         assert (tmp_path / name).is_file(), name
+
+
+# bytes a site of each floor on the 4^4 run of runs/hisq211_8.toml (bench/rhmc_floors.py's formulas, by hand): the
+# deck's pseudofermions have 9/11/11 (MD/GR/FA) poles, then four of 7/9/9; two Naik-epsilon groups; all in double
+FLOOR_BYTES = {"solvers GR": 3120 + (5 + 4 * 9) * 24, "solvers FA": 3120 + (5 + 4 * 9) * 24,
+               "solvers MD": 3120 + (5 + 4 * 7) * 24, "link smearing": 144 * (16 + 8 * 2),
+               "fermion force: outer products": (9 + 4 * 7) * (1560 + 48) + 8 * 144 * 2,
+               "fermion force: chain rule": 144 * (16 + 8 * 2), "gauge force": 12 * 144}
+
+
+def test_each_phase_has_its_floor_and_the_fraction_reached(one_trajectory):
+    """The table after each trajectory: time, floor = counts x bytes a site x V / (measured copy bandwidth), floor /
+    time; the JSON beside it holds the same rows."""
+    import json
+
+    r, tmp_path = one_trajectory
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    bw = float(re.search(r"floors at copy bandwidth ([\d.]+) GB/s", lines[4]).group(1))
+    got = {}
+    for line in lines[5:12]:
+        m = re.match(r"^ {8}(.+?) +([\d.e+-]+) +([\d.e+-]+) +([\d.]+)%  (\d+) "
+                     r"(?:iterations|builds|evaluations|calls) x (\d+) B/site", line)
+        assert m, line
+        got[m.group(1)] = [float(m.group(i)) for i in (2, 3, 4)] + [int(m.group(5)), int(m.group(6))]
+    assert {k: v[4] for k, v in got.items()} == FLOOR_BYTES
+    data = json.loads((tmp_path / "floors_4_numpy.json").read_text())
+    (traj,) = data["trajectories"]
+    assert traj["copy_GBps"] == pytest.approx(bw, abs=0.05) and data["lattice"] == [4, 4, 4, 4]
+    rows = {p["phase"]: p for p in traj["phases"]}
+    assert set(rows) == set(FLOOR_BYTES)
+    for name, (t, floor, pct, count, per_site) in got.items():
+        p = rows[name]
+        assert p["floor_s"] == pytest.approx(count * per_site * 4 ** 4 / (traj["copy_GBps"] * 1e9), rel=1e-12)
+        assert p["fraction"] == pytest.approx(p["floor_s"] / p["time_s"], rel=1e-12) and 0 < p["fraction"] < 1
+        assert (t, floor) == pytest.approx((p["time_s"], p["floor_s"]), rel=1e-3) and pct == pytest.approx(
+            100 * p["fraction"], abs=6e-3)
+    it = re.search(r"multishift iterations GR (\d+) FA (\d+) MD (\d+)", lines[3])
+    assert [got[f"solvers {ph}"][3] for ph in ("GR", "FA", "MD")] == [int(x) for x in it.groups()]
+    assert got["gauge force"][3] == 3 * 4 and got["fermion force: chain rule"][3] == 4   # 3G1F, 4 steps
+    assert "GFLOP a call" in lines[11]

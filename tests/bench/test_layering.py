@@ -67,3 +67,16 @@ def test_pyproject_registers_the_provider():
     assert meta["project"]["entry-points"]["hmc.commands"]["bench"] == "bench.commands"
     assert "bench*" in meta["tool"]["setuptools"]["packages"]["find"]["include"]
     assert (Path(ROOT) / "bench" / "suites.toml").is_file()
+
+
+def test_bench_imports_no_private_name_of_the_product():
+    """The benchmarks use the product's public names (a capability such as ``lattice.geometry.device_engine``, not a
+    private helper that sniffs a class name), so that the product can change its internals without breaking them."""
+    bad = []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.split(".")[0] in PRODUCT):
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{a.name}" for a in node.names
+                        if a.name.startswith("_")]
+    assert not bad, "private names of the product imported by bench:\n" + "\n".join(bad)

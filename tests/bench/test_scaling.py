@@ -584,3 +584,22 @@ def test_report_names_the_study_hooks():
     text = hooks_text({"env_hooks": {"HMC_P2P_MASK": "8", "HMC_P2P_FAKE_CLIQUE": "2", "HMC_COMMS_TIMEOUT": "30"}})
     assert "`HMC_P2P_MASK=8`" in text and "`HMC_P2P_FAKE_CLIQUE=2`" in text and "TIMEOUT" not in text
     assert hooks_text({"env_hooks": {"HMC_P2P_MASK": "0", "HMC_COMMS_TIMEOUT": "30"}}) == hooks_text({}) == ""
+
+
+def test_workers_rebuild_the_drivers_configuration():
+    """The workers' environment carries the driver's run configuration (RunConfig.to_env()) less the grid, the
+    partition and the transport, which each configuration's spec states; the worker's constructor rebuilds it."""
+    import dataclasses
+
+    from bench.scaling.launch import worker_env
+    from comms.config import RunConfig
+
+    cfg = RunConfig.resolve(cli={"grid": (1, 1, 1, 2), "transport": "shm"},
+                            env={"HMC_P2P_MASK": "8", "HMC_COMMS_TIMEOUT": "7.5", "HMC_PARTITION": "t",
+                                 "HMC_FAULT_INJECT": "scaling_fail:n2", "HMC_SCALING_TRACEBACK": "1"})
+    env = worker_env(cfg, 3)
+    got = RunConfig.resolve(env=env)
+    assert got == dataclasses.replace(cfg, grid=None, partition="", transport=None)
+    assert (got.p2p_mask, got.comms_timeout, got.fault_inject, got.scaling_traceback) == (8, 7.5, "scaling_fail:n2",
+                                                                                          True)
+    assert env["OMP_NUM_THREADS"] == "3" and env["PYTHONUNBUFFERED"] == "1"

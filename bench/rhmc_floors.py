@@ -1,0 +1,149 @@
+"""The floor of every phase of an RHMC trajectory (issue 19: ``hmc bench rhmc`` prints each phase's time, its floor
+and the fraction of the floor reached, floor / time). A floor is the time the phase's fewest bytes take at the
+measured copy bandwidth B (bytes read + written per second: ``bench.gauge.copy_bandwidth``, a device-to-device
+copy on the GPU, a NumPy copy on the CPU, measured by ``hmc bench dslash`` on the same backend); the gauge force
+also gets its flops per call, as the kernel walks its paths.
+
+Notation: V sites; c bytes per complex number (16 in double, 8 in single); M = 9 x 16 = 144 bytes, one complex128
+3x3 matrix; h(c) = ``solvers.staggered_cuda.hop_bytes``, the bytes of one output site of a HISQ hop (16 links, 16
+neighbour vectors, the output: 3120 in double, 1560 in single); n_g the Naik-epsilon groups; n_k^P the poles of
+pseudofermion k in phase P (GR heat bath, FA action, MD force). The counts per trajectory come from its history
+row (iterations, solves, link builds) and the integrator schedule (gauge-force calls).
+
+* solvers, phase P: N_P x min_k [h(c_k) V + (5 + 4 n_k^P) 3 c_k V / 2] / B. N_P: the phase's multishift
+  iterations (MILC's count, the initial residual included: one application of A each). A = -D_eo D_oe is two
+  hops over V/2 output sites each; the fused multishift update (``solvers.multishift``) reads and writes the base
+  system's s and r and reads w (5 half-lattice vectors), and reads and writes x_i and p_i of every shift (4 per
+  shift), the reductions |r|^2 and <r, w> folded into the kernels that write their operands. The history holds the
+  total per phase only, so the pseudofermion whose iteration costs least (fewest poles; single precision where the
+  deck's cgprec_md_fa_gr asks for it) stands for all: a floor. Hybrid and mixed-precision refinements are left out
+  (their iterations are not in N_P), which keeps it a floor.
+* link smearing, per build: M V (16 + 8 n_g): read U (4 M a site), write the level-1 fat7 link V and its U(3)
+  projection W (8 M, kept for the force), read W back (4 M: level 2 walks its neighbours), write the fat and long
+  links of every epsilon group (8 M each).
+* fermion force, outer products, per force evaluation: sum_k n_k^MD (h(16) / 2 + 48) V + 8 M n_g V: per MD pole
+  the hop Y_l = D_oe X_l (V/2 output sites) and one read of Z_l = X_l + Y_l (a full-lattice vector, 48 B a site),
+  and the fat and long outer products of every group written once (8 M a site).
+* fermion force, HISQ chain rule, per force evaluation: M V (16 + 8 n_g): read the outer products (8 M per
+  group), U, V and W (12 M), write the force (4 M).
+* gauge force, per call: 12 M V (``bench.gauge.force_bytes``: the 4 links read and 4 momenta written, plus the
+  4 momenta read, as the clock holds the update P <- P + dt F). Flops per call: 4 V sum_paths ((L - 1) x 198 +
+  36) over the loops through a link (``force.gauge_force_cuda.force_paths``, rotated to start on it): L - 1 SU(3)
+  products of 198 flops each and the weighted sum, no staple shared between links (what the kernel does).
+Evaluations per trajectory: the fermion force's are the MD solves over the pseudofermions (one solve each per
+evaluation), the gauge force's are the gauge kicks of the schedule (``hmc.assemble.make_schedule``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.staggered_cuda import hop_bytes
+
+from .gauge import force_bytes
+
+MATRIX = 9 * 16                  # bytes of one complex128 3x3 matrix
+SU3_PRODUCT = 198                # flops of a complex 3x3 x 3x3 product: 27 multiplications (6), 18 additions (2)
+WEIGHTED_SUM = 36                # flops of adding c R to a complex 3x3 sum
+PHASES = ("GR", "FA", "MD")
+
+
+@dataclass(frozen=True)
+class Model:
+    """The per-run numbers of the floors (module docstring): volume, epsilon groups, pseudofermions, solver bytes
+    per iteration per phase, outer-product bytes per force evaluation, gauge-force calls and flops per call."""
+
+    volume: int
+    groups: int
+    pseudofermions: int
+    solver_iteration_bytes: dict
+    outer_bytes: int
+    gauge_calls: int
+    gauge_flops: int
+    gauge_name: str
+
+
+def solver_iteration_bytes(volume: int, poles: int, single: bool) -> int:
+    """Bytes of one multishift iteration with ``poles`` shifts: A (two hops) and the fused update."""
+    dtype = np.complex64 if single else np.complex128
+    c = np.dtype(dtype).itemsize
+    return hop_bytes(dtype) * volume + (5 + 4 * poles) * 3 * c * volume // 2
+
+
+def gauge_flops_per_call(action, volume: int) -> int:
+    """Flops of one gauge-force call as the kernel walks the loops through each of the 4 V links."""
+    from force.gauge_force_cuda import force_paths
+
+    table = force_paths(action.shapes)
+    per_site = sum((len(q) - 1) * SU3_PRODUCT + WEIGHTED_SUM for mu in range(4) for _, q in table[mu])
+    return per_site * volume
+
+
+def model(deck: dict, files: dict) -> Model:
+    """The floors' numbers of a run from its validated deck and the run file's texts (its rational functions)."""
+    from hmc.assemble import make_monomials, make_schedule
+
+    monomials = make_monomials(deck, files)
+    gauge = next(m for m in monomials if m.kind == "gauge")
+    fermion = next(m for m in monomials if m.kind == "fermion")
+    volume = int(np.prod(deck["lattice"]["dims"]))
+    per_iteration = {ph: min(solver_iteration_bytes(volume, len(t.approximation(ph).poles), t.single_precision(ph))
+                             for t in fermion.terms) for ph in PHASES}
+    md_poles = sum(len(t.approximation("MD").poles) for t in fermion.terms)
+    groups = len(fermion.groups)
+    outer = md_poles * (hop_bytes(np.complex128) // 2 + 48) * volume + 8 * MATRIX * groups * volume
+    calls = sum(1 for op in make_schedule(deck, monomials) if op[0] == "P" and gauge.name in op[1])
+    return Model(volume, groups, len(fermion.terms), per_iteration, outer, calls,
+                 gauge_flops_per_call(gauge.gauge_action, volume), gauge.name)
+
+
+@dataclass(frozen=True)
+class Row:
+    phase: str
+    time_s: float
+    floor_s: float
+    note: str = ""
+
+    @property
+    def fraction(self) -> float:
+        return self.floor_s / self.time_s if self.time_s > 0 else float("nan")
+
+
+def rows(m: Model, r: dict, bandwidth: float) -> list[Row]:
+    """Time, floor and note of every phase of one trajectory (history row ``r``) at ``bandwidth`` bytes/s."""
+    def t(key):
+        return float(r.get(key, 0.0))
+
+    out = []
+    for ph in PHASES:
+        n = int(r[f"cg_{ph.lower()}"])
+        out.append(Row(f"solvers {ph}", t(f"time_fermion_solver_{ph}"), n * m.solver_iteration_bytes[ph] / bandwidth,
+                       f"{n} iterations x {m.solver_iteration_bytes[ph] / m.volume:.0f} B/site"))
+    builds = int(r["fermion_link_builds"])
+    smear = MATRIX * (16 + 8 * m.groups) * m.volume
+    out.append(Row("link smearing", t("time_fermion_links"), builds * smear / bandwidth,
+                   f"{builds} builds x {smear / m.volume:.0f} B/site"))
+    forces = int(r["solves_md"]) // m.pseudofermions
+    out.append(Row("fermion force: outer products", t("time_fermion_outer"), forces * m.outer_bytes / bandwidth,
+                   f"{forces} evaluations x {m.outer_bytes / m.volume:.0f} B/site"))
+    chain = MATRIX * (16 + 8 * m.groups) * m.volume
+    out.append(Row("fermion force: chain rule", t("time_fermion_force_chain"), forces * chain / bandwidth,
+                   f"{forces} evaluations x {chain / m.volume:.0f} B/site"))
+    gauge_bytes = force_bytes(m.volume) + 4 * MATRIX * m.volume       # + the momenta read by the update
+    tg = t(f"time_force_{m.gauge_name}")
+    rate = m.gauge_calls * m.gauge_flops / tg / 1e9 if tg > 0 else float("nan")
+    out.append(Row("gauge force", tg, m.gauge_calls * gauge_bytes / bandwidth,
+                   f"{m.gauge_calls} calls x {gauge_bytes / m.volume:.0f} B/site, {m.gauge_flops / 1e9:.3g} GFLOP "
+                   f"a call: {rate:.3g} GFLOP/s"))
+    return out
+
+
+def table_lines(m: Model, r: dict, bandwidth: float) -> list[str]:
+    """The floors of one trajectory as indented lines: phase, time, floor, floor / time, what the floor counts."""
+    lines = [f"        {'phase (floors at copy bandwidth ' + format(bandwidth / 1e9, '.1f') + ' GB/s)':<52} "
+             f"{'time s':>10} {'floor s':>10} {'reached':>8}  floor counts"]
+    for row in rows(m, r, bandwidth):
+        lines.append(f"        {row.phase:<52} {row.time_s:10.4g} {row.floor_s:10.4g} {100 * row.fraction:7.2f}%  "
+                     f"{row.note}")
+    return lines
