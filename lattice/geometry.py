@@ -19,6 +19,7 @@ from comms import ProcessGrid
 from comms.config import RunConfig
 
 from .backend import Backend, get_backend
+from .placement import Placement, placement_of
 
 DIRS = "xyzt"
 
@@ -109,6 +110,11 @@ class Geometry(SiteLattice):
         self.offset = tuple(c * n for c, n in zip(self.grid.coords, self.local_dims))
 
 
+
+    @property
+    def placement(self) -> Placement:
+        """Where this lattice lives and so which kernels serve it (:func:`lattice.placement.placement_of`)."""
+        return placement_of(self)
 
     def parity(self):
         """0 on even sites (x+y+z+t even), 1 on odd ones."""
