@@ -151,3 +151,18 @@ def test_registry_refuses_bad_registrations(monkeypatch):
     pl.implements("test.gpu_only", Placement.WHOLE)(lambda: None)
     with pytest.raises(KeyError, match="has no array implementation"):
         pl.lookup("test.gpu_only", CPU)
+
+
+def test_staggered_hop_kernels():
+    """The whole-lattice kernel for one rank with nothing partitioned (even local x), the distributed hop on a
+    partitioned grid or a one-rank sub-grid of a split grid (even local extents, partitioned ones >= the face
+    depth), else the array body."""
+    import solvers  # noqa: F401  (registers the hop kernels)
+
+    naik, plain = NS(naik=True), NS(naik=False)
+    odd_x = fake_geom(local=(3, 4, 4, 4))
+    shallow = fake_geom(ranks=2, parts=(False, False, False, True), local=(4, 4, 4, 2))
+    want = [(WHOLE, naik, "whole_lattice_hop"), (odd_x, naik, "_array_hop"), (SUBGRID, naik, "make_hop"),
+            (DIST, naik, "make_hop"), (shallow, naik, "_array_hop"), (shallow, plain, "make_hop"),
+            (CPU, naik, "_array_hop")]
+    assert [_chosen("staggered.hop", g, dslash=d) for g, d, _ in want] == [fn for _, _, fn in want]
