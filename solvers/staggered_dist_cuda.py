@@ -56,6 +56,7 @@ import time
 import numpy as np
 
 from lattice import cuda_source
+from lattice.geometry import device_engine
 from lattice.placement import Placement, implements
 
 from .staggered_cuda import BLOCK, CudaHop
@@ -65,7 +66,8 @@ MAX_RBLOCKS = 240
 
 
 def _is_gpu_engine(engine) -> bool:
-    return type(engine).__name__ == "GpuHaloEngine"
+    """Whether the grid's halo engine moves device faces (the GPU engine of comms.cuda)."""
+    return device_engine(engine)
 
 
 class PhaseProfile:
