@@ -41,9 +41,19 @@ def test_placement_of_each_case():
 
 
 def test_real_geometry_carries_its_placement():
+    """A real grid and geometry: what the policy reads exists there (a GPU backend stood in by name only)."""
+    from comms import ProcessGrid
     from lattice import Geometry, get_backend
 
     assert Geometry((4, 4, 4, 4), get_backend("numpy")).placement is Placement.ARRAY
+    gpu = Backend("cupy", np)
+    assert Geometry((4, 4, 4, 4), gpu, ProcessGrid((1, 1, 1, 1), partitioned=(False,) * 4)).placement \
+        is Placement.WHOLE
+    grid = ProcessGrid((1, 1, 1, 1), partitioned="t")
+    try:
+        assert Geometry((4, 4, 4, 4), gpu, grid).placement is Placement.DISTRIBUTED
+    finally:
+        grid.close()
 
 
 def test_padding_rule():
