@@ -176,3 +176,15 @@ def test_staggered_hop_kernels():
             (DIST, naik, "make_hop"), (shallow, naik, "_array_hop"), (shallow, plain, "make_hop"),
             (CPU, naik, "_array_hop")]
     assert [_chosen("staggered.hop", g, dslash=d) for g, d, _ in want] == [fn for _, _, fn in want]
+
+
+def test_fused_solver_blas():
+    """The fused solver kernels on every GPU placement with an even local x and a C-contiguous source (or none);
+    else the NumPy path."""
+    import solvers  # noqa: F401  (registers the fused kernels)
+
+    strided, contiguous = np.zeros((4, 4, 4, 8, 3))[..., ::2, :], np.zeros((4, 4, 4, 4, 3))
+    odd_x = fake_geom(local=(3, 4, 4, 4))
+    want = [(WHOLE, None, "fused_cuda_blas"), (SUBGRID, contiguous, "fused_cuda_blas"), (DIST, None, "fused_cuda_blas"),
+            (WHOLE, strided, "_numpy_path"), (odd_x, None, "_numpy_path"), (CPU, contiguous, "_numpy_path")]
+    assert [_chosen("solvers.fused_blas", g, source=s) for g, s, _ in want] == [fn for _, _, fn in want]
