@@ -25,7 +25,8 @@ import math
 
 from lattice import su3
 from lattice.gauge import GaugeField
-from lattice.padded import pad_links, pads_on_gpu
+from lattice.padded import pad_links
+from lattice.placement import Placement, implements, lookup
 
 from . import loops as _loops
 
@@ -70,11 +71,6 @@ def symanzik_coefficients(u0: float, nf: int = 0, quark_loops: str = "hisq") -> 
     else:
         raise ValueError(f"quark_loops {quark_loops!r}: use one of {', '.join(QUARK_LOOPS)}")
     return {"plaquette": 1.0, "rectangle": c_rt, "parallelogram": c_pg}
-
-
-def _whole_lattice_on_gpu(geom) -> bool:
-    """The CUDA kernels index the whole lattice with periodic wrap: only for one rank with no halo dimensions."""
-    return geom.backend.is_gpu and geom.grid.comm.size == 1 and not any(geom.grid.partitioned)
 
 
 def _shift_by(geom, f, disp):
@@ -184,11 +180,7 @@ class GaugeAction:
     # action ----------------------------------------------------------------------------------------------
     def _weighted_deficit(self, u: GaugeField):
         """sum_i c_i sum_loops (3 - ReTr W) at every local site (one CUDA kernel on a GPU holding the lattice)."""
-        if _whole_lattice_on_gpu(u.geom):
-            return self._cuda_kernel(u.geom.backend, "action")(u.links, u.geom.local_dims)
-        if pads_on_gpu(u.geom, self.halo_depth):
-            return self._cuda_kernel(u.geom.backend, "action")(*self._padded_links(u))
-        return self.weighted_deficit_reference(u)
+        return lookup("gauge.deficit", u.geom, action=self)(self, u)
 
     def weighted_deficit_reference(self, u: GaugeField):
         """The array-operation twin of the action-density kernel."""
@@ -279,12 +271,7 @@ class GaugeAction:
         On a GPU this is one CUDA kernel (:mod:`force.gauge_force_cuda`), whose NumPy twin is
         :meth:`force_reference`: on the links as they are when the GPU holds the whole lattice, on halo-padded
         links (:meth:`_padded_links`) when the grid is partitioned."""
-        if _whole_lattice_on_gpu(u.geom):
-            return self._cuda_kernel(u.geom.backend, "force")(u.links, self.beta, u.geom.local_dims)
-        if pads_on_gpu(u.geom, self.halo_depth):
-            links, dims, box, offset = self._padded_links(u)
-            return self._cuda_kernel(u.geom.backend, "force")(links, self.beta, dims, box, offset)
-        return self.force_reference(u)
+        return lookup("gauge.force", u.geom, action=self)(self, u)
 
     def force_reference(self, u: GaugeField):
         """The force from array operations on ``geom.xp`` (the twin of the CUDA kernel)."""
@@ -316,6 +303,43 @@ class GaugeAction:
 
             kernels[which] = (GaugeForceKernel if which == "force" else GaugeActionKernel)(backend, self.shapes)
         return kernels[which]
+
+
+# The kernels index the whole lattice with periodic wrap (one rank, nothing partitioned), or run on links padded by
+# the loops' largest excursion (a partitioned grid of GPUs); else the array twins. lattice.placement chooses.
+def _action_depth(action) -> int:
+    return action.halo_depth
+
+
+@implements("gauge.force", Placement.WHOLE)
+def _force_whole(action, u):
+    return action._cuda_kernel(u.geom.backend, "force")(u.links, action.beta, u.geom.local_dims)
+
+
+@implements("gauge.force", Placement.PADDED, depth=_action_depth)
+def _force_padded(action, u):
+    links, dims, box, offset = action._padded_links(u)
+    return action._cuda_kernel(u.geom.backend, "force")(links, action.beta, dims, box, offset)
+
+
+@implements("gauge.force", Placement.ARRAY)
+def _force_array(action, u):
+    return action.force_reference(u)
+
+
+@implements("gauge.deficit", Placement.WHOLE)
+def _deficit_whole(action, u):
+    return action._cuda_kernel(u.geom.backend, "action")(u.links, u.geom.local_dims)
+
+
+@implements("gauge.deficit", Placement.PADDED, depth=_action_depth)
+def _deficit_padded(action, u):
+    return action._cuda_kernel(u.geom.backend, "action")(*action._padded_links(u))
+
+
+@implements("gauge.deficit", Placement.ARRAY)
+def _deficit_array(action, u):
+    return action.weighted_deficit_reference(u)
 
 
 class WilsonAction(GaugeAction):

@@ -51,37 +51,37 @@ import numpy as np
 
 from comms.config import RunConfig
 from lattice import cuda_source
-from lattice.padded import PaddedLinks, pad_links, pad_offset, pads_on_gpu
+from lattice.backend import backend_of
+from lattice.padded import PaddedLinks, pad_links, pad_offset
+from lattice.placement import Placement, implements, pads_on_gpu, placement_of, set_switch, switch_on
 
-_OVERRIDE = {"on": None}     # set_enabled: kernels on or off for every caller; None: each caller's configuration
+#: the run-configuration switch of every kernel here (lattice.placement consults it)
+SWITCH = "hisq_kernels"
 
 
 def set_enabled(on: bool | None) -> bool | None:
     """The kernels on (True) or off (False: the array-code twins on the GPU as well) whatever the configuration
     says, or None: as configured again (tests and timings); returns the previous override, to restore it with."""
-    old, _OVERRIDE["on"] = _OVERRIDE["on"], None if on is None else bool(on)
-    return old
+    return set_switch(SWITCH, on)
 
 
 def enabled(config: RunConfig | None = None) -> bool:
     """Whether the kernels may serve a caller with ``config`` (its geometry's; default: the environment's): the
     override of :func:`set_enabled`, else the configuration's ``hisq_kernels``."""
-    if _OVERRIDE["on"] is not None:
-        return _OVERRIDE["on"]
-    return (config if config is not None else RunConfig.from_environment()).hisq_kernels
+    return switch_on(SWITCH, config)
 
 BLOCK = 128
 
 
 def active(geom) -> bool:
-    """Whether the kernels serve ``geom``: a CuPy backend, no partitioned dimension (the kernels wrap periodically
-    inside the local array), and :func:`enabled` for its configuration."""
-    return geom.backend.is_gpu and not any(geom.grid.partitioned) and enabled(geom.config)
+    """Whether the kernels serve ``geom`` unpadded: the local array is the whole lattice on a GPU (placement WHOLE or
+    SUBGRID: the kernels wrap periodically inside it), and :func:`enabled` for its configuration."""
+    return placement_of(geom) in (Placement.WHOLE, Placement.SUBGRID) and enabled(geom.config)
 
 
 def padded_active(geom, depth: int) -> bool:
     """Whether the forward kernels serve ``geom`` on halo-padded links (:func:`pad`): :func:`enabled` for its
-    configuration and the rule of :func:`lattice.padded.pads_on_gpu`."""
+    configuration and the rule of :func:`lattice.placement.pads_on_gpu`."""
     return pads_on_gpu(geom, depth) and enabled(geom.config)
 
 
@@ -450,3 +450,80 @@ def outer_acc(geom, zs, coeffs, f_acc, l_acc):
         offset = pad_offset(geom, OUTER_DEPTH)
     n, ext = PaddedLinks(z, geom.local_dims, offset).region(0)
     _fn(geom.backend, "outer_acc")(_grid(4 * n), (BLOCK,), (z, c, f_acc, l_acc, np.int32(len(zs))) + ext)
+
+
+# --- the implementations lattice.placement chooses from (the array twins register in force.smearing,
+# force.smearing_derivative and force.hisq_force) ------------------------------------------------------------
+_UNPADDED = (Placement.WHOLE, Placement.SUBGRID)
+
+
+def _long_staples(geom, c) -> bool:
+    """The fat-link kernels take over only with 5- or 7-staples (the array code is as fast for the rest)."""
+    return c.five_staple != 0.0 or c.seven_staple != 0.0
+
+
+@implements("hisq.fat_link", *_UNPADDED, switch=SWITCH, fits=_long_staples)
+def _fat_link_unpadded(geom, links, c):
+    return fat_link(geom, links, c)
+
+
+@implements("hisq.fat_link", Placement.PADDED, switch=SWITCH, fits=_long_staples, depth=fat_depth)
+def _fat_link_padded(geom, links, c):
+    return fat_link(geom, None, c, pad(geom, links, fat_depth(c)))
+
+
+@implements("hisq.naik_link", *_UNPADDED, switch=SWITCH)
+def _naik_link_unpadded(geom, links, coeff):
+    return naik_link(geom, links, coeff)
+
+
+@implements("hisq.naik_link", Placement.PADDED, switch=SWITCH, depth=naik_depth())
+def _naik_link_padded(geom, links, coeff):
+    return naik_link(geom, None, coeff, pad(geom, links, naik_depth()))
+
+
+def _smear_depth(c) -> int:
+    return max(fat_depth(c), naik_depth())
+
+
+@implements("hisq.smear", Placement.PADDED, switch=SWITCH, fits=_long_staples, depth=_smear_depth)
+def _smear_padded(geom, links, c):
+    """Both levels from one padding, to the deeper of their depths."""
+    box = pad(geom, links, _smear_depth(c))
+    return fat_link(geom, None, c, box), naik_link(geom, None, c.naik, box)
+
+
+@implements("hisq.fat_link_vjp", *_UNPADDED, switch=SWITCH, fits=_long_staples)
+def _fat_link_vjp_unpadded(geom, links, c, d_fat):
+    return fat_link_vjp(geom, links, c, d_fat)
+
+
+@implements("hisq.fat_link_vjp", Placement.PADDED, switch=SWITCH, fits=_long_staples, depth=VJP_DEPTH)
+def _fat_link_vjp_padded(geom, links, c, d_fat):
+    return fat_link_vjp(geom, None, c, None, box=pad(geom, links, VJP_DEPTH), d_box=pad(geom, d_fat, VJP_DEPTH))
+
+
+@implements("hisq.naik_link_vjp", *_UNPADDED, switch=SWITCH)
+def _naik_link_vjp_unpadded(geom, links, coeff, d_long):
+    return naik_link_vjp(geom, links, coeff, d_long)
+
+
+@implements("hisq.naik_link_vjp", Placement.PADDED, switch=SWITCH, depth=naik_depth())
+def _naik_link_vjp_padded(geom, links, coeff, d_long):
+    depth = naik_depth()
+    return naik_link_vjp(geom, None, coeff, None, box=pad(geom, links, depth), d_box=pad(geom, d_long, depth))
+
+
+def _real_coeffs(geom, coeffs) -> bool:
+    return not np.iscomplexobj(coeffs)
+
+
+@implements("hisq.outer_products", *_UNPADDED, switch=SWITCH, fits=_real_coeffs)
+@implements("hisq.outer_products", Placement.PADDED, switch=SWITCH, fits=_real_coeffs, depth=OUTER_DEPTH)
+def _outer_products(geom, zs, coeffs, fat_acc, long_acc):
+    outer_acc(geom, zs, coeffs, fat_acc, long_acc)
+
+
+@implements("hisq.ta_product", Placement.WHOLE, switch=SWITCH)
+def _momentum_derivative(links, d_u):
+    return ta_product(backend_of(links), links, d_u)

@@ -62,12 +62,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
-
 from lattice import su3
 from lattice.gauge import GaugeField
+from lattice.placement import Placement, implements, local_placement, lookup
 
-from . import hisq_cuda as _cuda
+from . import hisq_cuda  # noqa: F401  (registers the kernels that lookup() chooses on a GPU)
 from . import phases as _phases
 from .hisq_links import FermionLinks, _global_min, check_group, hisq_level1
 from .smearing import FAT7, HISQ_EPS_CORRECTION, HISQ_LEVEL2, asqtad_coefficients
@@ -112,10 +111,11 @@ def _summed(xp, like, terms):
 def momentum_derivative(links, d_u, config=None):
     """Pdot_mu(x) = TA[U_mu(x) D_U mu(x)] (= TA[U G^dag]) for a link derivative D_U (``config``: the run
     configuration that allows the kernel, :func:`force.hisq_cuda.enabled`)."""
-    if type(links).__module__.startswith("cupy") and _cuda.enabled(config):
-        from lattice.backend import get_backend
+    return lookup("hisq.ta_product", local_placement(links), config)(links, d_u)
 
-        return _cuda.ta_product(get_backend("cupy"), links, d_u)
+
+@implements("hisq.ta_product", Placement.ARRAY)
+def _momentum_derivative_array(links, d_u):
     return su3.traceless_antihermitian(links @ d_u)
 
 
@@ -125,10 +125,12 @@ def add_outer_products(geom, zs, coeffs, fat_acc, long_acc):
     D_oe X_l on odd ones, c_l = 2 res_l; the eps(x) factor is applied afterwards). ``zs``: the colour-vector fields
     (nt, nz, ny, nx, 3); ``coeffs``: the real c_l. One CUDA kernel on one GPU (:func:`force.hisq_cuda.outer_acc`),
     after one halo padding of the vectors on a partitioned lattice of GPUs."""
+    lookup("hisq.outer_products", geom, coeffs=coeffs)(geom, zs, coeffs, fat_acc, long_acc)
+
+
+@implements("hisq.outer_products", Placement.ARRAY)
+def _add_outer_products_array(geom, zs, coeffs, fat_acc, long_acc):
     xp = geom.xp
-    if (_cuda.active(geom) or _cuda.padded_active(geom, _cuda.OUTER_DEPTH)) and not np.iscomplexobj(coeffs):
-        _cuda.outer_acc(geom, zs, coeffs, fat_acc, long_acc)
-        return
     z = xp.stack(zs, axis=-1)                                               # (nt, nz, ny, nx, 3, n)
     zc = xp.swapaxes(z.conj() * xp.asarray(coeffs), -1, -2)                 # (..., n, 3)
     for mu in range(4):

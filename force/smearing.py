@@ -36,8 +36,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from lattice import su3
+from lattice.placement import Placement, implements, lookup
 
-from . import hisq_cuda as _cuda
+from . import hisq_cuda  # noqa: F401  (registers the kernels that lookup() chooses on a GPU)
 
 
 @dataclass(frozen=True)
@@ -148,12 +149,11 @@ def fat_link(geom, links, c: PathCoefficients):
     On one GPU this is :func:`force.hisq_cuda.fat_link` (same sums, one kernel per staple); on GPUs sharing a
     partitioned lattice the same kernels run on links halo-padded by :func:`force.hisq_cuda.fat_depth` sites
     (:func:`force.hisq_cuda.pad`: one exchange per partitioned dimension instead of the staples' shifts)."""
-    if c.five_staple != 0.0 or c.seven_staple != 0.0:
-        if _cuda.active(geom):
-            return _cuda.fat_link(geom, links, c)
-        depth = _cuda.fat_depth(c)
-        if _cuda.padded_active(geom, depth):
-            return _cuda.fat_link(geom, None, c, _cuda.pad(geom, links, depth))
+    return lookup("hisq.fat_link", geom, c=c)(geom, links, c)
+
+
+@implements("hisq.fat_link", Placement.ARRAY)
+def _fat_link_array(geom, links, c: PathCoefficients):
     xp = geom.xp
     s = StapleOperator(geom, links)
     out = xp.empty_like(links)
@@ -186,10 +186,11 @@ def fat_link(geom, links, c: PathCoefficients):
 def naik_link(geom, links, coeff: float):
     """coeff * U_mu(x) U_mu(x+mu) U_mu(x+2mu) for all four directions (unphased); one kernel on one GPU, on links
     halo-padded by 2 (:func:`force.hisq_cuda.naik_depth`) on a partitioned lattice of GPUs."""
-    if _cuda.active(geom):
-        return _cuda.naik_link(geom, links, coeff)
-    if _cuda.padded_active(geom, _cuda.naik_depth()):
-        return _cuda.naik_link(geom, None, coeff, _cuda.pad(geom, links, _cuda.naik_depth()))
+    return lookup("hisq.naik_link", geom)(geom, links, coeff)
+
+
+@implements("hisq.naik_link", Placement.ARRAY)
+def _naik_link_array(geom, links, coeff: float):
     xp = geom.xp
     out = xp.empty_like(links)
     for mu in range(4):
@@ -202,9 +203,10 @@ def naik_link(geom, links, coeff: float):
 def smear(geom, links, c: PathCoefficients):
     """(fat, long) = (F[U; c], c.naik U U U), both unphased. On a partitioned lattice of GPUs the links are
     halo-padded once, to the deeper of the two levels' depths, for both kernels."""
-    depth = max(_cuda.fat_depth(c), _cuda.naik_depth())
-    if (c.five_staple != 0.0 or c.seven_staple != 0.0) and not _cuda.active(geom) \
-            and _cuda.padded_active(geom, depth):
-        box = _cuda.pad(geom, links, depth)
-        return _cuda.fat_link(geom, None, c, box), _cuda.naik_link(geom, None, c.naik, box)
+    return lookup("hisq.smear", geom, c=c)(geom, links, c)
+
+
+@implements("hisq.smear", Placement.ARRAY)
+def _smear_apart(geom, links, c: PathCoefficients):
+    """Each level on its own (each choosing its kernel)."""
     return fat_link(geom, links, c), naik_link(geom, links, c.naik)

@@ -38,8 +38,9 @@ storing a_nu, arg and inner of the forward pass: 12 adjoint staples per directio
 from __future__ import annotations
 
 from lattice import su3
+from lattice.placement import Placement, implements, lookup
 
-from . import hisq_cuda as _cuda
+from . import hisq_cuda  # noqa: F401  (registers the kernels that lookup() chooses on a GPU)
 from .smearing import PathCoefficients, StapleOperator
 
 
@@ -109,13 +110,11 @@ def fat_link_vjp(geom, links, c: PathCoefficients, d_fat):
     ignored, as in the forward function). Exact for any complex link field. On one GPU this is
     :func:`force.hisq_cuda.fat_link_vjp` (the same reverse pass, one kernel per adjoint staple); on GPUs sharing a
     partitioned lattice the same kernels run on links and D_F halo-padded by :data:`force.hisq_cuda.VJP_DEPTH`."""
-    if c.five_staple != 0.0 or c.seven_staple != 0.0:
-        if _cuda.active(geom):
-            return _cuda.fat_link_vjp(geom, links, c, d_fat)
-        depth = _cuda.VJP_DEPTH
-        if _cuda.padded_active(geom, depth):
-            return _cuda.fat_link_vjp(geom, None, c, None, box=_cuda.pad(geom, links, depth),
-                                      d_box=_cuda.pad(geom, d_fat, depth))
+    return lookup("hisq.fat_link_vjp", geom, c=c)(geom, links, c, d_fat)
+
+
+@implements("hisq.fat_link_vjp", Placement.ARRAY)
+def _fat_link_vjp_array(geom, links, c: PathCoefficients, d_fat):
     xp = geom.xp
     s = StapleAdjoint(geom, links)
     out = xp.zeros_like(links)
@@ -176,12 +175,11 @@ def naik_link_vjp(geom, links, coeff: float, d_long):
         D_U_mu(x) += coeff [ U1 U2 D(x) ](x) + coeff [ U2 D U0 ](x-mu) + coeff [ D U0 U1 ](x-2mu),
 
     with Uk = U_mu(x+k mu), D = D_L mu(x). One kernel on one GPU, on links halo-padded by 2 on a partitioned one."""
-    if _cuda.active(geom):
-        return _cuda.naik_link_vjp(geom, links, coeff, d_long)
-    depth = _cuda.naik_depth()
-    if _cuda.padded_active(geom, depth):
-        return _cuda.naik_link_vjp(geom, None, coeff, None, box=_cuda.pad(geom, links, depth),
-                                   d_box=_cuda.pad(geom, d_long, depth))
+    return lookup("hisq.naik_link_vjp", geom)(geom, links, coeff, d_long)
+
+
+@implements("hisq.naik_link_vjp", Placement.ARRAY)
+def _naik_link_vjp_array(geom, links, coeff: float, d_long):
     xp = geom.xp
     out = xp.zeros_like(links)
     for mu in range(4):

@@ -24,10 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from lattice import su3
-from lattice.backend import array_module, get_backend
+from lattice.backend import array_module, backend_of
+from lattice.placement import Placement, implements, local_placement, lookup
 
 from . import hisq_cuda as _cuda
 
@@ -93,9 +92,13 @@ def u3_unitarize(v, *, allow_svd: bool = True, svd_rel_error: float = SVD_REL_ER
     analytic formula everywhere (MILC without ``HISQ_REUNIT_ALLOW_SVD``). On a GPU the analytic part is one
     kernel per link (:func:`force.hisq_cuda.u3_unitarize`), the fallback links the same masked SVD, where ``config``
     (the run configuration, :func:`force.hisq_cuda.enabled`) allows it."""
+    return lookup("hisq.u3_unitarize", local_placement(v), config)(v, allow_svd, svd_rel_error, svd_abs_error,
+                                                                    analytic_eps)
+
+
+@implements("hisq.u3_unitarize", Placement.ARRAY)
+def _u3_unitarize_array(v, allow_svd, svd_rel_error, svd_abs_error, analytic_eps):
     xp = array_module(v)
-    if xp is not np and _cuda.enabled(config):
-        return _u3_unitarize_gpu(v, allow_svd, svd_rel_error, svd_abs_error, analytic_eps)
     q = su3.dagger(v) @ v
     g, q2 = eigenvalues_analytic(q, analytic_eps)
 
@@ -142,11 +145,12 @@ def u3_unitarize(v, *, allow_svd: bool = True, svd_rel_error: float = SVD_REL_ER
     return w, info
 
 
+@implements("hisq.u3_unitarize", Placement.WHOLE, switch=_cuda.SWITCH)
 def _u3_unitarize_gpu(v, allow_svd, svd_rel_error, svd_abs_error, analytic_eps):
     """:func:`u3_unitarize` with the analytic formula and the fallback test in one CUDA kernel."""
-    xp = array_module(v)
-    w, use_svd, gmin = _cuda.u3_unitarize(get_backend("cupy"), v, allow_svd, svd_rel_error, svd_abs_error,
-                                          analytic_eps)
+    be = backend_of(v)
+    xp = be.xp
+    w, use_svd, gmin = _cuda.u3_unitarize(be, v, allow_svd, svd_rel_error, svd_abs_error, analytic_eps)
     w = w.reshape(v.shape)
     n_svd = int(use_svd.sum()) if allow_svd else 0
     if n_svd:

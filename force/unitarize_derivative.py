@@ -31,7 +31,8 @@ import math
 from dataclasses import dataclass, field
 
 from lattice import su3
-from lattice.backend import array_module, get_backend
+from lattice.backend import array_module, backend_of
+from lattice.placement import Placement, implements, local_placement, lookup
 
 from . import hisq_cuda as _cuda
 
@@ -57,13 +58,22 @@ def u3_unitarize_vjp(v, d_w, force_filter: float | None = FORCE_FILTER, config=N
     ``v``, ``d_w``: arrays of 3x3 matrices with the same leading shape. ``force_filter``: MILC's filter threshold
     (5e-5); None or 0 gives the exact derivative everywhere (module docstring). ``config``: the run configuration
     that allows the kernel (:func:`force.hisq_cuda.enabled`)."""
+    return lookup("hisq.u3_unitarize_vjp", local_placement(v), config)(v, d_w, force_filter)
+
+
+@implements("hisq.u3_unitarize_vjp", Placement.WHOLE, switch=_cuda.SWITCH)
+def _u3_unitarize_vjp_gpu(v, d_w, force_filter):
+    """All of it per link in one kernel (:func:`force.hisq_cuda.u3_vjp`)."""
+    d_v, mask, gmin = _cuda.u3_vjp(backend_of(v), v, d_w, force_filter)
+    n = int(math.prod(v.shape[:-2]))
+    return d_v, FilterInfo(n_filtered=int(mask.sum()) if force_filter else 0, n=n,
+                           min_eigenvalue=float(gmin.min()) if n else math.inf,
+                           mask=mask if force_filter else None)
+
+
+@implements("hisq.u3_unitarize_vjp", Placement.ARRAY)
+def _u3_unitarize_vjp_array(v, d_w, force_filter):
     xp = array_module(v)
-    if xp.__name__ == "cupy" and _cuda.enabled(config):     # all of it per link in one kernel (force.hisq_cuda.u3_vjp)
-        d_v, mask, gmin = _cuda.u3_vjp(get_backend("cupy"), v, d_w, force_filter)
-        n = int(math.prod(v.shape[:-2]))
-        return d_v, FilterInfo(n_filtered=int(mask.sum()) if force_filter else 0, n=n,
-                               min_eigenvalue=float(gmin.min()) if n else math.inf,
-                               mask=mask if force_filter else None)
     vd = su3.dagger(v)
     g, e = xp.linalg.eigh(vd @ v)
     gmin = g.min(axis=-1)

@@ -93,6 +93,11 @@ def get_backend(name: str | None = None, config: RunConfig | None = None) -> Bac
     return _cache[name]
 
 
+def backend_of(a) -> Backend:
+    """The backend whose arrays ``a`` is (cupy for a CuPy array, else numpy)."""
+    return get_backend("cupy" if type(a).__module__.startswith("cupy") else "numpy")
+
+
 def array_module(a):
     """numpy or cupy, whichever owns ``a``."""
     mod = type(a).__module__

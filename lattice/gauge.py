@@ -84,7 +84,7 @@ def polyakov_loop(u: GaugeField) -> complex:
         p = lt[0] if acc is None else xp.asarray(acc) @ lt[0]
         for t in range(1, geom.shape[0]):
             p = p @ lt[t]
-        return be.to_numpy(p) if be.is_gpu else p
+        return be.to_numpy(p)
 
     p = geom.grid.chain(3, local_product)
     tr = su3.trace(xp.asarray(p)) if p is not None else xp.zeros(geom.shape[1:], dtype=xp.complex128)

@@ -19,6 +19,7 @@ from comms import ProcessGrid
 from comms.config import RunConfig
 
 from .backend import Backend, get_backend
+from .placement import Placement, placement_of
 
 DIRS = "xyzt"
 
@@ -110,6 +111,11 @@ class Geometry(SiteLattice):
 
 
 
+    @property
+    def placement(self) -> Placement:
+        """Where this lattice lives and so which kernels serve it (:func:`lattice.placement.placement_of`)."""
+        return placement_of(self)
+
     def parity(self):
         """0 on even sites (x+y+z+t even), 1 on odd ones."""
         x, y, z, t = self.coordinates()
@@ -153,7 +159,7 @@ class Geometry(SiteLattice):
     def sum(self, a):
         """Global sum of a local array (a Python float or complex): the correctly rounded sum of every element,
         bitwise the same for every decomposition and rank count."""
-        a = self.backend.to_numpy(a) if self.backend.is_gpu else np.asarray(a)
+        a = self.backend.to_numpy(a)
         if a.dtype.kind in "biu":
             return float(self.grid.sum(int(a.sum())))
         return self.grid.sum_exact(a)
@@ -167,7 +173,7 @@ class Geometry(SiteLattice):
     def gather(self, a, root: int = 0):
         """The global site array (site axes first) assembled on ``root`` from every rank's block; None on the other
         ranks. Collective."""
-        a = self.backend.to_numpy(a) if self.backend.is_gpu else np.asarray(a)
+        a = self.backend.to_numpy(a)
         blocks = self.grid.gather_blocks(a, root)
         if blocks is None:
             return None

@@ -5,18 +5,11 @@ paths with periodic wrap inside the local array, so by themselves they serve onl
 partitioned one the links are first padded (:meth:`lattice.Geometry.padded`: one halo exchange per partitioned
 dimension, edges and corners included) by the farthest a path reads, and the same kernels run on the box, in padded
 coordinates, for the interior sites. :func:`pad_links` makes the box, :class:`PaddedLinks` says where the interior
-lies in it, :func:`pads_on_gpu` is the rule for when the padded kernels serve a geometry.
+lies in it; :func:`lattice.placement.pads_on_gpu` is the rule for when the padded kernels serve a geometry.
 """
 from __future__ import annotations
 
 import numpy as np
-
-
-def pads_on_gpu(geom, depth: int) -> bool:
-    """Whether kernels on links padded by ``depth`` serve ``geom``: a GPU backend and a partitioned grid whose local
-    extents hold the padding (a thinner one, e.g. a local extent of 1, keeps the array path)."""
-    parts = [mu for mu in range(4) if geom.grid.partitioned[mu]]
-    return geom.backend.is_gpu and bool(parts) and all(geom.local_dims[mu] >= depth for mu in parts)
 
 
 class PaddedLinks:

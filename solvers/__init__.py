@@ -11,7 +11,7 @@ from .operator import (Operator, FunctionOperator, ProductOperator, ShiftedOpera
                        norm2_and_redot, set_reductions, reductions)
 from .staggered import (StaggeredDslash, StaggeredMatrix, StaggeredNormal, StaggeredEvenOdd, EvenOddNormal,
                         ParityHop, epsilon, project, parity_sites, hop_table, register_hop_kernel)
-from . import staggered_cuda  # noqa: F401  (registers the CUDA hop kernel for the cupy backend)
+from . import staggered_cuda, staggered_dist_cuda  # noqa: F401  (register the CUDA hop kernels)
 from .cg import (SolverStats, SolverConvergenceError, SolverBreakdownError, InverseOperator, CGInverse, cg,
                  mixed_cg)
 from .multishift import (MultishiftInverse, HybridMultishiftInverse, multishift_cg, hybrid_multishift_cg,

@@ -45,8 +45,7 @@ from __future__ import annotations
 import numpy as np
 
 from lattice import cuda_source
-
-from .operator import register_fused_blas
+from lattice.placement import Placement, implements
 
 BLOCK = 256           # threads per block (the reduction trees assume exactly this)
 MAX_BLOCKS = 1024     # grid-stride loops beyond: a fixed grid keeps the reduction order fixed
@@ -309,18 +308,17 @@ def cuda_blas(geom, dtype, parity=None) -> CudaBlas:
     return geom.backend.kernel(key, lambda: CudaBlas(geom, dtype, parity))
 
 
-def _factory(geom, dtype, parity, source=None):
-    """A :class:`CudaBlas` for one solve, or None where the NumPy path must run (an odd local x extent: the
-    checkerboard rows of the kernels; a source that is not C-contiguous). Restricted to ``parity`` when the source
-    vanishes on the other parity."""
-    if geom.local_dims[0] % 2:
-        return None
-    if source is not None and not source.flags.c_contiguous:     # the solver's fields follow the source's layout
-        return None
+def _fits(geom, source) -> bool:
+    """An even local x extent (the checkerboard rows of the kernels) and a C-contiguous source (the solver's fields
+    follow the source's layout); else the NumPy path."""
+    return geom.local_dims[0] % 2 == 0 and (source is None or source.flags.c_contiguous)
+
+
+@implements("solvers.fused_blas", Placement.WHOLE, Placement.SUBGRID, Placement.DISTRIBUTED, fits=_fits)
+def fused_cuda_blas(geom, dtype, parity, source=None):
+    """A :class:`CudaBlas` for one solve, restricted to ``parity`` when the source vanishes on the other parity."""
     blas = cuda_blas(geom, dtype, parity)
     if parity is not None and source is not None and blas.off_parity_norm2(source) != 0.0:
         blas = cuda_blas(geom, dtype, None)
     return blas
 
-
-register_fused_blas("cupy", _factory)

@@ -53,7 +53,7 @@ import numpy as np
 
 from .operator import Operator, fused_blas, inner, norm2, norm2_and_redot
 from .staggered import FLOPS_AXPY
-from . import blas_cuda  # noqa: F401  (registers the fused solver kernels for the cupy backend)
+from . import blas_cuda  # noqa: F401  (registers the fused solver kernels for the GPU placements)
 
 # linear-algebra flops per site (complex 3-vectors, real coefficients)
 _FL_NORM = 12          # |a|^2 or Re<a, b>

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from comms.config import RunConfig
+from lattice.placement import Placement, implements, lookup
 
 COMPLEX_DTYPES = (np.dtype(np.complex128), np.dtype(np.complex64))
 
@@ -233,9 +234,10 @@ def norm2_and_redot(geom, a, b) -> tuple[float, float]:
 
 # --- fused linear algebra ---------------------------------------------------------------------------------------
 # The solvers' vector updates and reductions as a few fused kernels with one host synchronisation per reduction
-# (solvers.blas_cuda for cupy). The one switch is fused_blas(): a solver asks it once per solve and runs its NumPy
-# path when it answers None, which it does when no kernel set is registered for the backend, when the factory
-# declines the geometry (an odd local x extent; with several ranks the kernels' sums go through geom.sum), in
+# (solvers.blas_cuda registers them for the GPU placements of lattice.placement). The one switch is fused_blas(): a
+# solver asks it once per solve and runs its NumPy path when it answers None, which it does on the array placement,
+# where the kernels do not fit the call (an odd local x extent, a source that is not C-contiguous; with several
+# ranks the kernels' sums go through geom.sum), in
 # the "exact" reduction mode, and when switched off (the configuration's solver_fused: HMC_SOLVER_FUSED=0, or the
 # override set_fused_blas(False)). For an even-odd operator the kernels visit only the sites of its parity;
 # solver_fused "all" (HMC_SOLVER_FUSED=all, set_fused_blas("all")) makes them
@@ -243,18 +245,15 @@ def norm2_and_redot(geom, a, b) -> tuple[float, float]:
 # full-lattice layout a parity-restricted kernel writes 48 of every 96 bytes, so which one moves fewer bytes through
 # DRAM depends on the hardware's partial-sector writes (see solvers.blas_cuda).
 
-#: backend name -> factory(geom, dtype, parity, source) returning a fused linear-algebra object or None
-_FUSED_BLAS: dict = {}
-
-
 _fused = {"override": None}             # set_fused_blas: a mode for every geometry, or None: each its configuration's
 
 
-def register_fused_blas(backend_name: str, factory) -> None:
-    """Install fused solver linear algebra for one backend ("cupy"). ``factory(geom, dtype, parity, source)``
-    returns an object with the methods of :class:`solvers.blas_cuda.CudaBlas` acting on the sites of ``parity``
-    (0, 1, or None for all sites), or None to leave this geometry to the NumPy path."""
-    _FUSED_BLAS[backend_name] = factory
+@implements("solvers.fused_blas", Placement.ARRAY)
+def _numpy_path(geom, dtype, parity, source=None):
+    """No fused linear algebra: the solver runs its NumPy path. (A GPU implementation, registered under the same
+    name, returns an object with the methods of :class:`solvers.blas_cuda.CudaBlas` acting on the sites of
+    ``parity``: 0, 1, or None for all sites.)"""
+    return None
 
 
 def set_fused_blas(mode):
@@ -287,7 +286,5 @@ def fused_blas(op, source=None):
     mode = _fused["override"] or config.solver_fused
     if mode == "off" or (_reductions["override"] or config.solver_sums) != "fast":
         return None
-    factory = _FUSED_BLAS.get(op.geom.backend.name)
-    if factory is None:
-        return None
+    factory = lookup("solvers.fused_blas", op.geom, source=source)
     return factory(op.geom, op.dtype, None if mode == "all" else field_parity(op), source)

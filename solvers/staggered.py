@@ -32,15 +32,18 @@ an application is 16 matrix-vector products per site and no daggers. A CUDA kern
 GPU
 ---
 All hopping goes through one primitive, :meth:`StaggeredDslash.hop` (dslash on one output parity, with an
-optional a*x + b*D psi epilogue). Its body is chosen once, in :meth:`StaggeredDslash._select_hop`: a kernel
-registered with :func:`register_hop_kernel` for the geometry's backend if there is one, else the NumPy/CuPy body
-:meth:`StaggeredDslash._hop_numpy`, which is the CPU twin that a kernel is tested against.
+optional a*x + b*D psi epilogue). Its body is chosen once per operator, in :meth:`StaggeredDslash._select_hop`:
+the implementation of ``"staggered.hop"`` that :mod:`lattice.placement` chooses for the geometry (the whole-lattice
+kernel of :mod:`solvers.staggered_cuda`, the distributed one of :mod:`solvers.staggered_dist_cuda`, else the
+NumPy/CuPy body :meth:`StaggeredDslash._hop_numpy`, which is the CPU twin that a kernel is tested against), unless
+a factory installed with :func:`register_hop_kernel` overrides it for the backend.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from lattice import su3
+from lattice.placement import Placement, implements, lookup
 
 from .operator import Operator
 
@@ -49,16 +52,22 @@ FLOPS_MATVEC = 66
 FLOPS_VADD = 6
 FLOPS_AXPY = 12  # real a * x + y on a complex 3-vector
 
-#: backend name -> factory(dslash) returning a function with the signature of StaggeredDslash._hop_numpy
+#: backend name -> factory(dslash) overriding the placement's choice (register_hop_kernel)
 _HOP_KERNELS: dict = {}
 
 
 def register_hop_kernel(backend_name: str, factory) -> None:
-    """Install a hand-written kernel for ``hop`` on one backend ("cupy"). ``factory(dslash)`` is called once per
-    operator and returns ``f(psi, parity, out, a, x, b)`` with the semantics of :meth:`StaggeredDslash._hop_numpy`;
-    it may use ``dslash.geom.backend.kernel(key, build)`` to cache compiled modules, and must read the links from
-    ``dslash._links`` at each call (``set_links`` replaces them)."""
+    """Install a factory for ``hop`` on every geometry of one backend, in place of what :mod:`lattice.placement`
+    chooses (tests, experiments; the kernels of the project register with ``@implements("staggered.hop", ...)``).
+    ``factory(dslash)`` is called once per operator and returns ``f(psi, parity, out, a, x, b)`` with the semantics
+    of :meth:`StaggeredDslash._hop_numpy`; it may use ``dslash.geom.backend.kernel(key, build)`` to cache compiled
+    modules, and must read the links from ``dslash._links`` at each call (``set_links`` replaces them)."""
     _HOP_KERNELS[backend_name] = factory
+
+
+@implements("staggered.hop", Placement.ARRAY)
+def _array_hop(dslash):
+    return dslash._hop_numpy
 
 
 def hop_table(naik: bool = True) -> list[tuple[int, int]]:
@@ -204,9 +213,12 @@ class StaggeredDslash(Operator):
 
     # --- the one primitive --------------------------------------------------------------------------------------
     def _select_hop(self):
-        """The single backend switch: a registered kernel for this backend, else the NumPy/CuPy body."""
+        """The single switch: a factory registered for this backend, else the placement's choice for the geometry
+        (module docstring)."""
         factory = _HOP_KERNELS.get(self.geom.backend.name)
-        return factory(self) if factory is not None else self._hop_numpy
+        if factory is None:
+            factory = lookup("staggered.hop", self.geom, dslash=self)
+        return factory(self)
 
     def hop(self, psi, parity: int, out=None, a: float = 0.0, x=None, b: float = 1.0):
         """On the sites of ``parity``: out = a*x + b*(D psi); the other sites of ``out`` are left as they are.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from lattice import cuda_source
+from lattice.placement import Placement, implements
 
 BLOCK = 128
 
@@ -62,19 +63,13 @@ class CudaHop:
                      np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt)))
 
 
-def _factory(dslash):
-    """The kernel when the whole lattice lives on this GPU; on a partitioned grid the distributed hop of
-    :mod:`solvers.staggered_dist_cuda` (pack kernel, device-to-device exchange, interior and exterior kernels), or
-    the array body (shifts through the halo code) where its layout does not fit."""
-    if dslash.geom.grid.comm.size != 1 or any(getattr(dslash.geom.grid, "partitioned", (False,) * 4)):
-        from .staggered_dist_cuda import make_hop
+def _even_x(geom, dslash) -> bool:
+    """The checkerboard index arithmetic of the kernel needs an even local x extent (else the array body)."""
+    return geom.local_dims[0] % 2 == 0
 
-        return make_hop(dslash) or dslash._hop_numpy
-    if dslash.geom.local_dims[0] % 2:
-        return dslash._hop_numpy
+
+@implements("staggered.hop", Placement.WHOLE, fits=_even_x)
+def whole_lattice_hop(dslash):
+    """The kernel when the whole lattice lives on this GPU (a partitioned grid, or a sub-grid of a split one: the
+    distributed hop of :mod:`solvers.staggered_dist_cuda`)."""
     return CudaHop(dslash)
-
-
-from .staggered import register_hop_kernel  # noqa: E402
-
-register_hop_kernel("cupy", _factory)

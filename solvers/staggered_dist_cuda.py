@@ -12,7 +12,7 @@ Build the operator as usual on a partitioned CuPy geometry; the transport is the
     from solvers import StaggeredDslash
     grid = ProcessGrid((1, 1, 1, 2), transport="stream_gated")      # or "event", "mpi" (HMC_P2P_TRANSPORT)
     geom = Geometry((8, 8, 8, 16), get_backend("cupy"), grid)
-    D = StaggeredDslash(geom, fat, long)      # its hop is a DistHop (registered through solvers.staggered_cuda)
+    D = StaggeredDslash(geom, fat, long)      # its hop is a DistHop (registered here for lattice.placement)
     D.hop(psi, parity, out)                   # pack kernel -> exchange -> interior kernel (overlapped) -> exterior
 
 Every ``StaggeredDslash`` / even-odd operator / ``solvers.cg`` solve on such a geometry then uses it (the CG's
@@ -56,6 +56,8 @@ import time
 import numpy as np
 
 from lattice import cuda_source
+from lattice.geometry import device_engine
+from lattice.placement import Placement, implements
 
 from .staggered_cuda import BLOCK, CudaHop
 
@@ -64,7 +66,8 @@ MAX_RBLOCKS = 240
 
 
 def _is_gpu_engine(engine) -> bool:
-    return type(engine).__name__ == "GpuHaloEngine"
+    """Whether the grid's halo engine moves device faces (the GPU engine of comms.cuda)."""
+    return device_engine(engine)
 
 
 class PhaseProfile:
@@ -312,13 +315,15 @@ class DistHop(CudaHop):
         out.reshape(-1, 3)[o] = res
 
 
-def make_hop(dslash):
-    """The registered factory's choice on a partitioned CuPy geometry: a DistHop, or None where the layout does
-    not allow it (odd local extents, a local extent below the face depth), then the caller falls back."""
-    geom = dslash.geom
+def _layout_fits(geom, dslash) -> bool:
+    """Even local extents, each partitioned one at least the face depth (else the array body)."""
     depth = 3 if dslash.naik else 1
     if any(n % 2 for n in geom.local_dims):
-        return None
-    if any(geom.grid.partitioned[mu] and geom.local_dims[mu] < depth for mu in range(4)):
-        return None
+        return False
+    return not any(geom.grid.partitioned[mu] and geom.local_dims[mu] < depth for mu in range(4))
+
+
+@implements("staggered.hop", Placement.DISTRIBUTED, Placement.SUBGRID, fits=_layout_fits)
+def make_hop(dslash):
+    """The hop on a partitioned GPU geometry, or on a one-rank sub-grid of a split grid: a DistHop."""
     return DistHop(dslash)

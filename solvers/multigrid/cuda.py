@@ -34,11 +34,12 @@ import numpy as np
 
 from lattice import cuda_source
 from lattice.geometry import HaloHandle, site_axis
+from lattice.placement import set_switch, switch_on
 
 from . import timing
 from .lattice import to_blocks
 
-_STATE = {"on": None, "emulate": False}    # on: set_kernels' override (None: the geometry's configuration decides)
+_STATE = {"emulate": False}    # set_emulation (set_kernels: a switch of lattice.placement)
 
 # The kernel file's variants (solvers/multigrid/kernels/coarse.cu, a template): complex<double> (suffix c128) and
 # complex<float> (c64, the single-precision preconditioner of MultigridParams.precision).
@@ -51,8 +52,7 @@ BLOCK = 128
 def set_kernels(on: bool | None) -> bool | None:
     """Use the kernels (True) or the array path (False) for every geometry, or None: each geometry's configuration
     (``mg_kernels``) decides again; returns the previous override (None when there was none), to restore it with."""
-    old, _STATE["on"] = _STATE["on"], None if on is None else bool(on)
-    return old
+    return set_switch("mg_kernels", on)
 
 
 def set_emulation(on: bool) -> bool:
@@ -65,8 +65,7 @@ def set_emulation(on: bool) -> bool:
 def applies(geom, *arrays) -> bool:
     """Whether the kernels serve these fields: switched on, CuPy arrays (NumPy ones under :func:`set_emulation`)
     of one dtype, complex128 or complex64, on any process grid (partitioned dimensions: :func:`extended` and :class:`HaloTable`)."""
-    on = _STATE["on"] if _STATE["on"] is not None else geom.config.mg_kernels
-    if not on or not (geom.backend.is_gpu or _STATE["emulate"]):
+    if not switch_on("mg_kernels", geom.config) or not (geom.backend.is_gpu or _STATE["emulate"]):
         return False
     dtypes = {np.dtype(a.dtype) for a in arrays}
     return len(dtypes) == 1 and dtypes <= set(PRECISIONS)

@@ -55,7 +55,7 @@ class CoarseGeometry(SiteLattice):
     def gather_all(self, a):
         """The global site array (site axes first) of the local blocks ``a`` on every rank (NumPy). Collective."""
         be = self.backend
-        a = be.to_numpy(a) if be.is_gpu else np.asarray(a)
+        a = be.to_numpy(a)
         grid = self.grid
         if grid.active_comm.size == 1:
             return a
@@ -84,7 +84,7 @@ def global_sums(geom, local):
     :mod:`solvers.operator`)."""
     be = geom.backend
     t0 = timing.now()
-    a = be.to_numpy(local) if be.is_gpu else np.asarray(local)
+    a = be.to_numpy(local)
     out = np.asarray(geom.grid.sum(a))
     timing.charge_reduce(timing.now() - t0)
     return out

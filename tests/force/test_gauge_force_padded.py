@@ -221,8 +221,8 @@ def _bench(lattice_text, transport="stream_gated", iters="20"):
     import time
 
     from comms import ProcessGrid, world
-    from force.gauge_action import SymanzikAction, _whole_lattice_on_gpu
-    from lattice.padded import pads_on_gpu
+    from force.gauge_action import SymanzikAction
+    from lattice.placement import Placement, choose
     from lattice import Geometry, GaugeField, get_backend
 
     comm = world()
@@ -248,8 +248,8 @@ def _bench(lattice_text, transport="stream_gated", iters="20"):
     for _ in range(2):
         act.force(u)
         act.action(u)
-    path = ("single-rank kernel" if _whole_lattice_on_gpu(geom) else
-            "padded kernel" if pads_on_gpu(geom, act.halo_depth) else "array path")
+    path = {Placement.WHOLE: "single-rank kernel", Placement.PADDED: "padded kernel"}.get(
+        choose("gauge.force", geom, action=act).placement, "array path")
     rep = {"lattice": dims, "ranks": comm.size, "grid": grid.dims, "transport": transport, "path": path,
            "force_ms": timed(lambda: act.force(u), int(iters)), "action_ms": timed(lambda: act.action(u), int(iters))}
     if any(grid.partitioned):

@@ -330,12 +330,10 @@ def _bench(lattice_text, transport="stream_gated", iters="10"):
     if any(grid.partitioned):
         rep["padding_ms"] = timed(lambda: (hisq_cuda.pad(geom, u.links, 1), hisq_cuda.pad(geom, u.links, 2)),
                                   int(iters))
-        orig = hisq_cuda.padded_active
-        hisq_cuda.padded_active = lambda geom, depth: False
-        try:
+        from lattice.placement import Placement, without
+
+        with without(Placement.PADDED):
             rep["array_path_links_ms"] = timed(lambda: hisq_links_multi(u, EPS), 1)
-        finally:
-            hisq_cuda.padded_active = orig
     grid.close()
     if comm.rank == 0:
         print(json.dumps(rep), flush=True)
