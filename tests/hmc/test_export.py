@@ -1,4 +1,4 @@
-"""hmc export: a run file's configuration as MILC, NERSC and ILDG files, read back by lattice.io (and their
+"""hmc export: a run file's configuration as MILC, NERSC, ILDG, SciDAC and openQCD files, read back by lattice.io (and their
 checksums accepted); hmc measure, solve and spectrum take the run file itself (RUN.h5, RUN.h5:N) as the lattice."""
 import json
 
@@ -31,6 +31,9 @@ def json_out(capsys, argv):
     ("nersc", 32, "nersc", 1e-7),
     ("ildg", None, "ildg", 0.0),
     ("ildg", 32, "ildg", 1e-7),
+    ("scidac", None, "scidac", 0.0),
+    ("scidac", 32, "scidac", 1e-7),
+    ("openqcd", None, "openqcd", 0.0),
 ])
 def test_export_round_trip(run_file, tmp_path, capsys, fmt, precision, kind, tol):
     out = str(tmp_path / f"lat.{fmt}")
@@ -74,6 +77,7 @@ def test_solve_and_spectrum_take_a_run_file(run_file, tmp_path, capsys):
 @pytest.mark.parametrize("argv,words", [
     (["--trajectory", "1"], ["keeps the configuration of trajectory 2 only", "r.h5:2"]),
     (["--format", "milc", "--precision", "64"], ["single precision"]),
+    (["--format", "openqcd", "--precision", "32"], ["double precision only"]),
 ])
 def test_export_bad_input_is_one_line(run_file, tmp_path, capsys, argv, words):
     args = ["export", run_file, "-o", str(tmp_path / "x")] + (argv if "--format" in argv else argv + ["--format",
