@@ -79,7 +79,8 @@ def read_gauge(path, geom=None, backend=None, ignore_checksum: bool = False, reu
     such links onto SU(3) instead of refusing them (info["forced_reunitarized"]: how many).
 
     info: format ('milc-v5', 'milc-1996', 'nersc', 'ildg', 'scidac', 'openqcd'), path, dims (nx, ny, nz, nt),
-    precision (bits of the stored reals), endian, checksums {expected, computed, ok}, header (the format's header fields).
+    precision (bits of the stored reals), endian, checksums {expected, computed, ok}, header (the format's header
+    fields).
     """
     a, info = read_site_major(path, ignore_checksum)
     if check_links:

@@ -12,8 +12,10 @@ Layout, all little-endian:
   ones, so every link is stored once; the extents must be even.
 
 The file has no checksum: the header plaquette is its check (openQCD's import allows ~64 ulp, PyQUDA compares to
-1e-9 relative, Grid to 1e-5 absolute; we use 1e-9 relative). It is computed here for periodic boundary conditions; openQCD's open and SF boundaries
-(zero or fixed boundary links) are not supported.
+1e-9 relative, Grid to 1e-5 absolute; we use 1e-9 relative). openQCD sums it over all 6 N0 N1 N2 N3 plaquettes
+whatever the boundary conditions. Open boundaries store zero time links at x0 = N0 - 1, which the unitarity
+check of ``read_gauge(check_links=True)`` refuses; SF fields are read as stored, but this project treats every
+field as periodic.
 """
 from __future__ import annotations
 

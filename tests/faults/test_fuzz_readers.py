@@ -26,6 +26,7 @@ from hmc.rational_file import read_rationals
 from lattice import su3
 from lattice.io import GaugeFileError, lime, read_gauge, write_gauge
 from tests.faults.fuzzing import Field, check_reader, fuzz_settings, lime_mutations, mutations
+from tests.lattice.test_io import write_old_64bit_milc
 
 ROOT = Path(__file__).resolve().parents[2]
 DIMS = (2, 2, 2, 4)                 # nx ny nz nt: small seeds keep a case at a few milliseconds
@@ -60,7 +61,10 @@ def _seed_gauge(name: str):
     p = WORK / f"seed.{name}"
     a = _links()
     if name in ("milc32", "milc64"):
-        write_gauge(p, a.astype(np.complex64) if name == "milc32" else a, "milc", precision=int(name[-2:]))
+        if name == "milc32":
+            write_gauge(p, a.astype(np.complex64), "milc")
+        else:                      # the 64-bit variant this project wrote before: no longer written, still read
+            write_old_64bit_milc(p, a)
         return p, _milc_fields()
     if name == "milc1996":
         nx, ny, nz, nt = DIMS
