@@ -8,6 +8,7 @@ import pytest
 from hmc.cli import main
 from hmc.runfile import load
 from lattice.io import read_site_major
+from lattice.io.common import plaquette_site_major
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +90,36 @@ def test_export_bad_input_is_one_line(run_file, tmp_path, capsys, argv, words):
     for w in words:
         assert w in err[0], err[0]
     assert not (tmp_path / "x").exists()
+
+
+def test_save_every_keeps_configurations_beside_the_run_file(tmp_path, capsys):
+    """save_every = 2: trajectories 2 and 4 are kept as RUN.traj<N>.ildg beside the run file (exact 64-bit copies);
+    export --trajectory 2 after trajectory 4 writes trajectory 2's links, and an unkept trajectory is refused."""
+    from importlib.resources import files
+
+    deck = files("hmc").joinpath("decks/quick4.toml").read_text().replace('start = "hot"',
+                                                                          'start = "hot"\nsave_every = 2')
+    (tmp_path / "d.toml").write_text(deck)
+    run = str(tmp_path / "r.h5")
+    assert main(["init", str(tmp_path / "d.toml"), "-o", run]) == 0
+    assert main(["run", run, "--trajectories", "3", "--no-progress"]) == 0
+    after2 = load(run)                        # checkpointed after 3: read trajectory 2's file before going on
+    assert after2.trajectory == 3 and (tmp_path / "r.traj2.ildg").exists()
+    assert not (tmp_path / "r.traj1.ildg").exists() and not (tmp_path / "r.traj3.ildg").exists()
+    kept2, info = read_site_major(tmp_path / "r.traj2.ildg")
+    assert info["format"] == "ildg" and info["header"]["lfn"] == "r.traj2.ildg" and info["checksums"]["ok"]
+    assert main(["run", run, "--trajectories", "1", "--no-progress"]) == 0
+    final = load(run)
+    assert final.trajectory == 4
+    assert np.array_equal(read_site_major(tmp_path / "r.traj4.ildg")[0], final.links)
+    out = str(tmp_path / "t2.nersc")
+    r = json_out(capsys, ["export", run, "--trajectory", "2", "-o", out, "--format", "nersc"])
+    assert r["trajectory"] == 2
+    assert np.array_equal(read_site_major(out)[0], kept2) and not np.array_equal(kept2, final.links)
+    m = json_out(capsys, ["measure", f"{run}:2"])
+    ss, st = plaquette_site_major(kept2)
+    assert abs(m["check_plaq_ss"] - ss) < 1e-13 and abs(m["check_plaq_st"] - st) < 1e-13
+    capsys.readouterr()
+    assert main(["export", run, "--trajectory", "3", "-o", str(tmp_path / "t3"), "--format", "nersc"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "save_every = 2" in err[0] and "trajectories 2, 4; not 3" in err[0], err
