@@ -90,7 +90,7 @@ def export(spec: str, out: str, fmt: str, trajectory: int | None = None, precisi
         raise runfile.RunFileError(f"{spec} and --trajectory {trajectory} disagree: give one of them")
     if fmt == "milc" and precision not in (None, 32):
         raise runfile.RunFileError("MILC v5 files are single precision (precision 64 is an extension other codes do "
-                                   "not read): drop --precision, or export as nersc or ildg")
+                                   "not read): drop --precision, or export as nersc, ildg, scidac or openqcd")
     if fmt == "openqcd" and precision not in (None, 64):
         raise runfile.RunFileError("openQCD files are double precision only: drop --precision, or export as nersc, "
                                    "ildg or scidac")
