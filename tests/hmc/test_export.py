@@ -9,6 +9,7 @@ from hmc.cli import main
 from hmc.runfile import load
 from lattice.io import read_site_major
 from lattice.io.common import plaquette_site_major
+from tests.hmc.test_rhmc_mpi import launch, needs_mpi
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +124,18 @@ def test_save_every_keeps_configurations_beside_the_run_file(tmp_path, capsys):
     assert main(["export", run, "--trajectory", "3", "-o", str(tmp_path / "t3"), "--format", "nersc"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "save_every = 2" in err[0] and "trajectories 2, 4; not 3" in err[0], err
+
+
+@needs_mpi
+def test_save_every_on_2_ranks_keeps_the_gathered_field(tmp_path):
+    """On 2 ranks the kept file is written collectively (rank 0 writes the gathered lattice): it equals the run
+    file's configuration of the same trajectory."""
+    from importlib.resources import files
+
+    deck = files("hmc").joinpath("decks/quick4.toml").read_text().replace('start = "hot"',
+                                                                          'start = "hot"\nsave_every = 1')
+    (tmp_path / "d.toml").write_text(deck)
+    run = str(tmp_path / "r.h5")
+    assert main(["init", str(tmp_path / "d.toml"), "-o", run]) == 0
+    launch(2, ["-m", "hmc", "--grid", "1", "1", "1", "2", "run", run, "--trajectories", "1", "--no-progress"])
+    assert np.array_equal(read_site_major(tmp_path / "r.traj1.ildg")[0], load(run).links)
