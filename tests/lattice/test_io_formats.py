@@ -164,9 +164,20 @@ def test_scidac_writer_reproduces_milc_scidac_sample(tmp_path):
     assert [r.me for r in lime.scan(p)] == [r.me for r in lime.scan(src)]
 
 
-@pytest.mark.parametrize("fmt,binary", [("scidac", "scidac-binary-data"), ("ildg", "ildg-binary-data")])
-def test_lime_contents_reads_the_structure(tmp_path, fmt, binary):
-    """c-lime's own lime_contents lists our records, message by message, with their lengths."""
+def lime_contents_records(text: str) -> list[tuple]:
+    """(message, record, type, data length, MB, ME) of each record lime_contents lists."""
+    out = []
+    for block in text.split("Message:")[1:]:
+        f = dict(line.split(":", 1) for line in block.splitlines()[1:] if ":" in line and not line.startswith(" "))
+        f = {k.strip(): v.strip() for k, v in f.items()}
+        out.append((int(block.split()[0]), int(f["Record"]), f["Type"], int(f["Data Length"]), f["MB flag"] == "1",
+                    f["ME flag"] == "1"))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["scidac", "ildg"])
+def test_lime_contents_reads_the_structure(tmp_path, fmt):
+    """c-lime's own lime_contents lists our records, message by message, with their lengths and MB/ME flags."""
     tool = shutil.which("lime_contents")
     if tool is None:
         pytest.skip("c-lime's lime_contents is not installed (not on PATH): the LIME structure is checked by "
@@ -174,9 +185,12 @@ def test_lime_contents_reads_the_structure(tmp_path, fmt, binary):
     p = tmp_path / f"conf.{fmt}"
     write_gauge(p, su3_links(), fmt)
     out = subprocess.run([tool, str(p)], capture_output=True, text=True, timeout=60, check=True).stdout
-    for r in lime.scan(p):
-        assert r.type in out
-    assert binary in out and str(4 * 2 * 6 * 4 * 4 * 18 * 8) in out
+    listed = lime_contents_records(out)
+    ours = lime.scan(p)
+    assert [(t, n, mb, me) for _, _, t, n, mb, me in listed] == [(r.type, r.length, r.mb, r.me) for r in ours]
+    assert [(m, r) for m, r, *_ in listed] == [(1, 1), (1, 2)] + [(2, i + 1) for i in range(len(ours) - 2)]
+    binary = "ildg-binary-data" if fmt == "ildg" else "scidac-binary-data"
+    assert (binary, 4 * 2 * 6 * 4 * 4 * 18 * 8) in [(t, n) for _, _, t, n, _, _ in listed]
 
 
 # ---------------------------------------------------------------------------------------------------- openQCD
