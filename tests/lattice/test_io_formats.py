@@ -278,21 +278,55 @@ def test_openqcd_needs_even_extents(tmp_path):
     assert "even extents" in one_line_error(e, p) and not p.exists()
 
 
-def test_openqcd_against_pyquda_io(tmp_path):
-    """PyQUDA's pyquda_io reads our openQCD file and writes the same bytes (where it can be imported). The lattice
-    has nx = nz: pyquda_io takes the header's extents in reverse (N3, N2, N1, N0) as (Lx, Ly, Lz, Lt), which
-    agrees with openQCD's (N0 = t, N1 = x, N2 = y, N3 = z) only then."""
+def pyquda_io():
     try:
-        from pyquda_io import openqcd as pyquda_openqcd   # noqa: F401
+        import pyquda_io as module
+        from pyquda_io import ildg, milc, nersc, openqcd  # noqa: F401
     except ImportError as e:
         pytest.skip(f"pyquda_io cannot be imported ({e}): on the package index it comes with PyQUDA-Utils, whose "
                     "pyquda_comm ships only in PyQUDA's source package, which builds against a QUDA installation "
-                    "(QUDA_PATH); the layout is checked point by point against the format instead")
-    a = su3_links((6, 4, 2, 4))
+                    "(QUDA_PATH); to run these, put the unpacked PyQUDA and PyQUDA-Utils source packages on "
+                    "PYTHONPATH. The layouts are checked point by point against the formats instead")
+    module.init([1, 1, 1, 1])
+    return module
+
+
+# nx = nz: pyquda_io takes openQCD's header extents in reverse (N3, N2, N1, N0) as (Lx, Ly, Lz, Lt), which agrees
+# with openQCD's (N0 = t, N1 = x, N2 = y, N3 = z) only then
+PYQUDA_SHAPE = (6, 4, 2, 4)                      # nt nz ny nx
+
+
+def test_openqcd_against_pyquda_io(tmp_path):
+    """PyQUDA's pyquda_io reads our openQCD file as our links and writes the same data back (the header plaquette
+    to rounding: it sums in another order)."""
+    io = pyquda_io()
+    a = su3_links(PYQUDA_SHAPE)
     p = tmp_path / "conf.oqcd"
     write_gauge(p, a, "openqcd")
-    latt, gauge = pyquda_openqcd.readGauge(str(p))
+    latt, gauge = io.openqcd.readGauge(str(p))
     assert list(latt) == [4, 2, 4, 6]
+    assert np.array_equal(np.asarray(gauge), np.moveaxis(a, 4, 0))            # (mu, t, z, y, x, 3, 3)
     q = tmp_path / "pyquda.oqcd"
-    pyquda_openqcd.writeGauge(str(q), latt, gauge)
-    assert q.read_bytes() == p.read_bytes()
+    io.openqcd.writeGauge(str(q), latt, gauge)
+    ours, theirs = p.read_bytes(), q.read_bytes()
+    assert ours[:16] == theirs[:16] and ours[24:] == theirs[24:]
+    assert math.isclose(struct.unpack("<d", ours[16:24])[0], struct.unpack("<d", theirs[16:24])[0], rel_tol=1e-14)
+
+
+@pytest.mark.parametrize("fmt,opts,bare", [("ildg", {}, False), ("nersc", {"floating_point": "IEEE64BIG"}, False),
+                                           ("nersc", {"floating_point": "IEEE64LITTLE"}, True),
+                                           ("milc", {}, False)])
+def test_our_files_read_by_pyquda_io(tmp_path, fmt, opts, bare):
+    """pyquda_io reads our ILDG, NERSC (also relabelled with the bare IEEE64, which it takes as little-endian) and
+    MILC files (checksums asserted by pyquda_io; it re-unitarizes MILC's single-precision links, to ~1e-7)."""
+    io = pyquda_io()
+    a = su3_links(PYQUDA_SHAPE)
+    p = tmp_path / f"conf.{fmt}"
+    write_gauge(p, a, fmt, **opts)
+    if bare:
+        relabel(p, opts["floating_point"], "IEEE64")
+    stored, _ = read_site_major(p)
+    latt, gauge = getattr(io, fmt).readGauge(str(p))
+    assert list(latt) == [4, 2, 4, 6]
+    tol = 1e-6 if fmt == "milc" else 0.0
+    assert np.abs(np.asarray(gauge) - np.moveaxis(stored, 4, 0)).max() <= tol
