@@ -1,5 +1,6 @@
-"""hmc export: a run file's configuration as MILC, NERSC, ILDG, SciDAC and openQCD files, read back by lattice.io (and their
-checksums accepted); hmc measure, solve and spectrum take the run file itself (RUN.h5, RUN.h5:N) as the lattice."""
+"""hmc export: a run file's configuration as MILC, NERSC, ILDG, SciDAC and openQCD files, read back by lattice.io
+(and their checksums accepted); hmc measure, solve and spectrum take the run file itself (RUN.h5, RUN.h5:N) as the
+lattice; save_every keeps configurations beside the run file, and export --trajectory N reads them."""
 import json
 
 import numpy as np
