@@ -1,6 +1,7 @@
 """Every reader fuzzed (tests/faults/fuzzing.py): mutated MILC v5 (32 and 64 bit), MILC 1996, NERSC (2-row single,
-3x3 double), ILDG (32, 64 bit) and SciDAC gauge files, MILC rational-function files, TOML decks and run files must
-give only the project's one-line errors: never another exception, a hang, or an allocation beyond the file's size.
+3x3 double), ILDG (32, 64 bit), SciDAC and openQCD gauge files, MILC rational-function files, TOML decks and run
+files must give only the project's one-line errors: never another exception, a hang, or an allocation beyond the
+file's size.
 
 Short CI setting: fuzzing.CI_EXAMPLES cases per seed (twice that for the rationals, deck and run-file readers, which
 have one seed each); the long one: HMC_FUZZ_EXAMPLES=20000 (docs/faults.md).
@@ -81,10 +82,13 @@ def _seed_gauge(name: str):
         if name == "scidac":      # the same records with the binary one named as SciDAC's (same 128-byte field)
             p.write_bytes(p.read_bytes().replace(b"ildg-binary-data\0\0", b"scidac-binary-data"))
         return p, _lime_fields(p, p.read_bytes())
+    if name == "openqcd":         # no magic: the four extents and the plaquette (as its bit pattern)
+        write_gauge(p, a, "openqcd")
+        return p, [Field(o, o + 4, "<i") for o in (0, 4, 8, 12)] + [Field(16, 24, "<q")]
     raise ValueError(name)
 
 
-GAUGE_KINDS = ["milc32", "milc64", "milc1996", "nersc2", "nersc3", "ildg32", "ildg64", "scidac"]
+GAUGE_KINDS = ["milc32", "milc64", "milc1996", "nersc2", "nersc3", "ildg32", "ildg64", "scidac", "openqcd"]
 STATS: dict = {}
 
 
