@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("init", help="create a run file from a deck (default: the embedded quick 4^4 deck)")
     p.add_argument("deck", nargs="?", help="TOML run deck (see runs/); omitted: the embedded quick deck")
     p.add_argument("-o", "--output", required=True, help="run file to create, e.g. trajectory.h5")
-    p.add_argument("--from-lattice", metavar="FILE", help="start from a stored configuration (MILC, NERSC, ILDG, SciDAC)")
+    p.add_argument("--from-lattice", metavar="FILE",
+                   help="start from a stored configuration (MILC, NERSC, ILDG, SciDAC, openQCD)")
     p.add_argument("--rationals", metavar="FILE",
                    help="RHMC rational functions (MILC's format) instead of the deck's [fermions] rationals")
     p.add_argument("--ignore-checksum", action="store_true", help="read a lattice whose checksum does not match")
@@ -138,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", action="store_true", help="print the integrator schedule")
 
     p = sub.add_parser("measure", help="plaquette, link trace, Polyakov loop, checksums and gauge action of a lattice")
-    p.add_argument("config", help="a lattice file (MILC, NERSC, ILDG, SciDAC) or a run file (RUN.h5, RUN.h5:N)")
+    p.add_argument("config", help="a lattice file (MILC, NERSC, ILDG, SciDAC, openQCD) or a run file (RUN.h5, "
+                                  "RUN.h5:N)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--ignore-checksum", action="store_true")
     p.add_argument("--force-reunitarize", action="store_true",
@@ -176,14 +178,17 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_export_parser(sub):
     from .lattice_source import EXPORT_FORMATS
 
-    p = sub.add_parser("export", help="write a run file's configuration as a MILC, NERSC or ILDG gauge file")
+    p = sub.add_parser("export", help="write a run file's configuration as a MILC, NERSC, ILDG, SciDAC or openQCD "
+                                      "gauge file")
     p.add_argument("runfile", help="the run file (RUN.h5, or RUN.h5:N for trajectory N)")
     p.add_argument("-o", "--output", required=True, help="the gauge file to write")
     p.add_argument("--format", required=True, choices=EXPORT_FORMATS,
-                   help="milc: MILC v5 (single precision); nersc: 4D_SU3_GAUGE_3x3 IEEE64BIG; ildg: 64-bit ILDG")
+                   help="milc: MILC v5 (single precision); nersc: 4D_SU3_GAUGE_3x3 IEEE64BIG; ildg: 64-bit ILDG; "
+                        "scidac: 64-bit SciDAC (QIO); openqcd: openQCD (double)")
     p.add_argument("--trajectory", type=_count(0), metavar="N", help="the trajectory whose configuration to write (the run "
                                                                 "file keeps its latest; default: that one)")
-    p.add_argument("--precision", type=int, choices=(32, 64), help="nersc and ildg: 32 or 64 bits (default 64)")
+    p.add_argument("--precision", type=int, choices=(32, 64), help="nersc, ildg and scidac: 32 or 64 bits (default "
+                                                                   "64)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
 
 

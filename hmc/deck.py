@@ -55,6 +55,8 @@ SCHEMA = {
         "rng": Key(str, "philox", None, "", ("philox", "milc", "milc_old")),
         "backend": Key(str, "numpy", None, "", ("numpy", "cupy", "auto")),
         "checkpoint_every": Key(int, 1, _positive, "a positive number of trajectories"),
+        "save_every": Key(int, 0, _nonneg, "0 (the run file keeps only the latest configuration) or N > 0: also keep "
+                          "every N-th trajectory's configuration as RUN.traj<N>.ildg beside the run file"),
         "metropolis": Key(bool, True, None, "true for RHMC (the Metropolis test after each trajectory), false for "
                           "RHMD (every trajectory kept, MILC's builds without -DHMC; MILC prints CHECK: delta S)"),
         "warmups": Key(int, 0, _nonneg, "a number >= 0 of leading trajectories run without the Metropolis test "

@@ -83,8 +83,8 @@ class SolveError(ValueError):
 # ------------------------------------------------------------------------------------------------ arguments
 def add_link_args(p) -> None:
     """The arguments that choose the configuration and the fermion links (shared with ``hmc spectrum``)."""
-    p.add_argument("config", help="a stored configuration (MILC v5/1996, NERSC, ILDG, SciDAC) or a run file "
-                                  "(RUN.h5, RUN.h5:N)")
+    p.add_argument("config", help="a stored configuration (MILC v5/1996, NERSC, ILDG, SciDAC, openQCD) or a run "
+                                  "file (RUN.h5, RUN.h5:N)")
     p.add_argument("--action", choices=ACTIONS, required=True, help="fermion links: HISQ or asqtad")
     p.add_argument("--mass", type=float, required=True, help="bare quark mass m (M = 2m + D, MILC's convention)")
     p.add_argument("--u0", type=float, default=None,

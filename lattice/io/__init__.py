@@ -1,9 +1,11 @@
-"""Gauge-file formats: MILC v5 and 1996 (milc.py), NERSC (nersc.py), ILDG and SciDAC over LIME (scidac.py, lime.py).
+"""Gauge-file formats: MILC v5 and 1996 (milc.py), NERSC (nersc.py), ILDG and SciDAC over LIME (scidac.py, lime.py;
+written by scidac_write.py), openQCD (openqcd.py).
 
 ``read_gauge`` recognises the format from the file's content, verifies its checksums and returns the links as
 stored (single-precision values converted to double): following MILC (CONVENTIONS.md 1.1) quantities such as
 CHECK PLAQ and LINKTR are computed on these, and ``reunitarize=True`` then applies MILC's double-precision
-``reunit_su3``. ``write_gauge`` writes MILC v5, NERSC or ILDG atomically (temporary file, fsync, rename).
+``reunit_su3``. ``write_gauge`` writes MILC v5, NERSC, ILDG, SciDAC or openQCD atomically (temporary file, fsync,
+rename).
 """
 from __future__ import annotations
 
@@ -11,15 +13,16 @@ import os
 
 import numpy as np
 
-from . import lime, milc, nersc, physical, scidac
+from . import lime, milc, nersc, openqcd, physical, scidac, scidac_write
 from .common import KNOWN_FORMATS, GaugeFileError, atomic_write, fail
 from .scidac import read_color_matrices, read_color_vector, read_field
 
 __all__ = ["read_gauge", "gauge_from_site_major", "write_gauge", "detect_format", "read_site_major", "GaugeFileError",
            "read_field", "read_color_vector", "read_color_matrices", "FORMATS"]
 
-FORMATS = ("milc", "nersc", "ildg")
-_READERS = {"milc-v5": milc.read, "milc-1996": milc.read_1996, "nersc": nersc.read, "lime": scidac.read_gauge}
+FORMATS = ("milc", "nersc", "ildg", "scidac", "openqcd")
+_READERS = {"milc-v5": milc.read, "milc-1996": milc.read_1996, "nersc": nersc.read, "lime": scidac.read_gauge,
+            "openqcd": openqcd.read}
 
 
 def _open_check(path) -> bytes:
@@ -36,7 +39,8 @@ def _open_check(path) -> bytes:
 
 
 def detect_format(path) -> str:
-    """'milc-v5', 'milc-1996', 'nersc' or 'lime' (ILDG or SciDAC), from the file's content."""
+    """'milc-v5', 'milc-1996', 'nersc', 'lime' (ILDG or SciDAC) or 'openqcd', from the file's content (openQCD's
+    header has no magic number: its extents and the file size must agree)."""
     head = _open_check(path)
     kind = milc.sniff(head)
     if kind:
@@ -45,6 +49,8 @@ def detect_format(path) -> str:
         return "nersc"
     if lime.sniff(head):
         return "lime"
+    if openqcd.sniff(head, os.path.getsize(path)):
+        return "openqcd"
     what = "is empty, " if not head else "is "
     raise fail(path, f"{what}not a gauge file of a known format ({KNOWN_FORMATS})",
                "check the path; other formats must be converted first")
@@ -72,8 +78,9 @@ def read_gauge(path, geom=None, backend=None, ignore_checksum: bool = False, reu
     measure or solve reads: :mod:`lattice.io.physical`); ``force_reunitarize`` (``--force-reunitarize``) projects
     such links onto SU(3) instead of refusing them (info["forced_reunitarized"]: how many).
 
-    info: format ('milc-v5', 'milc-1996', 'nersc', 'ildg', 'scidac'), path, dims (nx, ny, nz, nt), precision
-    (bits of the stored reals), endian, checksums {expected, computed, ok}, header (the format's header fields).
+    info: format ('milc-v5', 'milc-1996', 'nersc', 'ildg', 'scidac', 'openqcd'), path, dims (nx, ny, nz, nt),
+    precision (bits of the stored reals), endian, checksums {expected, computed, ok}, header (the format's header
+    fields).
     """
     a, info = read_site_major(path, ignore_checksum)
     if check_links:
@@ -123,14 +130,18 @@ def _site_major_numpy(u) -> np.ndarray:
 
 def write_gauge(path, u, format: str = "milc", **options) -> dict:
     """Write the GaugeField (or site-major array) ``u`` to ``path`` atomically; returns what was written
-    (checksums, header). ``format``: 'milc' (v5, little-endian float32; precision=64 for doubles), 'nersc'
-    (4D_SU3_GAUGE_3x3 IEEE64BIG by default; datatype=, floating_point=) or 'ildg' (precision=64 by default, with a
-    scidac-checksum)."""
+    (checksums, header). ``format``: 'milc' (v5, little-endian float32, as MILC writes), 'nersc'
+    (4D_SU3_GAUGE_3x3 IEEE64BIG by default; datatype=, floating_point= with an explicit byte order), 'ildg'
+    (precision=64 by default; ildg-data-lfn: lfn=, by default the file's name), 'scidac' (precision=64 by
+    default; both with usqcdInfo and a scidac-checksum) or 'openqcd' (little-endian doubles, even extents)."""
     fmt = format.lower()
-    writers = {"milc": milc.write, "nersc": nersc.write, "ildg": scidac.write_ildg}
+    writers = {"milc": milc.write, "nersc": nersc.write, "ildg": scidac_write.write_ildg,
+               "scidac": scidac_write.write_scidac, "openqcd": openqcd.write}
     if fmt not in writers:
         raise GaugeFileError(f"{os.fspath(path)}: unknown gauge-file format {format!r}; "
                              f"use one of {', '.join(FORMATS)}")
+    if fmt == "ildg" and not options.get("lfn"):
+        options = {**options, "lfn": os.path.basename(os.fspath(path))}
     a = _site_major_numpy(u)
     comm = u.geom.grid.comm if hasattr(u, "geom") else None
     if comm is None or comm.size == 1:

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-KNOWN_FORMATS = "MILC v5, MILC 1996, NERSC, ILDG, SciDAC"
+KNOWN_FORMATS = "MILC v5, MILC 1996, NERSC, ILDG, SciDAC, openQCD"
 
 
 class GaugeFileError(ValueError):

@@ -2,8 +2,9 @@
 
 Version 5 (magic 20103): 96-byte header -- int32 magic, int32 dims[4] (nx ny nz nt), char[64] time stamp,
 int32 order (0 = natural), uint32 sum29, sum31 -- then, for each site in MILC order (x fastest), the 4 links
-(x, y, z, t), each a row-major 3x3 of (re, im). The data are float32; a file whose size fits float64 instead is
-read as the double-precision variant. The endianness is the one in which the magic number reads 20103.
+(x, y, z, t), each a row-major 3x3 of (re, im). The data are float32 (MILC writes nothing else, and only float32
+is written here); a file whose size fits float64 instead is read as the double-precision variant, which this
+project wrote before (no other code reads it). The endianness is the one in which the magic number reads 20103.
 Checksums: see :func:`lattice.io.common.milc_checksum`, over the uint32 words of the values (in host order).
 
 1996 format (magic 59354, e.g. lat.sample.inst): a 28-byte header (magic, dims[4] and two more 32-bit words)
@@ -126,9 +127,11 @@ def read_1996(path, ignore_checksum: bool = False):
 
 
 def encode(a: np.ndarray, precision: int = 32, time_stamp: str | None = None) -> tuple[bytes, np.ndarray, dict]:
-    """Header bytes, little-endian data and checksums for the site-major array ``a`` (nt, nz, ny, nx, 4, 3, 3)."""
-    if precision not in (32, 64):
-        raise GaugeFileError(f"MILC precision {precision} is not supported; use 32 (MILC's own) or 64")
+    """Header bytes, little-endian float32 data and checksums for the site-major array ``a``
+    (nt, nz, ny, nx, 4, 3, 3)."""
+    if precision != 32:
+        raise GaugeFileError(f"MILC v5 precision {precision} is not written: MILC v5 files are single precision "
+                             "(other codes read no other); write nersc, ildg, scidac or openqcd for 64 bits")
     nt, nz, ny, nx = a.shape[:4]
     data = np.ascontiguousarray(np.asarray(a, dtype=np.complex128).view(np.float64).ravel(),
                                 dtype=f"<f{precision // 8}")
@@ -139,7 +142,7 @@ def encode(a: np.ndarray, precision: int = 32, time_stamp: str | None = None) ->
 
 
 def write(f, a: np.ndarray, precision: int = 32, time_stamp: str | None = None) -> dict:
-    """Write a MILC v5 file (little-endian; float32 like MILC unless precision=64) to the open binary file ``f``.
+    """Write a MILC v5 file (little-endian float32, as MILC writes it) to the open binary file ``f``.
     Returns the checksums and time stamp written."""
     head, data, meta = encode(a, precision, time_stamp)
     f.write(head)

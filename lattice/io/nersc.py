@@ -5,7 +5,9 @@ A text header ``BEGIN_HEADER`` ... ``END_HEADER`` of ``KEY = VALUE`` lines, then
 (x fastest), 4 links per site (x, y, z, t):
 * DATATYPE ``4D_SU3_GAUGE``: the first two rows of each matrix (the third is conj(row0 x row1));
   ``4D_SU3_GAUGE_3x3``: all three rows;
-* FLOATING_POINT ``IEEE32BIG``, ``IEEE32LITTLE``, ``IEEE64BIG``, ``IEEE64LITTLE`` (``IEEE32``/``IEEE64``: big);
+* FLOATING_POINT ``IEEE32BIG``, ``IEEE32LITTLE``, ``IEEE64BIG``, ``IEEE64LITTLE``; the bare ``IEEE32``/``IEEE64``
+  names no byte order (Grid, gpt and PyQUDA write and read it as little-endian, older writers meant big): it is
+  read in the byte order whose CHECKSUM the data reproduce, little-endian without one, and never written;
 * CHECKSUM: hex, the low 32 bits of the unsigned sum of the stored values taken as uint32 words;
 * PLAQUETTE: <ReTr P>/3 over all six planes; LINK_TRACE: <ReTr U>/3.
 """
@@ -22,8 +24,9 @@ from .common import (GaugeFileError, check_dims, checksum_error, dims_str, fail,
 
 MAX_HEADER = 1 << 16
 DATATYPES = {"4D_SU3_GAUGE": 2, "4D_SU3_GAUGE_3x3": 3}
-FLOATING = {"IEEE32": ">f4", "IEEE32BIG": ">f4", "IEEE32LITTLE": "<f4",
-            "IEEE64": ">f8", "IEEE64BIG": ">f8", "IEEE64LITTLE": "<f8"}
+FLOATING = {"IEEE32": "<f4", "IEEE32BIG": ">f4", "IEEE32LITTLE": "<f4",
+            "IEEE64": "<f8", "IEEE64BIG": ">f8", "IEEE64LITTLE": "<f8"}
+BARE = ("IEEE32", "IEEE64")     # read as little-endian unless the checksum says big (_bare_byte_order)
 # a single-precision field reproduces the header's plaquette and link trace to about 1e-7 (relative); header
 # values printed with few digits are allowed their last digit's rounding
 TOLERANCE = {4: 2e-6, 8: 1e-8}
@@ -91,6 +94,9 @@ def read(path, ignore_checksum: bool = False):
         except ValueError:
             raise fail(path, f"NERSC CHECKSUM {header['CHECKSUM']!r} is not hexadecimal",
                        "pass --ignore-checksum to read the file anyway") from None
+    endian = "little" if fp.endswith("LITTLE") else "big"
+    if fp in BARE:
+        raw, computed, endian = _bare_byte_order(raw, computed, expected)
     ok = None if expected is None else expected == computed
     if ok is False and not ignore_checksum:
         raise checksum_error(path, "NERSC", f"{expected:x}", f"{computed:x}")
@@ -110,19 +116,35 @@ def read(path, ignore_checksum: bool = False):
                 raise fail(path, f"NERSC {key} mismatch: the header says {header[key]}, the data give {value:.10g}",
                            "the file is corrupt: copy it again, or pass --ignore-checksum to read it anyway")
     info = {"format": "nersc", "path": path, "dims": dims, "precision": 8 * dtype.itemsize,
-            "endian": "little" if fp.endswith("LITTLE") else "big", "datatype": datatype,
+            "endian": endian, "datatype": datatype,
             "checksums": {"expected": {"checksum": expected}, "computed": {"checksum": computed}, "ok": ok},
             "header": header, "plaquette": plaq, "link_trace": linktr}
     return a, info
+
+
+def _bare_byte_order(raw: np.ndarray, computed: int, expected: int | None):
+    """(values, checksum, 'little' or 'big') of data under a bare IEEE32/IEEE64 label, ``raw`` read as
+    little-endian with checksum ``computed``: big-endian when only that order reproduces the CHECKSUM."""
+    if expected is None or computed == expected:
+        return raw, computed, "little"
+    big = raw.view(raw.dtype.newbyteorder(">"))
+    big_sum = nersc_checksum(big.astype(big.dtype.newbyteorder("<")))
+    if big_sum == expected:
+        return big, big_sum, "big"
+    return raw, computed, "little"
 
 
 def write(f, a: np.ndarray, datatype: str = "4D_SU3_GAUGE_3x3", floating_point: str = "IEEE64BIG",
           ensemble_id: str = "hisq-hmc", sequence_number: int = 0) -> dict:
     """Write a NERSC file of the site-major array ``a`` (nt, nz, ny, nx, 4, 3, 3) to the open binary file ``f``.
     PLAQUETTE, LINK_TRACE and CHECKSUM describe the values as stored. Returns the header written."""
+    if floating_point in BARE:
+        raise GaugeFileError(f"NERSC FLOATING_POINT {floating_point!r} names no byte order (codes disagree on it); "
+                             f"write {floating_point}BIG or {floating_point}LITTLE")
     if datatype not in DATATYPES or floating_point not in FLOATING:
         raise GaugeFileError(f"NERSC DATATYPE {datatype!r} / FLOATING_POINT {floating_point!r} not supported; use "
-                             f"one of {', '.join(DATATYPES)} and one of {', '.join(FLOATING)}")
+                             f"one of {', '.join(DATATYPES)} and one of "
+                             f"{', '.join(k for k in FLOATING if k not in BARE)}")
     rows, dtype = DATATYPES[datatype], np.dtype(FLOATING[floating_point])
     nt, nz, ny, nx = a.shape[:4]
     a = np.asarray(a, dtype=np.complex128)

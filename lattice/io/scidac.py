@@ -11,19 +11,20 @@ specification (ildg-format record, namespace http://www.lqcd.org/ildg, schema fi
   (su3gauge), the precision in bits and lx, ly, lz, lt. Per site the 4 links (x, y, z, t), each a row-major 3x3
   of (re, im), big-endian.
 
+The usqcdInfo plaquette and link trace of a gauge record (lattice.io.usqcd_info) are checked when present.
+The writers are in scidac_write.py.
+
 Arrays are returned in MILC's site order: (nt, nz, ny, nx, datacount, 3, 3) for colour matrices and
 (nt, nz, ny, nx, datacount, 3) for colour vectors, complex128.
 """
 from __future__ import annotations
 
 import os
-import time
 import xml.etree.ElementTree as ET
-from xml.sax.saxutils import escape
 
 import numpy as np
 
-from . import lime
+from . import lime, usqcd_info
 from .common import check_dims, checksum_error, dims_str, fail, scidac_checksum
 
 BINARY_TYPES = ("ildg-binary-data", "scidac-binary-data")
@@ -164,6 +165,8 @@ def read_gauge(path, ignore_checksum: bool = False):
         raise fail(path, f"{info['format']} file holds a {info['datatype'] or 'field'} ({info['datacount']} x "
                          f"{a.shape[5:]} values per site), not a gauge field",
                    "read it with lattice.io.read_color_vector or read_color_matrices")
+    record = xml_fields(info["header"].get("record_xml", "").encode())      # usqcdInfo's plaq and linktr, if any
+    info["usqcd_info"] = usqcd_info.check(path, record, a, info["precision"] // 8, strict=not ignore_checksum)
     return a, info
 
 
@@ -184,49 +187,3 @@ def read_color_matrices(path, ignore_checksum: bool = False, index: int = 0) -> 
         raise fail(path, f"holds {info['datacount']} x {a.shape[5:]} values per site, not 4 colour matrices",
                    "use read_field for other SciDAC fields")
     return a
-
-
-# ------------------------------------------------------------------------------------------------------ write
-def _xml(body: str) -> bytes:
-    return ('<?xml version="1.0" encoding="UTF-8"?>' + body).encode() + b"\0"
-
-
-def write_ildg(f, a: np.ndarray, precision: int = 64, title: str = "hisq-hmc ILDG gauge configuration",
-               info: str = "", lfn: str | None = None) -> dict:
-    """Write an ILDG file (QIO's record layout, as MILC writes it) of the site-major array ``a``
-    (nt, nz, ny, nx, 4, 3, 3) to the open binary file ``f``, with a scidac-checksum. Returns the checksums."""
-    if precision not in (32, 64):
-        raise ValueError(f"ILDG precision {precision} is not supported: use 32 or 64")
-    nt, nz, ny, nx = a.shape[:4]
-    nbytes = precision // 8
-    data = np.ascontiguousarray(np.asarray(a, dtype=np.complex128).view(np.float64), dtype=f">f{nbytes}")
-    raw = data.tobytes()
-    suma, sumb = scidac_checksum(raw, 4 * 18 * nbytes)
-    p = "F" if precision == 32 else "D"
-    stamp = time.strftime("%a %b %d %H:%M:%S %Y UTC", time.gmtime())
-    file_msg = [
-        ("scidac-private-file-xml", _xml(f"<scidacFile><version>1.1</version><spacetime>4</spacetime>"
-                                         f"<dims>{nx} {ny} {nz} {nt} </dims><volfmt>0</volfmt></scidacFile>")),
-        ("scidac-file-xml", _xml(f"<title>{escape(title)}</title>")),
-    ]
-    rec_msg = [
-        ("scidac-private-record-xml", _xml(
-            f"<scidacRecord><version>1.0</version><date>{stamp}</date><globaldata>0</globaldata>"
-            f"<datatype>QDP_{p}3_ColorMatrix</datatype><precision>{p}</precision><colors>3</colors>"
-            f"<typesize>{18 * nbytes}</typesize><datacount>4</datacount></scidacRecord>")),
-        ("scidac-record-xml", _xml(f"<info>{escape(info)}</info>")),
-        ("ildg-format", _xml(
-            '<ildgFormat xmlns="http://www.lqcd.org/ildg" xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
-            'xsi:schemaLocation="http://www.lqcd.org/ildg/filefmt.xsd"><version>1.0</version>'
-            f"<field>su3gauge</field><precision>{precision}</precision>"
-            f"<lx>{nx}</lx><ly>{ny}</ly><lz>{nz}</lz><lt>{nt}</lt></ildgFormat>")),
-    ]
-    if lfn:
-        rec_msg.append(("ildg-data-lfn", lfn.encode() + b"\0"))
-    rec_msg += [
-        ("ildg-binary-data", raw),
-        ("scidac-checksum", _xml(f"<scidacChecksum><version>1.0</version><suma>{suma:x}</suma>"
-                                 f"<sumb>{sumb:x}</sumb></scidacChecksum>")),
-    ]
-    lime.write_messages(f, [file_msg, rec_msg])
-    return {"suma": suma, "sumb": sumb}

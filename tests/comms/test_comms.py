@@ -171,7 +171,7 @@ def _compare_physics(ref: Path, got: Path):
     assert jb["reread_equal"] and jb["write_info_same"]
     from lattice.io import read_site_major
 
-    assert np.array_equal(read_site_major(ref / "phys.milc")[0], read_site_major(got / "phys.milc")[0])
+    assert np.array_equal(read_site_major(ref / "phys.ildg")[0], read_site_major(got / "phys.ildg")[0])
     return jb
 
 

@@ -105,8 +105,8 @@ def case_physics(out, grid_text, lattice_text="4x4x4x8"):
     links = hisq_links(u)
     arrays = {"force": g.gather(np.moveaxis(force, 0, 4)), "fat": g.gather(np.moveaxis(links.fat, 0, 4)),
               "long": g.gather(np.moveaxis(links.long, 0, 4)), "links": g.gather(u.site_major())}
-    path = os.path.join(out, "phys.milc")
-    info = write_gauge(path, u, "milc", precision=64)
+    path = os.path.join(out, "phys.ildg")     # 64-bit, so the re-read is exact (MILC v5 is single precision)
+    info = write_gauge(path, u, "ildg")
     v, _ = read_gauge(path, geom=g)
     res["reread_equal"] = bool(g.grid.sum(int(not np.array_equal(v.links, u.links))) == 0)
     res["write_info_same"] = world().allgather(repr(info)) == [repr(info)] * world().size

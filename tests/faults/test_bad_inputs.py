@@ -11,6 +11,7 @@ import pytest
 
 from lattice import su3
 from lattice.io import GaugeFileError, lime, read_gauge, write_gauge
+from tests.lattice.test_io import write_old_64bit_milc
 
 
 def _links(dims=(2, 2, 2, 4), seed=3):
@@ -104,7 +105,7 @@ def _bad_field(kind: str):
                                         ("zero", "zero (not invertible)"), ("scaled", "not unitary")])
 def test_non_physical_field_with_a_valid_checksum_is_refused(tmp_path, kind, words):
     p = tmp_path / "conf"
-    write_gauge(p, _bad_field(kind), "milc", precision=64)     # valid checksum over the bad values
+    write_old_64bit_milc(p, _bad_field(kind))                 # valid checksum over the bad values
     _, info = read_gauge(p)                                    # the format layer reads the links as stored
     assert info["checksums"]["ok"]
     with pytest.raises(GaugeFileError) as e:
@@ -163,7 +164,7 @@ def test_init_measure_and_solve_refuse_a_non_physical_lattice(tmp_path):
     from hmc.solve import load_links
 
     bad = tmp_path / "scaled.lat"
-    write_gauge(bad, _bad_field("scaled"), "milc", precision=64)
+    write_old_64bit_milc(bad, _bad_field("scaled"))
     deck = tmp_path / "d.toml"
     deck.write_text("[run]\ntrajectories = 1\n[lattice]\ndims = [2, 2, 2, 4]\n[gauge]\nbeta = 5.7\n"
                     "[integrator]\nsteps = 2\n")

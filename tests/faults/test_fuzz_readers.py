@@ -1,6 +1,7 @@
 """Every reader fuzzed (tests/faults/fuzzing.py): mutated MILC v5 (32 and 64 bit), MILC 1996, NERSC (2-row single,
-3x3 double), ILDG (32, 64 bit) and SciDAC gauge files, MILC rational-function files, TOML decks and run files must
-give only the project's one-line errors: never another exception, a hang, or an allocation beyond the file's size.
+3x3 double), ILDG (32, 64 bit), SciDAC and openQCD gauge files, MILC rational-function files, TOML decks and run
+files must give only the project's one-line errors: never another exception, a hang, or an allocation beyond the
+file's size.
 
 Short CI setting: fuzzing.CI_EXAMPLES cases per seed (twice that for the rationals, deck and run-file readers, which
 have one seed each); the long one: HMC_FUZZ_EXAMPLES=20000 (docs/faults.md).
@@ -26,6 +27,7 @@ from hmc.rational_file import read_rationals
 from lattice import su3
 from lattice.io import GaugeFileError, lime, read_gauge, write_gauge
 from tests.faults.fuzzing import Field, check_reader, fuzz_settings, lime_mutations, mutations
+from tests.lattice.test_io import write_old_64bit_milc
 
 ROOT = Path(__file__).resolve().parents[2]
 DIMS = (2, 2, 2, 4)                 # nx ny nz nt: small seeds keep a case at a few milliseconds
@@ -60,7 +62,10 @@ def _seed_gauge(name: str):
     p = WORK / f"seed.{name}"
     a = _links()
     if name in ("milc32", "milc64"):
-        write_gauge(p, a.astype(np.complex64) if name == "milc32" else a, "milc", precision=int(name[-2:]))
+        if name == "milc32":
+            write_gauge(p, a.astype(np.complex64), "milc")
+        else:                      # the 64-bit variant this project wrote before: no longer written, still read
+            write_old_64bit_milc(p, a)
         return p, _milc_fields()
     if name == "milc1996":
         nx, ny, nz, nt = DIMS
@@ -77,10 +82,13 @@ def _seed_gauge(name: str):
         if name == "scidac":      # the same records with the binary one named as SciDAC's (same 128-byte field)
             p.write_bytes(p.read_bytes().replace(b"ildg-binary-data\0\0", b"scidac-binary-data"))
         return p, _lime_fields(p, p.read_bytes())
+    if name == "openqcd":         # no magic: the four extents and the plaquette (as its bit pattern)
+        write_gauge(p, a, "openqcd")
+        return p, [Field(o, o + 4, "<i") for o in (0, 4, 8, 12)] + [Field(16, 24, "<q")]
     raise ValueError(name)
 
 
-GAUGE_KINDS = ["milc32", "milc64", "milc1996", "nersc2", "nersc3", "ildg32", "ildg64", "scidac"]
+GAUGE_KINDS = ["milc32", "milc64", "milc1996", "nersc2", "nersc3", "ildg32", "ildg64", "scidac", "openqcd"]
 STATS: dict = {}
 
 

@@ -1,5 +1,6 @@
-"""hmc export: a run file's configuration as MILC, NERSC and ILDG files, read back by lattice.io (and their
-checksums accepted); hmc measure, solve and spectrum take the run file itself (RUN.h5, RUN.h5:N) as the lattice."""
+"""hmc export: a run file's configuration as MILC, NERSC, ILDG, SciDAC and openQCD files, read back by lattice.io
+(and their checksums accepted); hmc measure, solve and spectrum take the run file itself (RUN.h5, RUN.h5:N) as the
+lattice; save_every keeps configurations beside the run file, and export --trajectory N reads them."""
 import json
 
 import numpy as np
@@ -8,6 +9,8 @@ import pytest
 from hmc.cli import main
 from hmc.runfile import load
 from lattice.io import read_site_major
+from lattice.io.common import plaquette_site_major
+from tests.hmc.test_rhmc_mpi import launch, needs_mpi
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +34,9 @@ def json_out(capsys, argv):
     ("nersc", 32, "nersc", 1e-7),
     ("ildg", None, "ildg", 0.0),
     ("ildg", 32, "ildg", 1e-7),
+    ("scidac", None, "scidac", 0.0),
+    ("scidac", 32, "scidac", 1e-7),
+    ("openqcd", None, "openqcd", 0.0),
 ])
 def test_export_round_trip(run_file, tmp_path, capsys, fmt, precision, kind, tol):
     out = str(tmp_path / f"lat.{fmt}")
@@ -74,6 +80,7 @@ def test_solve_and_spectrum_take_a_run_file(run_file, tmp_path, capsys):
 @pytest.mark.parametrize("argv,words", [
     (["--trajectory", "1"], ["keeps the configuration of trajectory 2 only", "r.h5:2"]),
     (["--format", "milc", "--precision", "64"], ["single precision"]),
+    (["--format", "openqcd", "--precision", "32"], ["double precision only"]),
 ])
 def test_export_bad_input_is_one_line(run_file, tmp_path, capsys, argv, words):
     args = ["export", run_file, "-o", str(tmp_path / "x")] + (argv if "--format" in argv else argv + ["--format",
@@ -85,3 +92,51 @@ def test_export_bad_input_is_one_line(run_file, tmp_path, capsys, argv, words):
     for w in words:
         assert w in err[0], err[0]
     assert not (tmp_path / "x").exists()
+
+
+def test_save_every_keeps_configurations_beside_the_run_file(tmp_path, capsys):
+    """save_every = 2: trajectories 2 and 4 are kept as RUN.traj<N>.ildg beside the run file (exact 64-bit copies);
+    export --trajectory 2 after trajectory 4 writes trajectory 2's links, and an unkept trajectory is refused."""
+    from importlib.resources import files
+
+    deck = files("hmc").joinpath("decks/quick4.toml").read_text().replace('start = "hot"',
+                                                                          'start = "hot"\nsave_every = 2')
+    (tmp_path / "d.toml").write_text(deck)
+    run = str(tmp_path / "r.h5")
+    assert main(["init", str(tmp_path / "d.toml"), "-o", run]) == 0
+    assert main(["run", run, "--trajectories", "3", "--no-progress"]) == 0
+    after2 = load(run)                        # checkpointed after 3: read trajectory 2's file before going on
+    assert after2.trajectory == 3 and (tmp_path / "r.traj2.ildg").exists()
+    assert not (tmp_path / "r.traj1.ildg").exists() and not (tmp_path / "r.traj3.ildg").exists()
+    kept2, info = read_site_major(tmp_path / "r.traj2.ildg")
+    assert info["format"] == "ildg" and info["header"]["lfn"] == "r.traj2.ildg" and info["checksums"]["ok"]
+    assert main(["run", run, "--trajectories", "1", "--no-progress"]) == 0
+    final = load(run)
+    assert final.trajectory == 4
+    assert np.array_equal(read_site_major(tmp_path / "r.traj4.ildg")[0], final.links)
+    out = str(tmp_path / "t2.nersc")
+    r = json_out(capsys, ["export", run, "--trajectory", "2", "-o", out, "--format", "nersc"])
+    assert r["trajectory"] == 2
+    assert np.array_equal(read_site_major(out)[0], kept2) and not np.array_equal(kept2, final.links)
+    m = json_out(capsys, ["measure", f"{run}:2"])
+    ss, st = plaquette_site_major(kept2)
+    assert abs(m["check_plaq_ss"] - ss) < 1e-13 and abs(m["check_plaq_st"] - st) < 1e-13
+    capsys.readouterr()
+    assert main(["export", run, "--trajectory", "3", "-o", str(tmp_path / "t3"), "--format", "nersc"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "save_every = 2" in err[0] and "trajectories 2, 4; not 3" in err[0], err
+
+
+@needs_mpi
+def test_save_every_on_2_ranks_keeps_the_gathered_field(tmp_path):
+    """On 2 ranks the kept file is written collectively (rank 0 writes the gathered lattice): it equals the run
+    file's configuration of the same trajectory."""
+    from importlib.resources import files
+
+    deck = files("hmc").joinpath("decks/quick4.toml").read_text().replace('start = "hot"',
+                                                                          'start = "hot"\nsave_every = 1')
+    (tmp_path / "d.toml").write_text(deck)
+    run = str(tmp_path / "r.h5")
+    assert main(["init", str(tmp_path / "d.toml"), "-o", run]) == 0
+    launch(2, ["-m", "hmc", "--grid", "1", "1", "1", "2", "run", run, "--trajectories", "1", "--no-progress"])
+    assert np.array_equal(read_site_major(tmp_path / "r.traj1.ildg")[0], load(run).links)
