@@ -154,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
     _solve.add_parser(sub)
     _spectrum.add_parser(sub)
 
+    _add_check_parser(sub)
+
+    from .commands import add_provided_parsers  # bench, scaling: registered from above, never imported here
+
+    add_provided_parsers(sub)
+    return ap
+
+
+def _add_check_parser(sub):
     p = sub.add_parser("check", help="regression suite: plaquette, actions, forces and a short trajectory against "
                                      "the references shipped in hmc/checks (or $HMC_CHECKS_DIR)")
     p.add_argument("references", nargs="*", help="reference names (default: all; --list shows them)")
@@ -168,11 +177,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", metavar="DIR", help="--milc: keep the outputs and run files here")
     p.add_argument("--launch", metavar="CMD", help="--milc: command that starts each run, as MILC's LAUNCH, e.g. "
                                                    "'mpiexec -n 2' (--grid and --transport reach the runs)")
-
-    from .commands import add_provided_parsers  # bench, scaling: registered from above, never imported here
-
-    add_provided_parsers(sub)
-    return ap
 
 
 def _add_export_parser(sub):
