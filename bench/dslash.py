@@ -114,7 +114,7 @@ def bench_dslash_dist(args) -> dict:
     """Per local volume L^4 and transport: the full D (two hops, two exchanges) and one device-CG iteration
     (A = 4m^2 - D_eo D_oe, device-resident scalars, reductions through the halo engine), device time per call
     (max over ranks, median of three blocks); with ``--graph`` also the stream-gated graph replays, the cost of
-    per-replay memop updates (COMMS.md option 2) and the phase split of an uncaptured hop."""
+    per-replay memop updates (docs/halo-protocol.md option 2) and the phase split of an uncaptured hop."""
     from comms import ProcessGrid
     from comms.grid import choose_grid, world
     from comms.halo import check_transport_name

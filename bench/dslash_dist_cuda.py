@@ -73,7 +73,7 @@ def close_graph_mode(geom):
 class Graph:
     """``fn()`` captured on ``stream`` through the driver (relaxed mode) and instantiated; ``launch(stream)``
     replays it. Keeps the CUgraph, so the memory-operation nodes can be listed (:meth:`memop_nodes`) and their
-    parameters set per replay (COMMS.md option 2, measured by :func:`memop_update_cost`)."""
+    parameters set per replay (docs/halo-protocol.md option 2, measured by :func:`memop_update_cost`)."""
 
     def __init__(self, stream, fn):
         from cuda.bindings import driver as drv
@@ -120,7 +120,7 @@ def _capture(stream, fn):
 
 
 def memop_update_cost(graph: Graph, stream, reps: int = 200, comm=None) -> dict:
-    """COMMS.md option 2 against option 1: replays of ``graph`` as they are (binary flags: nothing to update) and
+    """docs/halo-protocol.md option 2 against option 1: replays of ``graph`` as they are (binary flags: nothing to update) and
     with every memory-operation node's parameters set before each replay (cuGraphExecBatchMemOpNodeSetParams,
     what monotonic counters need; the same values are set again, so the answer stays right: the cost is what is
     measured). Host and wall microseconds per replay, device microseconds per replay, the node count."""

@@ -1,4 +1,4 @@
-"""``hmc bench halo``: halo latency and bandwidth per transport and face size (COMMS.md, "What to measure").
+"""``hmc bench halo``: halo latency and bandwidth per transport and face size (docs/halo-protocol.md, "What to measure").
 
 The ranks form a ring along t (grid 1x1x1xN, t partitioned even on one rank). Per face size L (L^3 sites of 3x3
 complex128 matrices, 144 bytes a site, or 3-vectors, 48 bytes) and transport:

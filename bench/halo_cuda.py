@@ -1,6 +1,6 @@
 """GPU halo benchmark: ``mpiexec -n 2 python -m bench.halo_cuda --transport mpi,event,stream_gated [--graph]``
 (``hmc bench halo --transport ...`` comes here when a GPU transport is named). Start it under MPS with
-``python -m comms.cuda.mps run -- mpiexec ...`` (COMMS.md, "Several ranks on one GPU").
+``python -m comms.cuda.mps run -- mpiexec ...`` (docs/halo-protocol.md, "Several ranks on one GPU").
 
 The ranks form a ring along t (grid 1x1x1xN, t partitioned). Faces are L^3 sites of colour vectors (complex128,
 48 bytes a site) or 3x3 matrices (144 bytes) on the device. Per transport and size:

@@ -1,4 +1,4 @@
-"""Multigrid against mixed-precision CG at the lightest mass (issue 7, "Benchmarks"; ../shared/MULTIGRID.md).
+"""Multigrid against mixed-precision CG at the lightest mass (issue 7, "Benchmarks"; docs/multigrid.md).
 
     PYTHONPATH=. python3 -m hmc bench mg --lattice 32 [--mass 0.001] [--tol 1e-10] [--budget 130] [--out DIR]
 
@@ -267,7 +267,7 @@ def markdown(r: dict) -> str:
         if "goal_12_rhs" in c:
             lines.append(f"| wall-clock win over 12 right-hand sides | {c['goal_12_rhs']} |")
     if r.get("mass_scan"):
-        lines += ["", "Flat in mass (the same near-null vectors at every mass; MULTIGRID.md: MG outer iterations within "
+        lines += ["", "Flat in mass (the same near-null vectors at every mass; docs/multigrid.md: MG outer iterations within "
                       "30 % from m = 0.1 to 0.001 while CG's grow):", "",
                   "| m | CG iterations | CG applications | MG outer | MG applications | CG/MG applications | "
                   "MG rebuild (X^-1, coarse ops) | MG solve | CG solve |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -404,7 +404,7 @@ def run_cg(args, D, b, rep):
 
 
 def run_mass_scan(args, D, b, rep):
-    """MULTIGRID.md's flat-in-mass check: multigrid (the same near-null vectors, ``with_mass``: new X^-1, coarse
+    """docs/multigrid.md's flat-in-mass check: multigrid (the same near-null vectors, ``with_mass``: new X^-1, coarse
     operators and LU) against mixed CG at every mass of ``--scan-masses``; the benchmark's own mass is taken from
     the comparison above."""
     inv = getattr(rep, "inverse", None)

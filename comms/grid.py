@@ -1,4 +1,4 @@
-"""The process grid, split grids and global reductions (COMMS.md, DESIGN.md "Decomposition and halos").
+"""The process grid, split grids and global reductions (docs/halo-protocol.md, docs/architecture.md "Decomposition and halos").
 
 A single process needs no MPI library (comms/base.py): a one-rank partitioned dimension exchanges with itself
 through MPI.COMM_SELF.
@@ -348,7 +348,7 @@ class ProcessGrid:
     def push(self, split, *, reset: bool = True):
         """Split the current grid into sub-grids: ``split[mu]`` sub-grids along mu, each of dims[mu] // split[mu]
         ranks; this rank continues on its sub-grid until :meth:`pop`. Collective over the current grid.
-        Halo state is reset in lock-step (COMMS.md, split grid); ``reset=False`` is a testing hook that skips it."""
+        Halo state is reset in lock-step (docs/halo-protocol.md, split grid); ``reset=False`` is a testing hook that skips it."""
         ctx = self._need()
         split = tuple(int(s) for s in split)
         if len(split) != 4 or any(s < 1 or d % s for s, d in zip(split, ctx.dims)):

@@ -1,11 +1,11 @@
-"""Gauge actions built from closed Wilson loops: Wilson and MILC's one-loop Symanzik (CONVENTIONS.md 2, 3.4).
+"""Gauge actions built from closed Wilson loops: Wilson and MILC's one-loop Symanzik (docs/conventions.md 2, 3.4).
 
     S_g = beta * sum_x sum_shapes c_i sum_{loops of shape i} (1 - ReTr W_loop(x) / 3)
 
 is the ``g`` of MILC's ``ACTION: g,h,f`` line (``generic/gauge_stuff.c: imp_gauge_action``, which computes
 (beta/3) sum c_i (3 - ReTr W)). Links must be given with the staggered phases removed, as MILC does.
 
-The force is the momentum derivative (CONVENTIONS.md 3.4)
+The force is the momentum derivative (docs/conventions.md 3.4)
 
     Pdot_mu(x) = TA[U_mu(x) G_mu(x)^dag],   G = dS/dRe U + i dS/dIm U,
 

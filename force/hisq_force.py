@@ -1,5 +1,5 @@
 """HISQ and asqtad fermion force: the chain rule from the phased fat/long links to the gauge momenta
-(CONVENTIONS.md 1.3-1.5, 3.4; MILC ``fn_fermion_force_multi_hisq_wrapper_mx_cpu``, ``fermion_force_hisq_multi.c``).
+(docs/conventions.md 1.3-1.5, 3.4; MILC ``fn_fermion_force_multi_hisq_wrapper_mx_cpu``, ``fermion_force_hisq_multi.c``).
 
 Inputs: the outer products
 --------------------------
@@ -9,7 +9,7 @@ For each Naik epsilon group e, complex fields ``fat_outer[e]`` and ``long_outer[
 
     delta S = sum_e sum_{x,mu} Re Tr[ delta fat^e_mu(x) fat_outer[e]_mu(x) + delta long^e_mu(x) long_outer[e]_mu(x) ].
 
-This is CONVENTIONS.md 3.4's level-0 force, so for the MD action of an RHMC pseudofermion term
+This is docs/conventions.md 3.4's level-0 force, so for the MD action of an RHMC pseudofermion term
 ``fat_outer[e]_mu(x) = 2 sum_l res_l eps(x) Z_l(x+mu) Z_l(x)^dag`` and ``long_outer[e]_mu(x) = 2 sum_l res_l eps(x)
 Z_l(x+3mu) Z_l(x)^dag`` (summed over the terms of that epsilon). In other words an outer product is the *link
 derivative* D_M (delta S = Re Tr[delta M D_M]) of the phased link M, i.e. the adjoint of the complex gradient

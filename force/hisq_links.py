@@ -1,5 +1,5 @@
 """HISQ and asqtad fermion links: fat and long (Naik) links with MILC's phases and BCs folded in
-(CONVENTIONS.md 1.2-1.5).
+(docs/conventions.md 1.2-1.5).
 
 HISQ (``generic_ks/imp_actions/hisq/hisq_u3_action.h``, ``fermion_links_hisq_load_milc.c: load_hisq_fn_links``;
 Follana et al., PRD 75 054502), from the unphased gauge links U:
@@ -17,7 +17,7 @@ Asqtad (one level, ``generic_ks/imp_actions/asqtad_action.h`` with ``TADPOLE_IMP
 * X = F[U; c1=5/8, c3=1/(16u0^2), c5=1/(64u0^4), c7=1/(384u0^6), cL=-1/(16u0^4)],
   L = -1/(24u0^2) U_mu(x) U_mu(x+mu) U_mu(x+2mu)                                (:func:`smearing.asqtad_coefficients`)
 
-Phases (CONVENTIONS.md 1.3, "smear unphased links and apply the phases afterwards"): the stored fat link is
+Phases (docs/conventions.md 1.3, "smear unphased links and apply the phases afterwards"): the stored fat link is
 X_mu(x) eta_mu(x) and the long link L_mu(x) eta_mu(x) eta_mu(x+mu) eta_mu(x+2mu), both with the antiperiodic
 time-BC signs included (``time_bc="antiperiodic"``, MILC's default) or without them (``"periodic"``). This is
 how MILC keeps them (``rephase(ON)``), and what the Dirac operator uses:

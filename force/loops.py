@@ -1,4 +1,4 @@
-"""Closed Wilson-loop shapes for gauge actions, as paths of signed directions (CONVENTIONS.md 2).
+"""Closed Wilson-loop shapes for gauge actions, as paths of signed directions (docs/conventions.md 2).
 
 Encoding of a path step: ``+(mu+1)`` is a step forward in direction mu, ``-(mu+1)`` a step backward, with
 mu = 0, 1, 2, 3 for x, y, z, t. So ``(1, 2, -1, -2)`` is the xy plaquette U_x(x) U_y(x+x) U_x(x+y)^dag U_y(x)^dag.

@@ -1,4 +1,4 @@
-"""MILC's staggered (Kogut-Susskind) phases and the time boundary condition (CONVENTIONS.md 1.2).
+"""MILC's staggered (Kogut-Susskind) phases and the time boundary condition (docs/conventions.md 1.2).
 
 MILC's own convention (``generic_ks/rephase.c: phaseset``), which orders t first:
 
@@ -13,7 +13,7 @@ field (4, nt, nz, ny, nx, 3, 3) by them with :func:`apply_phases`.
 
 * :func:`staggered_phases`: eta_mu(x), BC sign included: the factor of a one-link (fat) term.
 * :func:`naik_phases`: eta_mu(x) eta_mu(x+mu) eta_mu(x+2mu), BC signs included: the factor of the three-link Naik
-  term, whose path can cross the t boundary (CONVENTIONS.md 6, pitfall 1).
+  term, whose path can cross the t boundary (docs/conventions.md 6, pitfall 1).
 """
 from __future__ import annotations
 

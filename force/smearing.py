@@ -1,4 +1,4 @@
-"""Asqtad-type link smearing F[U; c1, c3, c5, c7, cL] and the Naik term (CONVENTIONS.md 1.3, 1.4).
+"""Asqtad-type link smearing F[U; c1, c3, c5, c7, cL] and the Naik term (docs/conventions.md 1.3, 1.4).
 
 The two-sided staple operator, for nu != +-mu and any matrix field A living on mu-links:
 
@@ -43,7 +43,7 @@ from . import hisq_cuda  # noqa: F401  (registers the kernels that lookup() choo
 
 @dataclass(frozen=True)
 class PathCoefficients:
-    """Coefficients of the asqtad/HISQ path table, unphased sign convention (CONVENTIONS.md 1.3)."""
+    """Coefficients of the asqtad/HISQ path table, unphased sign convention (docs/conventions.md 1.3)."""
 
     one_link: float
     naik: float = 0.0

@@ -5,7 +5,7 @@ Convention: a *link derivative* of a real function S of a matrix field M_mu(x) i
     delta S = sum_{x,mu} Re Tr[ delta M_mu(x) D_M mu(x) ]          for every complex variation delta M.
 
 It is the adjoint of the complex gradient G = dS/dRe M + i dS/dIm M (D_M = G^dag), and it is the form of the
-fermion-force "outer products" (CONVENTIONS.md 3.4: D_fat = 2 sum_l res_l eps(x) Z_l(x+mu) Z_l(x)^dag). The
+fermion-force "outer products" (docs/conventions.md 3.4: D_fat = 2 sum_l res_l eps(x) Z_l(x+mu) Z_l(x)^dag). The
 rules used everywhere below: for M = A B, D_A = B D_M and D_B = D_M A; for M = A^dag, D_A = D_M^dag; for
 M(x) = A(x+nu), D_A(x) = D_M(x-nu). For gauge links, Pdot = TA[U G^dag] = TA[U D_U].
 

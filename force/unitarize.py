@@ -1,4 +1,4 @@
-"""U(3) projection W = V (V^dag V)^(-1/2), MILC's ``u3_unitarize_analytic`` (CONVENTIONS.md 1.5).
+"""U(3) projection W = V (V^dag V)^(-1/2), MILC's ``u3_unitarize_analytic`` (docs/conventions.md 1.5).
 
 Source: ``generic_ks/su3_mat_op.c: u3_unitarize_analytic`` (double precision, ``-DHISQ_REUNIT_ALLOW_SVD
 -DHISQ_REUNIT_SVD_REL_ERROR=1e-8 -DHISQ_REUNIT_SVD_ABS_ERROR=1e-8`` from ``ks_imp_rhmc/Make_template``), after

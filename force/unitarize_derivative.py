@@ -1,4 +1,4 @@
-"""Derivative of the U(3) projection W = V (V^dag V)^(-1/2), with MILC's HISQ force filter (CONVENTIONS.md 1.5).
+"""Derivative of the U(3) projection W = V (V^dag V)^(-1/2), with MILC's HISQ force filter (docs/conventions.md 1.5).
 
 This is the chain-rule step of MILC's ``u3_unit_der_analytic`` (``generic_ks/su3_mat_op.c``), which builds the
 tensors dW/dV and dW^dag/dV from Q^(-1/2) = f0 + f1 Q + f2 Q^2 and the derivatives of f_i with respect to the

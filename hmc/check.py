@@ -6,7 +6,7 @@ field for RHMC decks, whose rational functions are read relative to the deck's f
 names another folder of references). For every reference the check recomputes, at fixed seeds: the plaquette; for
 each monomial its action after the refresh, the norm of its force and its directional derivative along a fixed
 random direction Omega, which must also equal the central difference of the action (of the MD action for RHMC
-fermions, whose exact derivative the force is: the force test of CONVENTIONS.md 5.2); and one short trajectory (dH
+fermions, whose exact derivative the force is: the force test of docs/conventions.md 5.2); and one short trajectory (dH
 and the final plaquette). Every quantity is compared with the stored value under a stated relative tolerance; the
 table is printed and any failure makes the exit code non-zero. ``--update`` rewrites the stored values, printing
 old and new side by side: never silently. Finding no reference to run is a failure (:class:`CheckError`), not a
@@ -94,7 +94,7 @@ def _moved(u, omega, tau):
 def _start_field(geom, seed: int, fermions: bool) -> GaugeField:
     """The reference configuration: a hot start from ``seed``; with RHMC fermions a smooth random field
     exp(0.3 Omega) 1 (Omega a fixed Gaussian momentum field), because on Haar-random links the smallest eigenvalue
-    of V^dag V falls below the HISQ force filter (CONVENTIONS.md 1.5) and the force is no longer the derivative of
+    of V^dag V falls below the HISQ force filter (docs/conventions.md 1.5) and the force is no longer the derivative of
     the action (the finite-difference ratio of a hot 4^4 start is ~2)."""
     if not fermions:
         return GaugeField.random(geom, CounterRNG(seed))

@@ -4,7 +4,7 @@ A schedule is a flat list of operations: ``("U", dt)`` moves the links, U <- exp
 kicks the momenta with the forces of the monomials ``names``, P <- P + dt Pdot. A nested integrator replaces each
 link move of an outer level by a full integration of the inner level over that time.
 
-Schemes (CONVENTIONS.md 3.5; MILC ``ks_imp_rhmc/update_rhmc.c``), with eps = tau/steps at that level:
+Schemes (docs/conventions.md 3.5; MILC ``ks_imp_rhmc/update_rhmc.c``), with eps = tau/steps at that level:
 - ``leapfrog``: per step U eps/2, P eps, U eps/2.
 - ``omelyan`` (2MN, lambda = 0.2 in Takaishi-de Forcrand's normalization, MILC's lambda = 0.8): per two steps
   U lam*2eps, P eps, U (1-2lam)*2eps, P eps, U lam*2eps; ``steps`` must be even, as in MILC.

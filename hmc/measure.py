@@ -8,7 +8,7 @@ from .lattice_source import read_lattice
 
 def measure(path: str, args) -> dict:
     """CHECK PLAQ and LINKTR as stored (MILC prints them before re-unitarizing), then the Polyakov loop,
-    plaquette and, with --beta, the gauge action S_g on the re-unitarized links (CONVENTIONS.md 1.1, 2). ``path``: a
+    plaquette and, with --beta, the gauge action S_g on the re-unitarized links (docs/conventions.md 1.1, 2). ``path``: a
     gauge file or a run file (``RUN.h5``, ``RUN.h5:N``)."""
     u, info = read_lattice(path, backend=args.backend, ignore_checksum=args.ignore_checksum,
                            config=getattr(args, "run_config", None), check_links=True,
@@ -34,7 +34,7 @@ def measure(path: str, args) -> dict:
 def pbp_source(geom, rng):
     """One PBP source: 3 complex Gaussians per site on all sites, density exp(-|g|^2) per component. With MILC's
     generators (``[run] rng = "milc"``) MILC's draws after the trajectory (``grsource_plain``, every site in MILC's
-    order, CONVENTIONS.md 3.3); with Philox the stream "pbp" (one draw counter per source)."""
+    order, docs/conventions.md 3.3); with Philox the stream "pbp" (one draw counter per source)."""
     import math
 
     import numpy as np

@@ -1,4 +1,4 @@
-"""Conjugate momenta: MILC's Gaussian distribution and kinetic energy (CONVENTIONS.md 3.3)."""
+"""Conjugate momenta: MILC's Gaussian distribution and kinetic energy (docs/conventions.md 3.3)."""
 from __future__ import annotations
 
 from lattice import su3

@@ -1,6 +1,6 @@
 """Monomials: the terms of the HMC action. Each can refresh its auxiliary fields, give its action and its force.
 
-The force is the momentum derivative Pdot = TA[U G^dag] (CONVENTIONS.md 3.4), so that P <- P + dt * Pdot
+The force is the momentum derivative Pdot = TA[U G^dag] (docs/conventions.md 3.4), so that P <- P + dt * Pdot
 conserves H = h + sum of actions.
 """
 from __future__ import annotations

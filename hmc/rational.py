@@ -1,4 +1,4 @@
-"""Rational approximations for the RHMC (CONVENTIONS 3.1); their file: :mod:`hmc.rational_file`.
+"""Rational approximations for the RHMC (docs/conventions.md 3.1); their file: :mod:`hmc.rational_file`.
 
 Every approximation has MILC's partial-fraction form
 

@@ -1,5 +1,5 @@
 """The RHMC fermion monomial: every pseudofermion of a HISQ (or asqtad) run, with MILC's heat bath, action and force
-(CONVENTIONS.md 3.1-3.4; MILC ``ks_imp_rhmc``: ``grsource_rhmc.c``, ``d_action_rhmc.c``, ``update_h_rhmc.c``).
+(docs/conventions.md 3.1-3.4; MILC ``ks_imp_rhmc``: ``grsource_rhmc.c``, ``d_action_rhmc.c``, ``update_h_rhmc.c``).
 
 Each pseudofermion k lives on the even sites and carries its rational functions (:class:`hmc.rational.
 PseudofermionRational`: MD for the force, GR for the heat bath, FA for the action), its Naik epsilon and MILC's
@@ -18,7 +18,7 @@ long links of epsilon group e (``hisq_links_multi``, one build for all groups) a
 This force is the exact derivative of the MD action S_MD = sum_k phi_k^dag r_MD(A) phi_k (:meth:`md_action`), which
 the tests check against central differences. Every multishift solve starts from zero and stops on MILC's rule
 |r|^2 <= resid^2 |b|^2 for the smallest shift; its iteration count is MILC's (the initial residual counts as one).
-The loose MD tolerances of MILC's test decks change delta S at the 1e-3 level (CONVENTIONS.md 3.2), so they are
+The loose MD tolerances of MILC's test decks change delta S at the 1e-3 level (docs/conventions.md 3.2), so they are
 copied, not tightened.
 
 The fat and long links (and the operators on them) are built once per gauge configuration and reused by the action

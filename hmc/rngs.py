@@ -1,4 +1,4 @@
-"""The random numbers of a run: the counter-based Philox streams, or MILC's own generators (CONVENTIONS.md 3.3).
+"""The random numbers of a run: the counter-based Philox streams, or MILC's own generators (docs/conventions.md 3.3).
 
 ``[run] rng`` in the deck picks one:
 

@@ -103,7 +103,7 @@ def _history_row(traj, res, u, geom, warmup: bool, fermions=()) -> dict:
 
 def milc_lines(res, fermions, row: dict, beta: float | None = None, volume: int | None = None, previous=None,
                metropolis: bool = True) -> list[str]:
-    """MILC's printout of one RHMC trajectory (CONVENTIONS.md 3.6), in MILC's order: GRSOURCE and heat-bath CG lines;
+    """MILC's printout of one RHMC trajectory (docs/conventions.md 3.6), in MILC's order: GRSOURCE and heat-bath CG lines;
     then for every action measurement (``d_action_rhmc``: the start, the integrator's monitors, the end) the
     ``PLAQUETTE ACTION`` line (with ``beta`` and the lattice ``volume``: -beta V (ss + st)), the action's CG lines,
     ``ACTION: g,h,f = ...`` and ``DG = ...``

@@ -9,7 +9,7 @@
               [--time-bc antiperiodic|periodic] [--reunitarize | --no-reunitarize]
               [--out FILE [--out-precision 32|64]] [--check REFERENCE] [--json]
 
-The links are built from the configuration (CONVENTIONS.md 1.3-1.6) and the solve uses the operators of
+The links are built from the configuration (docs/conventions.md 1.3-1.6) and the solve uses the operators of
 :mod:`solvers` (M = 2m + D, no factor 1/2):
 
 * ``--operator M`` (default): x = M^-1 b, even-odd preconditioned as MILC's ``mat_invert_uml``: CG on
@@ -41,7 +41,7 @@ checksum primitives.
 Re-unitarization (``--reunitarize``, the default, or ``--no-reunitarize``)
 --------------------------------------------------------------------------
 MILC in double precision re-unitarizes the single-precision links after reading and computes everything from them
-(CONVENTIONS.md 1.1); this is the default. In single precision it does not. MILC's asqtad reference files of
+(docs/conventions.md 1.1); this is the default. In single precision it does not. MILC's asqtad reference files of
 ``ks_imp_utilities/test/check_ks_invert`` (``ksvector.ans.*.sample.l8``, written in 2005 in single precision) and
 its ``fat.l8``/``long.l8`` were made from ``lat.sample.l8`` as stored. Both choices reproduce the answer files to
 the precision they hold (mass 0.1, u0 0.502, antiperiodic time, tol 1e-12; |x - ref|/|ref|):

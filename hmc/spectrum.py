@@ -6,12 +6,12 @@
 C(t) = norm * sum over the spatial sites x and the colours a, b of |G_ab(x, t + t0; x0)|^2, G = M^-1 = (2m + D)^-1,
 with the point source at x0 = (x0, y0, z0, t0) (default the origin): three solves (one per source colour b), each
 even-odd preconditioned (:func:`hmc.solve.solve_field`). t runs over 0..nt-1 from the source time, cyclically. This
-is MILC's ``POINT_PION``/``POINT_KAON_5`` (the Goldstone pion, equal masses) in ``ks_spectrum`` (CONVENTIONS.md 4.3);
+is MILC's ``POINT_PION``/``POINT_KAON_5`` (the Goldstone pion, equal masses) in ``ks_spectrum`` (docs/conventions.md 4.3);
 MILC's propagators are those of M = 2m + D, half the textbook ones. ``--norm`` is MILC's ``normalization`` factor
 (default 1); MILC's inputs give it rounded (0.000244141 for 1/4096), and matching MILC's digits needs that rounded
 value.
 
-Links are re-unitarized after reading by default, as in MILC's double-precision runs (CONVENTIONS.md 1.1). Measured
+Links are re-unitarized after reading by default, as in MILC's double-precision runs (docs/conventions.md 1.1). Measured
 against MILC's printed correlators (both choices agree with them to within half a unit of the last printed digit):
 
 * ``lat.sample.l4448.gf``, HISQ, eps 0, periodic time, norm 0.000244141, POINT_KAON_5 (``ks_spectrum_hisq.periodic``):

@@ -1,6 +1,6 @@
 """One HMC trajectory: momentum refresh, molecular dynamics along a schedule, Metropolis test.
 
-MILC's equations of motion (``ks_imp_rhmc/update_u.c``, CONVENTIONS.md 3.4): U <- exp(dt P) U, P <- P + dt Pdot.
+MILC's equations of motion (``ks_imp_rhmc/update_u.c``, docs/conventions.md 3.4): U <- exp(dt P) U, P <- P + dt Pdot.
 """
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def hmc_trajectory(u: GaugeField, rng, monomials, schedule, expm=su3.expm_su3, r
 
 def reversibility_check(u: GaugeField, p, monomials, schedule, expm=su3.expm_su3):
     """Integrate forward, flip P, integrate back: returns max|U_back - U|, max|P_back + P|... as a dict,
-    with dH of the round trip. The test of CONVENTIONS.md 5.4."""
+    with dH of the round trip. The test of docs/conventions.md 5.4."""
     xp = u.xp
     h0 = hamiltonian(u, p, monomials).total
     v, q = u.copy(), p.copy()

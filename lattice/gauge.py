@@ -1,4 +1,4 @@
-"""The gauge field and its basic observables, in MILC's normalization (CONVENTIONS.md 1.1, 2).
+"""The gauge field and its basic observables, in MILC's normalization (docs/conventions.md 1.1, 2).
 
 Layout: ``links[mu]`` is the site array of 3x3 matrices U_mu(x), shape (4, nt, nz, ny, nx, 3, 3), complex128.
 Each direction is one contiguous site-major block (a GPU thread per site reads one link from each block), and x

@@ -1,4 +1,4 @@
-"""MILC's random numbers, reproduced exactly and vectorized over sites (CONVENTIONS 3.3).
+"""MILC's random numbers, reproduced exactly and vectorized over sites (docs/conventions.md 3.3).
 
 MILC's RHMC (``ks_imp_rhmc``, compiled with ``SITERAND``) gives every lattice site its own generator
 (``generic/ranstuff.c``), seeded by ``initialize_prn(prn, iseed, index)`` with MILC's site index

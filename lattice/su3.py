@@ -1,6 +1,6 @@
 """SU(3) and su(3) algebra on batches of 3x3 complex matrices (trailing two axes), for NumPy and CuPy alike.
 
-Conventions are MILC's (CONVENTIONS.md 3.3, 3.4): momenta are traceless anti-Hermitian, P = (i/sqrt2) sum_a w_a
+Conventions are MILC's (docs/conventions.md 3.3, 3.4): momenta are traceless anti-Hermitian, P = (i/sqrt2) sum_a w_a
 lambda_a with Gell-Mann matrices lambda_a, so that 1/2 Tr(P^dag P) = 1/2 sum_a w_a^2.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Staggered (HISQ) Dirac operators and Krylov solvers, composed as in gpt: a solver takes an operator and returns
-its inverse as an operator (DESIGN.md).
+its inverse as an operator (docs/architecture.md).
 
     from solvers import StaggeredDslash, cg, mixed_cg, multishift_cg, even_odd_inverse
-    D = StaggeredDslash(geom, fat, long)               # D, phases folded into the links (CONVENTIONS.md 1.6)
+    D = StaggeredDslash(geom, fat, long)               # D, phases folded into the links (docs/conventions.md 1.6)
     M_eo = D.even_odd(mass)                            # M = 2m + D in even-odd form
     x = even_odd_inverse(M_eo, mixed_cg(1e-10))(b)     # M^-1 b, full lattice
     xs = multishift_cg([4 * m**2 for m in masses], 1e-10)(D.even_odd(0.0).normal)(phi)

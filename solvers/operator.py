@@ -1,5 +1,5 @@
 """Linear operators on colour-vector fields, composed as in gpt: a solver takes an operator and returns its inverse
-as an operator (DESIGN.md).
+as an operator (docs/architecture.md).
 
 Every operator has
 * ``op(psi)``: a new field, ``op.adjoint()``: the adjoint as an operator;

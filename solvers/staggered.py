@@ -1,4 +1,4 @@
-"""The HISQ (fat + Naik) staggered Dirac operator in MILC's conventions (CONVENTIONS.md 1.2, 1.6).
+"""The HISQ (fat + Naik) staggered Dirac operator in MILC's conventions (docs/conventions.md 1.2, 1.6).
 
 With the staggered phases and boundary signs folded into the fat links X and the long links L,
 

@@ -21,7 +21,7 @@ reductions still go through ``geom.sum`` on the host). For graphs and timing (th
 
 * ``DslashRunner(D, psi, graph=False)``: ``run()`` applies the full D (two hops, two exchanges) into ``runner.out``
   on its own stream; ``graph=True`` (stream_gated only: every link must be peer-to-peer) switches the engine to
-  binary flags (COMMS.md "CUDA graphs", option 1), captures D once and ``run()`` replays the graph.
+  binary flags (docs/halo-protocol.md "CUDA graphs", option 1), captures D once and ``run()`` replays the graph.
 * ``DeviceCG(D, mass, b, parity=0, graph=False)``: Hestenes-Stiefel CG on A = 4m^2 - D_pq D_qp with every scalar in
   device memory and the global sums reduced through the halo engine (partials exchanged along each partitioned
   dimension and added in grid-coordinate order, so every rank and every transport gets the same bits; the ``mpi``

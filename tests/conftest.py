@@ -6,7 +6,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # MILC's reference files: ../shared/fixtures/milc/ beside the checkout, or HMC_MILC_FIXTURES (for a copy carried
-# to the GPU machine, which has no ../shared).
+# to the GPU machine, which has no ../shared/fixtures).
 FIXTURES = Path(os.environ.get("HMC_MILC_FIXTURES", ROOT.parent / "shared" / "fixtures" / "milc"))
 
 if str(ROOT) not in sys.path:

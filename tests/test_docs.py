@@ -5,8 +5,7 @@
   quoted titles such as ``'Split grid'``) is a heading of that page. Relative links between the pages of docs/
   resolve.
 * :func:`test_nothing_cites_the_design_notes`: no file cites ``../shared`` (except its ``fixtures/`` folder, where
-  the tests read MILC's reference files) or the design notes by their old names. It waits for the mechanical
-  rewrite of the old citations (``REWRITE_DONE``).
+  the tests read MILC's reference files) or the design notes by their old names.
 """
 from __future__ import annotations
 
@@ -16,9 +15,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-#: Set to True once the old citations have been rewritten to docs/ (the one-line change that enables the check).
-REWRITE_DONE = False
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -155,8 +151,6 @@ def test_the_section_parser_reads_every_citation_form():
     assert SHARED_CITATION.search("which has no ../shared).")
 
 
-@pytest.mark.skipif(not REWRITE_DONE, reason="waits for the coordinator's rewrite of the old citations to docs/ "
-                    "(/work/notes/citation_map.txt); enable it by setting REWRITE_DONE = True in tests/test_docs.py")
 def test_nothing_cites_the_design_notes():
     problems = []
     for path in text_files():

@@ -119,7 +119,7 @@ def gpu_sharing_notes(study) -> list:
                 text += "; whether MPS served them is not recorded in this file (a study made before --mps)"
             else:
                 text += ("; without MPS: the ranks time-slice the GPU, and every dependency between ranks costs "
-                         "about 140 us on an H200 whatever the transport (COMMS.md, 'Several ranks on one GPU'); "
+                         "about 140 us on an H200 whatever the transport (docs/halo-protocol.md, 'Several ranks on one GPU'); "
                          "rerun with --mps")
             out.append(text)
     elif ran_mps or mps.get("ran"):
@@ -128,7 +128,7 @@ def gpu_sharing_notes(study) -> list:
 
 
 def hooks_text(meta) -> str:
-    """The study hooks the whole study ran under (COMMS.md 'Study hooks'), from the file's ``env_hooks``; empty when
+    """The study hooks the whole study ran under (docs/halo-protocol.md 'Study hooks'), from the file's ``env_hooks``; empty when
     none was set."""
     env = meta.get("env_hooks") or {}
     what = {"HMC_P2P_FAKE_CLIQUE": "links between cliques of that many consecutive ranks treated as unreachable: they "
@@ -344,7 +344,7 @@ def _method_lines(study) -> list:
                   "face exchange (pack kernel, transport, ghost buffer; checked against the global field). Times are "
                   "device events around the timed loop (the slowest rank's; the host wall times are stored beside "
                   "them as `wall_samples_s`). `+graph` rows replay the dslash and the CG iteration from CUDA graphs "
-                  "(stream_gated with binary flags, COMMS.md 'CUDA graphs'). Where the time goes: device events on "
+                  "(stream_gated with binary flags, docs/halo-protocol.md 'CUDA graphs'). Where the time goes: device events on "
                   "the operation's stream around each phase of every hop (`PhaseProfile`: pack kernel; post, the "
                   "sends enqueued: copy and signal; interior kernel; wait, the stream waiting for the halo: "
                   "transfer, signal/wait and unpack; exterior kernel), for the CG the device time outside the hops "

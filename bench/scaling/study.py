@@ -1,4 +1,4 @@
-"""``hmc scaling``: a strong-scaling study as one command (DESIGN.md "Command line", COMMS.md "What to measure").
+"""``hmc scaling``: a strong-scaling study as one command (docs/architecture.md "Command line", docs/halo-protocol.md "What to measure").
 
     hmc scaling --lattice 16 16 16 16 --ranks 1 2 4 8 --transports mpi shm --what halo,dslash,cg -o study.h5
     hmc --backend cupy scaling --lattice 16^4 --ranks 1 2 4 --transports mpi event stream_gated --graph --mps ...

@@ -1,4 +1,4 @@
-"""GPU halo transports (COMMS.md): ``event`` and ``stream_gated`` over CUDA VMM buffers shared between the ranks of a
+"""GPU halo transports (docs/halo-protocol.md): ``event`` and ``stream_gated`` over CUDA VMM buffers shared between the ranks of a
 node, with the symmetric reachability probe, MPS helpers and the GPU halo benchmark.
 
 Nothing here is imported by the CPU code paths unless a GPU transport is asked for (``HMC_P2P_TRANSPORT`` or

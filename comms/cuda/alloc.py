@@ -1,6 +1,6 @@
 """Which kind of memory the GPU halo segments are allocated with: the collective decision (pure functions).
 
-Kinds, best first (COMMS.md "Choosing a transport"; issue 6):
+Kinds, best first (docs/halo-protocol.md "Choosing a transport"; issue 6):
 
 * ``fabric``: a VMM allocation (cuMemCreate) exported with CU_MEM_HANDLE_TYPE_FABRIC (multi-node NVLink; needs an
   IMEX channel, else cuMemCreate answers CUDA_ERROR_NOT_PERMITTED);

@@ -13,7 +13,7 @@ from ..base import CommsError
 
 R = drv.CUresult
 SUCCESS = R.CUDA_SUCCESS
-# an import that fails with one of these means: this peer is unreachable (COMMS.md, reachability)
+# an import that fails with one of these means: this peer is unreachable (docs/halo-protocol.md, reachability)
 UNREACHABLE = (R.CUDA_ERROR_NOT_PERMITTED, R.CUDA_ERROR_NOT_SUPPORTED, R.CUDA_ERROR_INVALID_VALUE)
 
 WAIT_GEQ = drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ

@@ -11,7 +11,7 @@ comms/cuda/alloc.py). It mirrors comms/cuda/vmm.py and uses its registry:
   engine puts a node barrier between the two, as for VMM (freeing an exported region that a peer still has open is
   undefined behaviour).
 * :func:`try_open`: the reachability probe's import: (IpcMapping, None), or (None, reason) for the codes that mean
-  "unreachable" (COMMS.md: NOT_PERMITTED, NOT_SUPPORTED, INVALID_VALUE; here also PEER_ACCESS_UNSUPPORTED).
+  "unreachable" (docs/halo-protocol.md: NOT_PERMITTED, NOT_SUPPORTED, INVALID_VALUE; here also PEER_ACCESS_UNSUPPORTED).
 
 Every allocation and mapping is entered in ``vmm.REGISTRY`` under its owner and removed when freed, so the engine's
 teardown leak check (``vmm.leaked``) sees them.

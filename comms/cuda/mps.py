@@ -1,4 +1,4 @@
-"""Several ranks on one GPU: start and stop the CUDA MPS control daemon (COMMS.md, "Several ranks on one GPU").
+"""Several ranks on one GPU: start and stop the CUDA MPS control daemon (docs/halo-protocol.md, "Several ranks on one GPU").
 
 ``python -m comms.cuda.mps run -- CMD ...`` starts MPS with its pipe and log directories in a new private temporary
 folder, runs CMD with CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY set (so that its CUDA processes become MPS

@@ -270,7 +270,7 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
             self.comm.Barrier()
 
     def set_graph_mode(self, on: bool = True):
-        """Binary flags instead of counters (COMMS.md "CUDA graphs", option 1), so that a captured exchange can be
+        """Binary flags instead of counters (docs/halo-protocol.md "CUDA graphs", option 1), so that a captured exchange can be
         replayed: collective; every link must be stream_gated; slots and counters are reset in lock-step."""
         self._check_idle("set_graph_mode()")
         if on:

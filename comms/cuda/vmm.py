@@ -1,4 +1,4 @@
-"""CUDA VMM buffers for peer access, the file-descriptor broker, and the registry of mappings (COMMS.md).
+"""CUDA VMM buffers for peer access, the file-descriptor broker, and the registry of mappings (docs/halo-protocol.md).
 
 * :class:`Allocation`: this rank's memory (cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess),
   exportable with a fabric handle (CU_MEM_HANDLE_TYPE_FABRIC) or a POSIX file descriptor.

@@ -2,7 +2,7 @@
 written by scidac_write.py), openQCD (openqcd.py).
 
 ``read_gauge`` recognises the format from the file's content, verifies its checksums and returns the links as
-stored (single-precision values converted to double): following MILC (CONVENTIONS.md 1.1) quantities such as
+stored (single-precision values converted to double): following MILC (docs/conventions.md 1.1) quantities such as
 CHECK PLAQ and LINKTR are computed on these, and ``reunitarize=True`` then applies MILC's double-precision
 ``reunit_su3``. ``write_gauge`` writes MILC v5, NERSC, ILDG, SciDAC or openQCD atomically (temporary file, fsync,
 rename).

@@ -1,7 +1,7 @@
 """Shared pieces of the gauge-file readers and writers: the error type, checksums, atomic writes and the small
 observables (plaquette, link trace) that file headers carry.
 
-Arrays here are in MILC's in-file site order: (nt, nz, ny, nx, ...) with x fastest (CONVENTIONS.md 1.1).
+Arrays here are in MILC's in-file site order: (nt, nz, ny, nx, ...) with x fastest (docs/conventions.md 1.1).
 """
 from __future__ import annotations
 

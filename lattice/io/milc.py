@@ -1,4 +1,4 @@
-"""MILC binary gauge files (MILC generic/io_lat4.c, include/io_lat.h; CONVENTIONS.md 1.1).
+"""MILC binary gauge files (MILC generic/io_lat4.c, include/io_lat.h; docs/conventions.md 1.1).
 
 Version 5 (magic 20103): 96-byte header -- int32 magic, int32 dims[4] (nx ny nz nt), char[64] time stamp,
 int32 order (0 = natural), uint32 sum29, sum31 -- then, for each site in MILC order (x fastest), the 4 links

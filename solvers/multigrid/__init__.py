@@ -1,6 +1,6 @@
-"""Multigrid for the HISQ operator (issue 7, ../shared/MULTIGRID.md): Kahler-Dirac block preconditioning,
+"""Multigrid for the HISQ operator (issue 7, docs/multigrid.md): Kahler-Dirac block preconditioning,
 aggregation with near-null vectors split by parity, Galerkin 9-point coarse operators, GCR smoothers, a recursive
-K-cycle and flexible GCR outside. Composes as every solver here (DESIGN.md, as gpt):
+K-cycle and flexible GCR outside. Composes as every solver here (docs/architecture.md, as gpt):
 
     from solvers.multigrid import multigrid
     M = D.matrix(0.001)                                   # M = 2m + D on the full lattice
@@ -24,7 +24,7 @@ hierarchy, Nv 16, 50 set-up iterations) m = 0.01 needs 245 outer iterations agai
 not converge in 300. CG's full residual
 is |r_e|/(2m): 1e-7 at m = 0.001 (MILC's rule), MG's 9e-11; the solutions agree to 2e-7 there.
 
-On 8^4 multigrid does not pay, as MULTIGRID.md expects: the lowest eigenvalue of D on this lattice is large (CG
+On 8^4 multigrid does not pay, as docs/multigrid.md expects: the lowest eigenvalue of D on this lattice is large (CG
 stops growing below m = 0.01), and the spectrum of A = X^-1 M lies near the circle |z - 1| = 1 (within 6% in the
 free field, within 5e-5 without the Naik term), where a degree-k smoother damps a mode at |z| = d only by about
 (1 - d^2/4)^(k/2), so the work falls on the coarse space (here 1/16 of the unknowns). More near-null vectors help
@@ -67,14 +67,14 @@ coarse operators' smallest eigenvalues fall with the volume. Hence kcycle_tol 0.
 outer iterations, exact 55). (3) Not the near-null vectors' set-up: CG on A^dag A x = 0 from random vectors
 converges to x = 0 (on 8^4 |x| falls 1e12-fold in 300 iterations while |A x|/|x| stays at 0.12 to 0.2, the bottom of
 the spectrum; its recursive residual then drifts from the true one), so past ~50 iterations the vectors improve
-nothing (above) and "a few hundred" (MULTIGRID.md) ended in rounding noise (12^4: |A v|/|v| 0.083 after 50, 0.149
+nothing (above) and "a few hundred" (docs/multigrid.md) ended in rounding noise (12^4: |A v|/|v| 0.083 after 50, 0.149
 after 150; now restarted and guarded, below). Nor does bootstrapping them by the cycle's error propagation help
 (8^4: |A v|/|v| 0.57, 60 outer iterations): the slow modes of the cycle are the smoother-resistant ones near
 |z - 1| = 1, not low modes. (4) The fine-level smoother (GCR on M, spectrum on the line 2m + i y) costs 3
 applications of M per outer iteration and saves none: smoothers (0, 4). (5) What works is a richer coarse space:
 with Nv 48 the outer count is the same on 8^4, 12^4 and 16^4 (28, 29, 26 with the defaults now; Nv 24: 45, 56, 57),
 169, 175, 158 applications of M: 1.5, 1.9, 2.9 times fewer than CG, the gain growing with the volume (Nv 24, 32, 48
-on 8^4: 273 (four levels), 231, 176): Nv 48 by default (MULTIGRID.md: 16 to 32 on small lattices, 64 in production),
+on 8^4: 273 (four levels), 231, 176): Nv 48 by default (docs/multigrid.md: 16 to 32 on small lattices, 64 in production),
 at twice the set-up work of Nv 24 and with 96x96 coarse blocks. Also fixed: the outer GCR's |r|^2 recurrence stalled
 at its rounding floor (1.85e-8 relative), so a long Krylov cycle ran on to its restart (nkrylov 64: 64 outer
 iterations instead of 40); nkrylov 32 now (12^4: 53 against 56). Not verified here: 32^4 (five levels) with the new

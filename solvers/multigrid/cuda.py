@@ -4,7 +4,7 @@ Kahler-Dirac X^-1.
 The array path (:class:`CoarseOperator`, :class:`KDBlocks`) costs, per application, 8 shifts (rolls) and 9 batched
 products for the stencil, and two transposing reshapes around one batched product for X^-1: a dozen launches
 and temporaries, on coarse lattices of a few hundred sites where a launch costs more than the arithmetic
-(MULTIGRID.md: the coarse levels are latency-bound). Here each is ONE kernel that reads the neighbours through an
+(docs/multigrid.md: the coarse levels are latency-bound). Here each is ONE kernel that reads the neighbours through an
 index table:
 
 * :func:`stencil`: out(x) = sum_{d=0..8} Y_d(x) v(nb_d(x)), nb_0 = x, nb_{1+2mu} = x + mu, nb_{2+2mu} = x - mu

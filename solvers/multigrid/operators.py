@@ -1,6 +1,6 @@
 """The operators of the multigrid levels.
 
-* :class:`FineStencil`: M = 2m + D (MILC's, CONVENTIONS.md 1.6) applied to a batch of k vectors at once
+* :class:`FineStencil`: M = 2m + D (MILC's, docs/conventions.md 1.6) applied to a batch of k vectors at once
   (fields (nt, nz, ny, nx, 3, k)), and hop by hop for the Galerkin construction. It reads the link blocks of the
   :class:`solvers.StaggeredDslash` (per output parity, backward links precomputed) and scatters them once to
   full-lattice arrays, one (3, 3) matrix per hop and site, so a hop is a shift and a batched 3x3 product.

@@ -1,9 +1,9 @@
-"""Multigrid for the smallest shifts of a rational-function solve, multishift CG for the rest (MULTIGRID.md 7).
+"""Multigrid for the smallest shifts of a rational-function solve, multishift CG for the rest (docs/multigrid.md 7).
 
 The RHMC solves (A + p_l)^-1 b with A = -D_eo D_oe on the even sites (the massless even-odd normal operator,
 MILC's 4m^2 - D_eo D_oe at m = 0) and the poles p_l of a rational approximation. A pole p acts as a mass
 m_p = sqrt(p)/2: A + p = 4 m_p^2 - D_eo D_oe. Its even-site solve is the even part of one full-lattice solve
-M(m_p) x = (b_e / (2 m_p), 0) (MULTIGRID.md "Why the plain approach fails"), which multigrid does in a number of
+M(m_p) x = (b_e / (2 m_p), 0) (docs/multigrid.md "Why the plain approach fails"), which multigrid does in a number of
 outer iterations that does not grow as m_p falls, where CG's grows as 1/m_p. So the ``n`` smallest poles go to
 multigrid and the rest to one multishift CG (which then stops on its smallest remaining pole, far better
 conditioned).

@@ -1,7 +1,7 @@
 """The multigrid solver: parameters, the set-up (shared near-null space and per-mass hierarchy), the K-cycle and
 the outer flexible GCR, composed as every solver here (``multigrid(...)(M)`` is M^-1 as an operator).
 
-Levels (MULTIGRID.md):
+Levels (docs/multigrid.md):
 
 * level 0: M = 2m + D on the full lattice; outer flexible GCR, checked on the true residual; post-smoothing by
   ``smoother_steps[0]`` GCR steps on M;

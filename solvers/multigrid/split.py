@@ -1,7 +1,7 @@
 """Split-grid multi-right-hand-side solves: several sources solved at once, each on a sub-grid of the process grid.
 
 The process grid (PX, PY, PZ, PT) is split by ``split`` (sx, sy, sz, st), each dividing its extent, into
-S = sx sy sz st sub-grids of (PX/sx, ..., PT/st) ranks (``comms.ProcessGrid.push``, COMMS.md "split grid": the
+S = sx sy sz st sub-grids of (PX/sx, ..., PT/st) ranks (``comms.ProcessGrid.push``, docs/halo-protocol.md "split grid": the
 halo state is reset in lock-step). Every sub-grid holds the whole lattice, so the links and the sources are
 replicated first (gathered once, broadcast); sub-grid c solves the sources c, c + S, c + 2S, ... with an inverse
 of its own (``make_inverse(D)``: e.g. ``lambda D: multigrid(tol)(D.matrix(m))``), gathers its solutions to its

@@ -1,6 +1,6 @@
 """Per-level clocks of the multigrid solve: compute, coarse-grid halo exchange and global reductions.
 
-MULTIGRID.md ("What to expect"): the coarse levels are latency-bound (tiny halos, many reductions), so the time of
+docs/multigrid.md ("What to expect"): the coarse levels are latency-bound (tiny halos, many reductions), so the time of
 each level is reported split three ways. The solver makes the clock of the level it works on *active*
 (:func:`active`, nested as the K-cycle recurses); the two places that communicate charge it:
 

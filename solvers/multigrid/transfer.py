@@ -1,6 +1,6 @@
 """Near-null vectors, the prolongator P and restrictor R = P^dag, and the Galerkin coarse operator R A P.
 
-Near-null vectors (MULTIGRID.md "The hierarchy", 3.): Nv Gaussian random vectors (drawn by global site index, so
+Near-null vectors (docs/multigrid.md "The hierarchy", 3.): Nv Gaussian random vectors (drawn by global site index, so
 the same for every decomposition), each relaxed by iterations of CG on the normal equations A^dag A x = 0 of the
 level's operator, all Nv at once (one batched application of A and of A^dag per iteration, one reduction of the Nv
 norms). The vectors are kept unnormalized per aggregate, so a later refresh (after a gauge update) continues

@@ -1,4 +1,4 @@
-"""GPU halo transports (event, stream_gated over CUDA VMM buffers): every invariant of ../shared/COMMS.md that needs
+"""GPU halo transports (event, stream_gated over CUDA VMM buffers): every invariant of docs/halo-protocol.md that needs
 a GPU. They launch ``tests/comms/cuda_checks.py`` (or this file as a script) under mpiexec themselves, with timeouts,
 several ranks sharing the one GPU; with HMC_GPU_MPS=1 they run under MPS, started and stopped here (the line saying
 whether it ran goes to HMC_GPU_REPORT_DIR/mps.txt when that is set). They skip where no GPU is visible (CI).

@@ -1,4 +1,4 @@
-"""Gauge actions (CONVENTIONS.md 2, 3.4, 5): loop tables, MILC's coefficients, action and force."""
+"""Gauge actions (docs/conventions.md 2, 3.4, 5): loop tables, MILC's coefficients, action and force."""
 import math
 from pathlib import Path
 
@@ -211,7 +211,7 @@ def test_force_is_traceless_antihermitian(smooth, name):
 
 @pytest.mark.parametrize("name", sorted(ACTIONS))
 def test_force_matches_finite_difference(geom, smooth, name):
-    """dS/dtau along U -> exp(tau Omega) U at tau = 0 equals sum Tr(Pdot Omega) (CONVENTIONS.md 3.4, 5.2)."""
+    """dS/dtau along U -> exp(tau Omega) U at tau = 0 equals sum Tr(Pdot Omega) (docs/conventions.md 3.4, 5.2)."""
     act = ACTIONS[name]()
     f = act.force(smooth)
     # a random direction, and one with a component along the force so that dS/dtau is not small by accident
@@ -249,7 +249,7 @@ from tests.conftest import FIXTURES as MILC_FIXTURES  # noqa: E402
 
 def test_milc_sample_lattice_gauge_action():
     """lat.sample.l6666.hisq, re-unitarized as MILC does in double precision: MILC's su3_rhmc_hisq prints
-    g = 1.91689566918234e+04 (beta 7.4, u0 0.89, nf 3, HISQ loops) and GACTION 5.996295 (CONVENTIONS.md 4.2)."""
+    g = 1.91689566918234e+04 (beta 7.4, u0 0.89, nf 3, HISQ loops) and GACTION 5.996295 (docs/conventions.md 4.2)."""
     path = MILC_FIXTURES / "lat.sample.l6666.hisq"
     if not path.is_file():
         pytest.skip(f"MILC sample lattice not found at {path} (the shared fixtures folder beside the repository)")

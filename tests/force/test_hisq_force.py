@@ -1,4 +1,4 @@
-"""HISQ and asqtad fermion-force chain rule (CONVENTIONS.md 1.3-1.5, 3.4, 5.2).
+"""HISQ and asqtad fermion-force chain rule (docs/conventions.md 1.3-1.5, 3.4, 5.2).
 
 Every derivative is checked against central differences of the forward code (force/smearing.py,
 force/unitarize.py, force/hisq_links.py): the staple adjoint, each smearing level, the Naik term, the U(3)
@@ -23,7 +23,7 @@ from lattice.gauge import random_gauge_transformation
 from lattice.io import read_color_matrices, read_color_vector, read_gauge
 from tests.conftest import fixture_path
 
-EPS_F211 = -0.16875  # -27/40 (0.5)^2 (CONVENTIONS.md 1.4)
+EPS_F211 = -0.16875  # -27/40 (0.5)^2 (docs/conventions.md 1.4)
 EPS_GROUPS = (0.0, EPS_F211)
 
 
@@ -347,7 +347,7 @@ def test_asqtad_force_matches_milc():
     u0 = 0.502, eps = 1, one term with residue nflavors/4 = 1 and multi_x = the stored source
     ksvector.src.sample.l8 on *all* sites (MILC's force expects multi_x = X on even and D_oe X on odd sites; the
     check passes the source as it is). Its answer, colormatrix.mom.sample.l8 (single precision, checksums
-    75cd4ee7 1fc07e0e as in the sample output), is Pdot for the outer products of CONVENTIONS.md 3.4,
+    75cd4ee7 1fc07e0e as in the sample output), is Pdot for the outer products of docs/conventions.md 3.4,
     F_fat_mu(x) = 2 eps(x) Z(x+mu) Z(x)^dag and F_long_mu(x) = 2 eps(x) Z(x+3mu) Z(x)^dag, with Z = the source."""
     u, _ = read_gauge(fixture_path("lat.sample.l8"), reunitarize=True)
     geom = u.geom

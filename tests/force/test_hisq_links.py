@@ -1,4 +1,4 @@
-"""HISQ and asqtad fermion links (CONVENTIONS.md 1.2-1.5, 4.3, 5.3): phases, smearing, U(3) projection.
+"""HISQ and asqtad fermion links (docs/conventions.md 1.2-1.5, 4.3, 5.3): phases, smearing, U(3) projection.
 
 Reference data: MILC's sample lattices and the asqtad fat/long links ``fat.l8``, ``long.l8`` (fixtures/milc/).
 """
@@ -17,7 +17,7 @@ from lattice.gauge import random_gauge_transformation
 from lattice.io import read_color_matrices, read_gauge
 from tests.conftest import fixture_path
 
-EPS_F211 = -0.16875  # -27/40 (0.5)^2, the f211 test's Naik epsilon (CONVENTIONS.md 1.4)
+EPS_F211 = -0.16875  # -27/40 (0.5)^2, the f211 test's Naik epsilon (docs/conventions.md 1.4)
 
 
 # helpers ---------------------------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_fat_link_equals_explicit_path_sum(random_lattice):
 
 def test_phased_smearing_with_milc_signs(hisq_lattice, hisq_fl):
     """Smearing the phased links (BC included) with MILC's signed coefficients, projecting and smearing again
-    gives our fat and long links (phases applied afterwards) — CONVENTIONS.md 1.3."""
+    gives our fat and long links (phases applied afterwards) — docs/conventions.md 1.3."""
     u = hisq_lattice
     geom = u.geom
     eta = phases.staggered_phases(geom)
@@ -227,7 +227,7 @@ def test_hisq_gauge_covariance(hisq_lattice, hisq_fl):
 def test_hisq_projection_unitary(hisq_fl):
     fl = hisq_fl
     assert fl.unitarize.n_svd == 0
-    assert fl.unitarize.min_eigenvalue == pytest.approx(0.0867, abs=5e-5)  # CONVENTIONS.md 1.5
+    assert fl.unitarize.min_eigenvalue == pytest.approx(0.0867, abs=5e-5)  # docs/conventions.md 1.5
     assert _unitarity(fl.W) < 1e-14
     # U(3), not SU(3): det W is a phase, not 1
     det = np.linalg.det(fl.W)
@@ -237,7 +237,7 @@ def test_hisq_projection_unitary(hisq_fl):
 
 @pytest.mark.parametrize("name,eps", [("lat.sample.l6666.hisq", 0.0), ("lat.sample.hisq.f211b670.l6666", EPS_F211)])
 def test_long_link_norm(name, eps):
-    """sum_x,mu ||long||_F^2 = 4V * 3 (1+eps)^2 / 576 (CONVENTIONS.md 4.3): 27.0 on 6^4 with eps 0."""
+    """sum_x,mu ||long||_F^2 = 4V * 3 (1+eps)^2 / 576 (docs/conventions.md 4.3): 27.0 on 6^4 with eps 0."""
     u, _ = read_gauge(fixture_path(name), reunitarize=True)
     fl = hisq_links(u, eps=eps)
     expected = 4 * u.geom.volume * 3 * (1 + eps) ** 2 / 576

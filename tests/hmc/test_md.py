@@ -1,4 +1,4 @@
-"""Molecular dynamics: schedules, reversibility, dH scaling, momenta (CONVENTIONS.md 5.4, 5.5)."""
+"""Molecular dynamics: schedules, reversibility, dH scaling, momenta (docs/conventions.md 5.4, 5.5)."""
 import numpy as np
 import pytest
 
@@ -106,7 +106,7 @@ def test_dh_scales_as_step_squared(thermalized, scheme, steps):
 
 def test_omelyan_beats_leapfrog(thermalized):
     """At the same step size (one Omelyan cycle per leapfrog step, h = 1/32) Omelyan's dH is about 10x smaller
-    (Takaishi & de Forcrand; CONVENTIONS.md 5.5). MILC counts an Omelyan cycle as two steps."""
+    (Takaishi & de Forcrand; docs/conventions.md 5.5). MILC counts an Omelyan cycle as two steps."""
     u, p, mon = thermalized
     lf = _dh(u, p, mon, [Level("leapfrog", 32, ["gauge"])])
     om = _dh(u, p, mon, [Level("omelyan", 64, ["gauge"])])

@@ -1,5 +1,5 @@
 """Multigrid for the smallest shifts of the light pseudofermion's heat-bath (GR) and action (FA) solves (issue 7,
-MULTIGRID.md 7): the pole p acts as a mass sqrt(p)/2, solved as the even part of a full-lattice multigrid solve;
+docs/multigrid.md 7): the pole p acts as a mass sqrt(p)/2, solved as the even part of a full-lattice multigrid solve;
 multishift CG keeps the other poles. On a smooth 4^4 HISQ field with MILC's 2+1+1 rational functions the
 pseudofermion and the action agree with all-CG to the solver tolerance, the near-null vectors are kept across
 poles and refreshed (not rebuilt) after a gauge update, and the MD solves stay multishift CG."""

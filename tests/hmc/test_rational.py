@@ -1,7 +1,7 @@
 """Rational functions for the RHMC: MILC's file format, accuracy of MILC's approximations, our Remez algorithm.
 
 Reference: ../shared/fixtures/milc/rationals.sample.su3_rhmc_hisq{,_f211,_f2111} (MILC's test inputs, made by its
-remez-milc/poly4). CONVENTIONS 3.1.
+remez-milc/poly4). docs/conventions.md 3.1.
 """
 import time
 from fractions import Fraction

@@ -1,6 +1,6 @@
 """RHMC: the fermion monomial's force against the derivative of its MD action, reversibility and dH scaling of full
 RHMC trajectories, decks and run files with [fermions], and MILC's su3_rhmc_hisq trajectories reproduced
-(CONVENTIONS.md 3, 5)."""
+(docs/conventions.md 3, 5)."""
 import json
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""``hmc solve`` and ``hmc spectrum`` against MILC's reference outputs (CONVENTIONS.md 4.1, 4.3).
+"""``hmc solve`` and ``hmc spectrum`` against MILC's reference outputs (docs/conventions.md 4.1, 4.3).
 
 * ``ks_imp_utilities/test/check_ks_invert``: asqtad, u0 0.502, mass 0.1, antiperiodic time, lat.sample.l8 and the
   source ksvector.src.sample.l8; ksvector.ans.Minv.sample.l8 holds M^-1 src and ksvector.ans.MdaggerMinv.sample.l8
@@ -98,7 +98,7 @@ def test_color_vector_writer_matches_milc_file(tmp_path):
     assert np.array_equal(read_color_vector(out), src * (1 + 1e-9j))
 
 
-# MILC ks_spectrum, CONVENTIONS.md 4.3
+# MILC ks_spectrum, docs/conventions.md 4.3
 KAON5_L4448 = {
     "0.05": [9.715229e-05, 4.619954e-05, 4.720820e-05, 3.425617e-05, 2.959002e-05, 2.138899e-05, 2.852638e-05,
              3.737071e-05],

@@ -1,6 +1,6 @@
 """Gauge-file formats (lattice/io): MILC's sample files, checksums, round trips and one-line errors.
 
-Reference numbers are MILC's printed CHECK PLAQ / LINKTR and file checksums (CONVENTIONS.md 4.2), computed on the
+Reference numbers are MILC's printed CHECK PLAQ / LINKTR and file checksums (docs/conventions.md 4.2), computed on the
 stored single-precision links converted to double, before any reunitarization.
 """
 from __future__ import annotations

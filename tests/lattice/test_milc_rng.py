@@ -1,4 +1,4 @@
-"""MILC's per-site random numbers (CONVENTIONS 3.3): exact reproduction, vectorization, state, statistics."""
+"""MILC's per-site random numbers (docs/conventions.md 3.3): exact reproduction, vectorization, state, statistics."""
 import json
 import math
 
@@ -73,7 +73,7 @@ class ScalarPRN:
 # ----------------------------------------------------------------------------------------------------------------
 
 def test_node_prn_first_number():
-    """CONVENTIONS: the first myrand of node_prn for iseed 86658 on 6^4 (node 0) is 0.04078."""
+    """docs/conventions.md 3.3: the first myrand of node_prn for iseed 86658 on 6^4 (node 0) is 0.04078."""
     rng = MilcRNG(86658, 1296)
     x = rng.node_uniform()
     assert abs(x - 0.04078) < 5e-6

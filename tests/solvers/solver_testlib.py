@@ -6,7 +6,7 @@ from lattice import CounterRNG, GaugeField, su3
 
 
 def milc_phases(geom, antiperiodic=True):
-    """eta_mu(x) times the boundary sign, shape (4, nt, nz, ny, nx) (CONVENTIONS.md 1.2):
+    """eta_mu(x) times the boundary sign, shape (4, nt, nz, ny, nx) (docs/conventions.md 1.2):
     eta_t = 1, eta_x = (-1)^t, eta_y = (-1)^(t+x), eta_z = (-1)^(t+x+y); -1 on t-links of the last time slice."""
     x, y, z, t = geom.coordinates()
     eta = np.stack([(-1.0) ** t, (-1.0) ** (t + x), (-1.0) ** (t + x + y), np.ones(geom.shape)])

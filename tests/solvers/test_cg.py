@@ -1,4 +1,4 @@
-"""CG, mixed-precision CG, multishift CG and the even-odd inverse (CONVENTIONS.md 1.6, 5.8)."""
+"""CG, mixed-precision CG, multishift CG and the even-odd inverse (docs/conventions.md 1.6, 5.8)."""
 import math
 
 import numpy as np
@@ -220,7 +220,7 @@ def test_even_odd_solve_equals_full_cg(d4, full_solution, parity, inner):
 
 
 def test_point_propagator_epsilon_hermiticity(d4):
-    """G = M^-1 satisfies G(x, y) = eps(x) eps(y) G(y, x)^dag (CONVENTIONS.md 5.8)."""
+    """G = M^-1 satisfies G(x, y) = eps(x) eps(y) G(y, x)^dag (docs/conventions.md 5.8)."""
     geom = d4.geom
     m = 0.2
     minv = even_odd_inverse(d4.even_odd(m), cg(1e-12, 5000))

@@ -1,4 +1,4 @@
-"""MILC's HISQ eigenvalue check (``ks_eigen/test/su3_eigen_hisq.*.2.sample-out``, CONVENTIONS.md 4.3).
+"""MILC's HISQ eigenvalue check (``ks_eigen/test/su3_eigen_hisq.*.2.sample-out``, docs/conventions.md 4.3).
 
 lat.sample.inst (4^4, MILC 1996 format), HISQ links with eps 0, antiperiodic time, u0 1: the lowest 32 eigenvalues
 of -D_eo D_oe on the even sites are 0.0461351 (x2), 1.98424 (x2), 2.0337 (x2), 2.07399 (x2), 2.09237 (x2),

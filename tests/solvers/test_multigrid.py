@@ -1,4 +1,4 @@
-"""Multigrid for the HISQ operator (issue 7, ../shared/MULTIGRID.md "Tests that prove it", CONVENTIONS.md 5.8).
+"""Multigrid for the HISQ operator (issue 7, docs/multigrid.md "Tests that prove it", docs/conventions.md 5.8).
 
 Identities (Haar-random 8^4 and 4^4 links with the Naik term; exact to rounding): R P = 1, the near-null vectors
 lie in range(P), the Galerkin identity A_c c = R A P c (and its adjoint) on two aggregation levels, the exact

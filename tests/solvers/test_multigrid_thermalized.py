@@ -1,4 +1,4 @@
-"""Issue 7's must-show point on a field made here, without the MILC fixtures (MULTIGRID.md "Tests that prove it"):
+"""Issue 7's must-show point on a field made here, without the MILC fixtures (docs/multigrid.md "Tests that prove it"):
 on a thermalized 8^4 HISQ configuration the multigrid outer iteration count is flat within 30% from m = 0.1 down
 to m = 0.001 while even-odd CG's grows, and without the Kahler-Dirac step the same hierarchy converges far worse.
 

@@ -1,4 +1,4 @@
-"""The HISQ staggered operator D, M = 2m + D and its even-odd form (CONVENTIONS.md 1.2, 1.6)."""
+"""The HISQ staggered operator D, M = 2m + D and its even-odd form (docs/conventions.md 1.2, 1.6)."""
 import itertools
 
 import numpy as np
@@ -13,7 +13,7 @@ from solver_testlib import free_links, random_field, random_links, random_matric
 
 
 def reference_dslash(geom, fat, long, psi):
-    """D psi straight from CONVENTIONS.md 1.6, no precomputation."""
+    """D psi straight from docs/conventions.md 1.6, no precomputation."""
     out = np.zeros_like(psi)
     mv = lambda u, v: (u @ v[..., None])[..., 0]
     for mu in range(4):
