@@ -38,11 +38,15 @@ def add_arguments(p) -> None:
     p.add_argument("--steps-for", nargs="*", default=[], metavar="L=STEPS",
                    help="integrator steps per lattice size, used when --steps is not given (e.g. 32=36: eps ~ "
                         "V^(-1/8) keeps the acceptance near 0.8)")
+    p.add_argument("--cgprec", nargs=3, type=int, choices=(1, 2), metavar=("MD", "FA", "GR"),
+                   help="the solver precisions of every pseudofermion, as MILC's cgprec_md_fa_gr (1 single refined in "
+                        "double, 2 double; default: the deck's)")
     p.add_argument("--out", required=True, help="folder of the deck, run file, logs and the report")
 
 
-def make_deck(src: Path, dst: Path, L: int, steps: int | None, trajectories: int) -> None:
-    """``src`` with the lattice, steps, rationals path, trajectories and warm-ups replaced, line by line."""
+def make_deck(src: Path, dst: Path, L: int, steps: int | None, trajectories: int, cgprec=None) -> None:
+    """``src`` with the lattice, steps, rationals path, trajectories and warm-ups replaced, line by line; with
+    ``cgprec`` (MD, FA, GR) the same [fermions] cgprec_md_fa_gr triple for every pseudofermion."""
     subs = [(r"^dims = .*", f"dims = [{L}, {L}, {L}, {L}]"), (r"^rationals = .*", f'rationals = "{RATIONALS}"'),
             (r"^trajectories = .*", f"trajectories = {trajectories}"), (r"^warmups = .*", f"warmups = {trajectories}")]
     if steps is not None:
@@ -50,6 +54,11 @@ def make_deck(src: Path, dst: Path, L: int, steps: int | None, trajectories: int
     text = src.read_text()
     for pat, new in subs:
         text = re.sub(pat, new, text, flags=re.M)
+    if cgprec:
+        n = len(re.findall(r"\[[^\[\]]*\]", re.search(r"^cgresid_md_fa_gr = \[(.*?)\]\]", text, re.M | re.S).group(0)))
+        triple = f"[{', '.join(map(str, cgprec))}]"
+        text = re.sub(r"^\[fermions\]\n", f"[fermions]\ncgprec_md_fa_gr = [{', '.join([triple] * n)}]\n", text,
+                      flags=re.M)
     dst.write_text(text)
 
 
@@ -147,7 +156,7 @@ def bench_rhmc(args) -> int:
     L, out = args.lattice, Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deck, run = out / f"hisq211_{L}_{backend}.toml", out / f"hisq211_{L}_{backend}.h5"
-    make_deck(ROOT / args.deck, deck, L, steps_for(args), args.trajectories)
+    make_deck(ROOT / args.deck, deck, L, steps_for(args), args.trajectories, getattr(args, "cgprec", None))
     t_op, bandwidth = dslash_figures(backend, L, out / f"dslash_{L}_{backend}.err")
     t0 = time.monotonic()
     log = out / f"run_{L}_{backend}.log"

@@ -97,3 +97,18 @@ def test_each_phase_has_its_floor_and_the_fraction_reached(one_trajectory):
     assert [got[f"solvers {ph}"][3] for ph in ("GR", "FA", "MD")] == [int(x) for x in it.groups()]
     assert got["gauge force"][3] == 3 * 4 and got["fermion force: chain rule"][3] == 4   # 3G1F, 4 steps
     assert "GFLOP a call" in lines[11]
+
+
+def test_make_deck_sets_the_solver_precisions(tmp_path):
+    """--cgprec MD FA GR: the same cgprec_md_fa_gr triple for each of the deck's pseudofermions, which the deck
+    reader takes (and the default leaves the deck's precisions alone)."""
+    from bench.rhmc import make_deck
+    from hmc import deck as deckmod
+    from tests.conftest import ROOT
+
+    out = tmp_path / "d.toml"
+    make_deck(ROOT / "runs" / "hisq211_16.toml", out, 8, 12, 2, (1, 2, 2))
+    d = deckmod.loads(out.read_text())
+    assert d["fermions"]["cgprec_md_fa_gr"] == [[1, 2, 2]] * len(d["fermions"]["cgresid_md_fa_gr"])
+    make_deck(ROOT / "runs" / "hisq211_16.toml", out, 8, 12, 2)
+    assert deckmod.loads(out.read_text())["fermions"]["cgprec_md_fa_gr"] == []
