@@ -76,10 +76,10 @@ class PhaseTimer:
         self._wrap(G, "shift", "local_shift")
         self._wrap(G, "halo", "local_shift")
         self._wrap(G, "sum", "reductions")
-        # every halo engine and exchange class of the comms modules this run loaded (the CPU engine, its fast
-        # paths, the GPU engine: host-side times there): start -> halo_start, finish -> halo_finish, the waits
+        # every halo engine and exchange class of the comms modules this run loaded (the CPU engine, the
+        # transports' fast paths, the GPU engine: host-side times there): start -> halo_start, finish -> halo_finish, the waits
         mods = [_halo] + [m for name, m in sorted(sys.modules.items())
-                          if name.startswith("comms.cuda.") and m is not None]
+                          if name.startswith(("comms.cuda.", "comms.transport.")) and m is not None]
         for mod in mods:
             for cls in [v for v in vars(mod).values() if isinstance(v, type) and v.__module__ == mod.__name__]:
                 engine = issubclass(cls, _halo.HaloEngine)

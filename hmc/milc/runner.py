@@ -93,7 +93,9 @@ def _run_case(case, folder: Path, work: Path, search, backend, launch=None) -> t
         str(work / f"{case.prefix}.h5"), "--force", "--no-progress"]
     for s in search:
         cmd += ["--search", str(s)]
-    env = dict(os.environ)
+    from comms.config import child_env
+
+    env = child_env()
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
