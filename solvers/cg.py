@@ -198,17 +198,13 @@ class CGInverse(InverseOperator):
             return run.x, run.finish_trivial()
         iters = graph_iterations(run.Ai, run.blas) if run.one else 0
         run.st.extra["graph_iterations"] = iters
-        try:
-            while True:
-                if run.true_residual_due() and run.true_residual_check():
-                    break
-                if iters and not run.reliable:
-                    cg_iterations(run, iters)      # on the device until the stop test (solvers.krylov_graph)
-                else:
-                    run.step(run.search_direction())
-        finally:
-            if run.graph_loop is not None:
-                run.graph_loop.close()
+        while True:
+            if run.true_residual_due() and run.true_residual_check():
+                break
+            if iters and not run.reliable:
+                cg_iterations(run, iters)      # on the device until the stop test (solvers.krylov_graph)
+            else:
+                run.step(run.search_direction())
         return run.x, run.finish()
 
 
@@ -236,7 +232,6 @@ class _CGRun:
         self.sites = A.sites
         self.b = self.xp.asarray(b).astype(A.dtype, copy=False)
         self.bb = norm2(self.geom, self.b)
-        self.graph_loop = None          # the device-resident iterations' graph (solvers.krylov_graph), when used
 
     def cg_flops_per_iteration(self) -> float:
         """Linear-algebra flops of one Chronopoulos-Gear step (the operator's come on top)."""

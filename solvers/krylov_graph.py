@@ -45,6 +45,17 @@ NSTATE = 24
 RUNNING, DONE, BREAKDOWN, NONFINITE = 0, 1, 2, 3
 
 
+_override = {"iters": None}        # set_solver_graph: iterations per graph for every geometry, or None
+
+
+def set_solver_graph(iters: int | None) -> int | None:
+    """Iterations per graph replay for every geometry (0: host-driven), or None to follow each geometry's
+    configuration (``solver_graph``) again; returns the previous override, to restore it with (tests, timings)."""
+    old = _override["iters"]
+    _override["iters"] = None if iters is None else max(0, int(iters))
+    return old
+
+
 def _all_links_capturable(engine) -> bool:
     links = getattr(engine, "links", None) or {}
     return bool(getattr(engine, "device_faces", False)) and all(
@@ -55,7 +66,7 @@ def graph_iterations(op, blas) -> int:
     """Iterations per graph replay for a solve with ``op`` on the fused kernels ``blas``, or 0: the host-driven
     iteration (module docstring). Collective on a distributed lattice (every rank answers the same)."""
     geom = op.geom
-    iters = int(geom.config.solver_graph)
+    iters = int(geom.config.solver_graph if _override["iters"] is None else _override["iters"])
     if iters <= 0 or blas is None or not hasattr(blas, "cg_update_dev") or not hasattr(op, "apply_into"):
         return 0
     if blas.parity is None and getattr(op, "parity", None) in (0, 1):
@@ -76,6 +87,7 @@ class DeviceSums:
     def __init__(self, geom, st, kernel):
         grid = geom.grid
         cp = geom.xp
+        self.grid = grid                  # held, so that the loop cache's key (the grid's id) stays this grid's
         self.st, self.kernel = st, kernel
         self.dims, self.coords = tuple(grid.dims), tuple(grid.coords)
         self.rdims = [mu for mu in range(4) if grid.partitioned[mu] and self.dims[mu] > 1]
@@ -103,66 +115,91 @@ class DeviceSums:
 
 
 class GraphLoop:
-    """The shared machinery: the state vector (device and pinned host copy), the loop stream, the captured graph of
-    ``iters`` iterations (re-captured when the fields change), the replays until the state is frozen."""
+    """The device-resident iteration of one kind of solve on one local lattice: the state vector and the per-shift
+    arrays in one device block with a pinned host twin (one copy each way per upload and per replay), the loop
+    stream, the rank sums, and the captured graphs of ``iters`` iterations, kept per key (the addresses the graph
+    bakes in: fields, operator links and buffers, the base shift) for reuse by later solves (:data:`KEEP` of them,
+    least recently used dropped). Made once per (kind, lattice, precision, shift count) by :func:`loop_for`."""
 
-    def __init__(self, geom, iters: int):
+    KEEP = 8
+
+    def __init__(self, geom, iters: int, nshift: int = 0, real=np.float64):
+        from collections import OrderedDict
+
         import cupyx
 
         from comms.cuda.graph import CapturedGraph
 
         cp = geom.xp
-        self.cp, self.geom, self.iters = cp, geom, int(iters)
+        self.cp, self.geom, self.iters, self.n = cp, geom, int(iters), int(nshift)
         self._Graph = CapturedGraph
         be = geom.backend
         self.k = {name: cuda_source.function(be, "solvers", "fused_blas.cu", name)
                   for name in ("cg_direction", "cg_close", "ms_direction_double", "ms_direction_single", "ms_close",
                                "rank_sum")}
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.st = cp.zeros(NSTATE, dtype=np.float64)
-        self.host = cupyx.empty_pinned((NSTATE,), dtype=np.float64)
+        n = self.n
+        size = NSTATE + 5 * n                        # state, zeta, zeta_prev, relative shifts, p_i / x_i addresses
+        self.dev = cp.zeros(size, dtype=np.float64)
+        self.host = cupyx.empty_pinned((size,), dtype=np.float64)
+        self.st = self.dev[:NSTATE]
+        self.z, self.zp = self.dev[NSTATE:NSTATE + n], self.dev[NSTATE + n:NSTATE + 2 * n]
+        self.rel = self.dev[NSTATE + 2 * n:NSTATE + 3 * n]
+        table = self.dev[NSTATE + 3 * n:].view(np.uint64)
+        self.table = (table[:n], table[n:])
+        self.coef = cp.zeros(4 * n, dtype=real)
+        self.readback = NSTATE + 2 * n              # what comes back per replay: the state and the zetas
         self.sums = DeviceSums(geom, self.st, self.k["rank_sum"])
         self.done = cp.cuda.Event(disable_timing=True)
         self.joined = cp.cuda.Event(disable_timing=True)
-        self.graph, self.key = None, None
+        self.graphs = OrderedDict()
         self.replays = 0
         self.capture_s = 0.0
+        self.captures = 0
+
+    def upload(self, z=(), zp=(), rel=(), ptrs=(), **values) -> None:
+        """The state vector from ``values`` (slot name -> number; the rest 0) and the per-shift arrays, in one copy
+        on the loop stream after the caller's stream has produced the fields."""
         engine = self.sums.engine
         if engine is not None and not engine.graph_mode:
             engine.set_graph_mode(True)       # collective; binary flags serve uncaptured exchanges as well
-
-    def upload(self, **values) -> None:
-        """The state vector from ``values`` (slot name -> number; the rest 0), copied on the loop stream after the
-        caller's stream has produced the fields."""
-        host = self.host
-        host[...] = 0.0
+        host, n = self.host, self.n
+        host[:NSTATE] = 0.0
         for name, v in values.items():
             host[SLOT[name]] = float(v)
+        if n:
+            host[NSTATE:NSTATE + n], host[NSTATE + n:NSTATE + 2 * n] = z, zp
+            host[NSTATE + 2 * n:NSTATE + 3 * n] = rel
+            host[NSTATE + 3 * n:].view(np.uint64)[...] = ptrs
         self.joined.record(self.cp.cuda.get_current_stream())
         self.stream.wait_event(self.joined)
-        self.st.set(host, stream=self.stream)
+        self.cp.cuda.runtime.memcpyAsync(self.dev.data.ptr, self.host.ctypes.data, self.dev.nbytes,
+                                         self.cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
 
     def capture(self, key, body) -> None:
-        """Capture ``iters`` calls of ``body`` unless the graph for ``key`` (the fields' addresses) is held."""
-        if key == self.key and self.graph is not None:
-            return
-        if self.graph is not None:
-            self.graph.close()
-        t0 = time.perf_counter()
-        self.graph = self._Graph(self.stream, lambda: [body() for _ in range(self.iters)])
-        self.key = key
-        self.capture_s += time.perf_counter() - t0
+        """The graph of ``iters`` calls of ``body`` for ``key``: a kept one, else captured now."""
+        graph = self.graphs.pop(key, None)
+        if graph is None:
+            t0 = time.perf_counter()
+            graph = self._Graph(self.stream, lambda: [body() for _ in range(self.iters)])
+            self.capture_s += time.perf_counter() - t0
+            self.captures += 1
+            while len(self.graphs) >= self.KEEP:
+                self.graphs.popitem(last=False)[1].close()
+        self.graphs[key] = graph
+        self.graph = graph
 
     def run(self) -> np.ndarray:
-        """Replay until the state leaves RUNNING; returns the state (host copy). A replay that does not finish
-        within the communication timeout (a dead peer) raises CommsTimeout instead of waiting for ever."""
+        """Replay until the state leaves RUNNING; returns the state and zetas (host copy). A replay that does not
+        finish within the communication timeout (a dead peer) raises CommsTimeout instead of waiting for ever."""
         timeout = float(self.geom.config.comms_timeout)
         status = SLOT["status"]
+        nbytes = 8 * self.readback
+        rt = self.cp.cuda.runtime
         while True:
             self.graph.launch(self.stream)
             self.replays += 1
-            self.cp.cuda.runtime.memcpyAsync(self.host.ctypes.data, self.st.data.ptr, self.st.nbytes,
-                                             self.cp.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
+            rt.memcpyAsync(self.host.ctypes.data, self.dev.data.ptr, nbytes, rt.memcpyDeviceToHost, self.stream.ptr)
             self.done.record(self.stream)
             deadline = time.perf_counter() + timeout
             while not self.done.done:
@@ -171,28 +208,38 @@ class GraphLoop:
                                        "(a peer rank stopped?): raise HMC_COMMS_TIMEOUT if the iterations are "
                                        "that slow")
             if self.host[status] != RUNNING:
-                return self.host.copy()
+                return self.host[:self.readback].copy()
 
-    def close(self) -> None:
-        if self.graph is not None:
-            self.graph.close()
-            self.graph = None
+    def counters(self) -> dict:
+        """Replays and captures so far (and the seconds the captures took), for the solver statistics."""
+        return {"graph_replays": self.replays, "graph_captures": self.captures, "graph_capture_s": self.capture_s}
+
+
+def loop_for(geom, kind: str, iters: int, real=np.float64, nshift: int = 0) -> GraphLoop:
+    """The :class:`GraphLoop` of ``kind`` ("cg" or "multishift") for this local lattice, precision and shift
+    count, made once per backend and process grid."""
+    key = ("krylov_graph", kind, tuple(geom.local_dims), np.dtype(real).str, int(nshift), int(iters),
+           sum(geom.offset) & 1, id(geom.grid))
+    return geom.backend.kernel(key, lambda: GraphLoop(geom, iters, nshift, real))
 
 
 def _ptrs(*arrays) -> tuple:
     return tuple(a.data.ptr for a in arrays)
 
 
+def _counted(st, loop, before: dict) -> None:
+    """Add the loop's replays and captures since ``before`` to the solver statistics ``st``."""
+    for name, v in loop.counters().items():
+        st.extra[name] = st.extra.get(name, 0) + v - before[name]
+
+
 def cg_iterations(run, iters: int) -> None:
     """Chronopoulos-Gear iterations of ``run`` (a :class:`solvers.cg._CGRun` on the fused GPU path) on the device
     until its stop test holds; ``run``'s scalars, counters and fields are left as the host-driven steps leave them."""
-    loop = run.graph_loop
-    if loop is None:
-        loop = run.graph_loop = GraphLoop(run.geom, iters)
     xp, blas, A = run.xp, run.blas, run.Ai
+    loop = loop_for(run.geom, "cg", iters, blas.real)
     if run.ps is None:
         run.ps, run.ss = xp.zeros_like(run.rs), xp.zeros_like(run.rs)
-    A.reserve_into()
     ps, ss, y, rs, ws = run.ps, run.ss, run.y, run.rs, run.ws
     st, sums, kd, kc = loop.st, loop.sums, loop.k["cg_direction"], loop.k["cg_close"]
 
@@ -204,11 +251,12 @@ def cg_iterations(run, iters: int) -> None:
         sums()
         kc((1,), (1,), (st,))
 
-    k0 = run.k
+    k0, before = run.k, loop.counters()
     loop.upload(g=run.g, d=run.d, g_old=run.g_old, alpha_old=run.alpha_old, beta=run.beta, k=k0,
                 fresh=run.fresh, stop=run.stop, delta2=run.delta2, rmax2=run.rmax2, maxiter=run.inv.maxiter)
-    loop.capture(_ptrs(ps, ss, y, rs, ws), body)
+    loop.capture(_ptrs(ps, ss, y, rs, ws) + A.graph_key() + (id(blas),), body)
     out = loop.run()
+    _counted(run.st, loop, before)
     S = SLOT
     run.k = int(out[S["k"]])
     done = run.k - k0
@@ -217,7 +265,6 @@ def cg_iterations(run, iters: int) -> None:
     run.g, run.d, run.g_old, run.alpha_old = (float(out[S[n]]) for n in ("g", "d", "g_old", "alpha_old"))
     run.beta, run.rmax2 = float(out[S["beta"]]), float(out[S["rmax2"]])
     run.fresh = bool(out[S["fresh"]])
-    run.st.extra["graph_replays"] = run.st.extra.get("graph_replays", 0) + loop.replays
     status = int(out[S["status"]])
     if status == BREAKDOWN:
         run.breakdown(float(out[S["pap"]]))
@@ -229,17 +276,14 @@ def multishift_iterations(run, iters: int) -> None:
     """Every iteration of ``run`` (a :class:`solvers.multishift._MultishiftRun` on the fused GPU path, after
     ``start``) on the device until the base shift converges or ``maxiter``; its scalars, zetas and counters are
     left as the host-driven iterations leave them."""
-    loop = GraphLoop(run.geom, iters)
-    cp, blas, A, n = run.xp, run.blas, run.A, run.n
-    A.reserve_into()
-    z, zp = cp.asarray(np.asarray(run.z, dtype=np.float64)), cp.asarray(np.asarray(run.z_prev, dtype=np.float64))
-    rel = cp.asarray(np.asarray(run.rel, dtype=np.float64))
-    coef = cp.zeros(4 * n, dtype=blas.real)
+    blas, A, n = run.blas, run.A, run.n
+    loop = loop_for(run.geom, "multishift", iters, blas.real, n)
     single = blas.real == np.float32
     kd = loop.k["ms_direction_single" if single else "ms_direction_double"]
-    kc, st, sums = loop.k["ms_close"], loop.st, loop.sums
+    kc, st, sums, z, zp, rel, coef, table = (loop.k["ms_close"], loop.st, loop.sums, loop.z, loop.zp, loop.rel,
+                                            loop.coef, loop.table)
     s, r, w, s0 = run.s, run.r, run.w, run.s0
-    table = blas.pointer_table(run.ps_i, run.xs)
+    fields = [blas._f(a) for a in run.ps_i] + [blas._f(a) for a in run.xs]
 
     def body():
         kd((1,), (1,), (st, z, zp, rel, coef, np.int32(n)))
@@ -249,21 +293,18 @@ def multishift_iterations(run, iters: int) -> None:
         sums()
         kc((1,), (1,), (st,))
 
-    k0 = run.k
-    loop.upload(g=run.g, d=run.d, g_old=run.g_old, alpha_old=run.alpha_prev, k=k0, stop=run.stop,
-                maxiter=run.inv.maxiter)
-    try:
-        loop.capture(None, body)
-        out = loop.run()
-    finally:
-        loop.close()
+    k0, before = run.k, loop.counters()
+    loop.upload(z=run.z, zp=run.z_prev, rel=run.rel, ptrs=_ptrs(*fields), g=run.g, d=run.d, g_old=run.g_old,
+                alpha_old=run.alpha_prev, k=k0, stop=run.stop, maxiter=run.inv.maxiter)
+    loop.capture(_ptrs(s, r, w) + (s0,) + A.graph_key() + (id(blas),), body)
+    out = loop.run()
+    _counted(run.st, loop, before)
     S = SLOT
     run.k = int(out[S["k"]])
     run.matvecs += run.k - k0
     run.g, run.d, run.g_old, run.alpha_prev = (float(out[S[n_]]) for n_ in ("g", "d", "g_old", "alpha_old"))
-    run.z, run.z_prev = [float(v) for v in z.get()], [float(v) for v in zp.get()]
-    run.st.extra["graph_replays"] = loop.replays
-    run.st.extra["graph_capture_s"] = loop.capture_s
+    run.z = [float(v) for v in out[NSTATE:NSTATE + n]]
+    run.z_prev = [float(v) for v in out[NSTATE + n:NSTATE + 2 * n]]
     status = int(out[S["status"]])
     if status == BREAKDOWN:
         run.breakdown(run.k, run.g, float(out[S["pap"]]))

@@ -374,6 +374,11 @@ class EvenOddNormal(Operator):
         if getattr(self, "_scratch", None) is None:
             self._scratch = self.xp.zeros(self.field_shape, dtype=self.dtype)
 
+    def graph_key(self) -> tuple:
+        """What a CUDA graph of :meth:`apply_into` bakes in besides its arguments (solvers.krylov_graph)."""
+        self.reserve_into()
+        return (self.parity, self.mass, self.dslash._sign, self._scratch.data.ptr) + self.dslash._hop_impl.graph_key()
+
     def apply_into(self, psi, out):
         """out = A psi on the sites of parity p, the same bits as ``A(psi)``; the other sites of ``out`` are left
         as they are (zero for the solvers' fields). No allocation after :meth:`reserve_into`."""
