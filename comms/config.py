@@ -173,6 +173,8 @@ SETTINGS = {
     "mg_timing_sync": Setting("HMC_MG_TIMING_SYNC", _flag(True), True, "multigrid clocks synchronize the device"),
     "solver_fused": Setting("HMC_SOLVER_FUSED", _fused, "on", "fused solver linear algebra: on, off or all"),
     "solver_sums": Setting("HMC_SOLVER_SUMS", _choice("fast", "exact"), "fast", "solver reductions"),
+    "solver_graph": Setting("HMC_SOLVER_GRAPH", _int_in(0, None, "use a non-negative integer (0: host-driven)"), 8,
+                            "GPU solver iterations per CUDA-graph replay (0: every iteration driven by the host)"),
     "checks_dir": Setting("HMC_CHECKS_DIR", _optional(_text), None, "hmc check references (None: the package's hmc/checks)"),
     "fault_inject": Setting("HMC_FAULT_INJECT", _text, "", "testing: a fault to inject, e.g. "
                                                             "kill_during_checkpoint:3"),
@@ -233,6 +235,7 @@ class RunConfig:
     mg_timing_sync: bool = True
     solver_fused: str = "on"
     solver_sums: str = "fast"
+    solver_graph: int = 8
     checks_dir: str | None = None
     fault_inject: str = ""
     mpiexec: str | None = None

@@ -33,7 +33,6 @@ OPTIONS = {
     ("lattice", "su3_taylor.cu"): (CXX17,),
     ("solvers", "staggered_hop.cu"): (CXX14,),
     ("solvers", "fused_blas.cu"): (CXX14, "--fmad=false"),
-    ("solvers", "dist_cg.cu"): (CXX17,),
     ("solvers.multigrid", "coarse.cu"): (CXX17,),
     ("force", "gauge_force.cu"): (CXX14,),
     ("force", "hisq.cu"): (CXX14,),

@@ -51,7 +51,7 @@ BLOCK = 256           # threads per block (the reduction trees assume exactly th
 MAX_BLOCKS = 1024     # grid-stride loops beyond: a fixed grid keeps the reduction order fixed
 NRED = 2              # numbers a reduction kernel returns
 
-_KERNELS = ("cg_update", "xpay", "norm2_redot", "axpy2_norm2", "ms_update")
+_KERNELS = ("cg_update", "xpay", "norm2_redot", "axpy2_norm2", "ms_update", "cg_update_dev", "ms_update_dev")
 
 
 def _device_ptr(a) -> int:
@@ -107,7 +107,7 @@ class CudaBlas:
         return a
 
     def _launch(self, name, *args):
-        grid = self._grid_numbers if name == "ms_update" else self._grid
+        grid = self._grid_numbers if name.startswith("ms_update") else self._grid
         self._k[name](grid, (BLOCK,), args + self._lat)
 
     def _red(self):
@@ -156,15 +156,39 @@ class CudaBlas:
             raise ValueError("multishift_update: ps, xs and coefs must have one entry per shift")
         # the device table of the fields' addresses, rebuilt when the fields change: keyed by the objects (held
         # here, so that their ids stay theirs), so that the fields are checked once per solve, not per iteration
+        table = self.pointer_table(ps, xs)
+        coef = self._coefficients(coefs)
+        f, R = self._f, self.real
+        self._launch("ms_update", f(s), f(r), f(w), table[0], table[1], coef, np.int32(len(coefs)),
+                     R(alpha), R(0.0 if fresh else beta), np.int32(bool(fresh)))
+
+    def pointer_table(self, ps, xs):
+        """The device tables of the shifts' p_i and x_i addresses, rebuilt when the fields change: keyed by the
+        objects (held here, so that their ids stay theirs), so that the fields are checked once per solve, not per
+        iteration."""
         key = tuple(map(id, ps)) + tuple(map(id, xs))
         if self._ptr_key != key:
             ptrs = tuple(_device_ptr(self._f(a)) for a in ps) + tuple(_device_ptr(self._f(a)) for a in xs)
             dev = self.cp.asarray(np.asarray(ptrs, dtype=np.uint64))
             self._ptr_key, self._ptr_fields, self._ptrs = key, (tuple(ps), tuple(xs)), (dev[:len(ps)], dev[len(ps):])
-        coef = self._coefficients(coefs)
-        f, R = self._f, self.real
-        self._launch("ms_update", f(s), f(r), f(w), self._ptrs[0], self._ptrs[1], coef, np.int32(len(coefs)),
-                     R(alpha), R(0.0 if fresh else beta), np.int32(bool(fresh)))
+        return self._ptrs
+
+    # --- the device-resident forms (solvers.krylov_graph): coefficients read from the state vector ``st`` -------
+    def cg_update_dev(self, p, s, x, r, w, st):
+        """:meth:`cg_update` with alpha, beta and the fresh flag from the state vector (no-op once it is frozen)."""
+        f = self._f
+        self._launch("cg_update_dev", f(p), f(s), f(x), f(r), f(w), st)
+
+    def ms_update_dev(self, s, r, w, table, coef, nshift, st):
+        """:meth:`multishift_update` with alpha, beta, fresh from the state vector and the shifts' (zeta, a, b,
+        active) from ``coef`` on the device (no-op once the state is frozen)."""
+        f = self._f
+        self._launch("ms_update_dev", f(s), f(r), f(w), table[0], table[1], coef, np.int32(nshift), st)
+
+    def norm2_redot_into(self, a, w, shift, result):
+        """:meth:`norm2_redot` into the device pair ``result`` (this rank's sums; no host synchronisation)."""
+        self._launch("norm2_redot", self._f(a), self._f(w), self.real(shift), np.int32(shift != 0.0),
+                     self._partial, self._counter, result)
 
     def _coefficients(self, coefs):
         """The shifts' (zeta, a, b, active) on the device: written into a pinned host buffer and copied on the

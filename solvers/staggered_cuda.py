@@ -50,6 +50,11 @@ class CudaHop:
             self._soa[key] = (self.cp.ascontiguousarray(blocks.reshape(nhop, vh, 9).transpose(0, 2, 1)), blocks)
         return self._soa[key][0]
 
+    def graph_key(self) -> tuple:
+        """The device addresses a captured application bakes in (its links of both parities), built now if they
+        are not yet: a graph of this hop stays valid while they are the same."""
+        return tuple(self._links(p).data.ptr for p in (0, 1))
+
     def __call__(self, psi, parity, out, a, x, b):
         geom = self.dslash.geom
         nx, ny, nz, nt = geom.local_dims

@@ -272,7 +272,7 @@ def test_mps_is_started_for_the_study_recorded_and_stopped(tmp_path):
 @needs_mpi
 def test_gpu_operations_plumbing_on_the_cpu():
     """The worker's GPU operations driven on the CPU (tests/bench/scaling_gpu_plumbing.py: a stand-in CuPy with host
-    clocks, the NumPy twin of the distributed hop through shm, NumPy stand-ins of DslashRunner and DeviceCG): the
+    clocks, the NumPy twin of the distributed hop through shm, a NumPy stand-in of DslashRunner, the production CG): the
     halo check passes, the device-event samples and the eight-phase split come out per rank, and the answers equal
     the 1-rank run's to rounding."""
     script = str(ROOT / "tests" / "bench" / "scaling_gpu_plumbing.py")
