@@ -33,18 +33,21 @@ TRANSPORT_TABLE = {
 }
 
 
-def cpu_transports() -> tuple:
-    """The registered transports with host buffers (comms.transport.registry), in registration order."""
+def transports_with(**capabilities) -> tuple:
+    """The registered transports (comms.transport.registry, in registration order) whose capabilities have the
+    values given, e.g. ``transports_with(gpu_buffers=True)``: the GPU engine's."""
     from comms.transport import registry
 
-    return tuple(n for n in registry.names() if not registry.lookup(n).capabilities.gpu_buffers)
+    return tuple(n for n in registry.names()
+                 if all(getattr(registry.lookup(n).capabilities, k) == v for k, v in capabilities.items()))
+
+
+def cpu_transports() -> tuple:
+    return transports_with(gpu_buffers=False)
 
 
 def gpu_transports() -> tuple:
-    """The registered transports with device buffers (the GPU engine's), in registration order."""
-    from comms.transport import registry
-
-    return tuple(n for n in registry.names() if registry.lookup(n).capabilities.gpu_buffers)
+    return transports_with(gpu_buffers=True)
 
 
 def transport_notes(name) -> dict:
