@@ -10,6 +10,7 @@ import time
 
 from comms import CommsError
 from comms.config import ConfigError, RunConfig
+from comms.transport import names as transport_names
 from lattice.backend import BackendError
 from lattice.geometry import GeometryError
 
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--grid", type=int, nargs=4, metavar=("PX", "PY", "PZ", "PT"),
                     help="process grid under mpiexec (default: the deck's [lattice] grid if it states one, else "
                          "$HMC_GRID, else chosen from the rank count)")
-    ap.add_argument("--transport", metavar="mpi|shm|event|stream_gated",
+    ap.add_argument("--transport", metavar="|".join(transport_names()),
                     help="halo transport (default: $HMC_P2P_TRANSPORT, else shm between ranks of a node)")
     sub = ap.add_subparsers(dest="command", required=True)
 

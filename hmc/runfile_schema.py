@@ -38,6 +38,13 @@ DATASET_DESCRIPTIONS = {
     "rng/milc": "a dataset of MILC's generator state (hmc/rngs.py)",
 }
 
+#: the action terms recorded at the start and the end of each trajectory (columns g_start ... f_end):
+#: term -> (what it is, MILC's name for it), and when -> at what point
+_ACTION_TERMS = {"g": ("gauge action", "MILC's ACTION g"),
+                 "h": ("momentum term sum_{x,mu} [Tr(P^dag P)/2 - 4]", "MILC's ACTION h, hmom_action"),
+                 "f": ("pseudofermion action", "MILC's ACTION f; 0 without fermions")}
+_ACTION_TIMES = {"start": "at the start of the trajectory", "end": "at the end of the molecular dynamics"}
+
 #: name -> (dtype, units, description) of the fixed columns, in row order
 _FIXED = {
     "traj": ("i8", "1", "trajectory number, 1 for the first trajectory of the run"),
@@ -46,13 +53,8 @@ _FIXED = {
     "dH": ("f8", "1 (action, hbar = 1)", "H(end) - H(start): MILC's delta S"),
     "exp_mdH": ("f8", "1", "exp(-dH), whose average is 1 in equilibrium (Creutz's equality)"),
     "xrandom": ("f8", "1", "the uniform random number of the Metropolis test, accepted if exp(-dH) >= xrandom"),
-    "g_start": ("f8", "1 (action)", "gauge action at the start of the trajectory (MILC's ACTION g)"),
-    "h_start": ("f8", "1 (action)", "momentum term sum_{x,mu} [Tr(P^dag P)/2 - 4] at the start (MILC's ACTION h, "
-                                    "hmom_action)"),
-    "f_start": ("f8", "1 (action)", "pseudofermion action at the start (MILC's ACTION f; 0 without fermions)"),
-    "g_end": ("f8", "1 (action)", "gauge action at the end of the molecular dynamics"),
-    "h_end": ("f8", "1 (action)", "momentum term at the end of the molecular dynamics"),
-    "f_end": ("f8", "1 (action)", "pseudofermion action at the end of the molecular dynamics"),
+    **{f"{term}_{when}": ("f8", "1 (action)", f"{what} {at} ({milc})")
+       for when, at in _ACTION_TIMES.items() for term, (what, milc) in _ACTION_TERMS.items()},
     "plaq_ss": ("f8", "1", "MILC's PLAQ space-space: <ReTr P> over the xy, xz, yz planes (3 on unit links), of the "
                            "configuration kept after the trajectory"),
     "plaq_st": ("f8", "1", "MILC's PLAQ space-time: <ReTr P> over the xt, yt, zt planes (3 on unit links)"),

@@ -75,6 +75,6 @@ def _even_x(geom, dslash) -> bool:
 
 @implements("staggered.hop", Placement.WHOLE, fits=_even_x)
 def whole_lattice_hop(dslash):
-    """The kernel when the whole lattice lives on this GPU (a partitioned grid, or a sub-grid of a split one: the
-    distributed hop of :mod:`solvers.staggered_dist_cuda`)."""
+    """The kernel when the whole lattice lives on this GPU of a one-rank run (WHOLE; a partitioned grid or a
+    one-rank sub-grid of a split one is DISTRIBUTED: the distributed hop of :mod:`solvers.staggered_dist_cuda`)."""
     return CudaHop(dslash)

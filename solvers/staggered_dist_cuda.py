@@ -325,7 +325,8 @@ def _layout_fits(geom, dslash) -> bool:
     return not any(geom.grid.partitioned[mu] and geom.local_dims[mu] < depth for mu in range(4))
 
 
-@implements("staggered.hop", Placement.DISTRIBUTED, Placement.SUBGRID, fits=_layout_fits)
+@implements("staggered.hop", Placement.DISTRIBUTED, fits=_layout_fits)
 def make_hop(dslash):
-    """The hop on a partitioned GPU geometry, or on a one-rank sub-grid of a split grid: a DistHop."""
+    """The hop on a DISTRIBUTED GPU geometry (a partitioned grid, or a one-rank sub-grid of a split grid): a
+    DistHop."""
     return DistHop(dslash)
