@@ -1,12 +1,15 @@
 """``hmc solve --ksprop``: the three source colours of a point source solved and written as MILC's save_ksprop
 writes them with QIO (a USQCD KS propagator, USQCD_ColorVector_ScalarSource_ThreeSink), and read back by
 ``--check`` and ``--source``."""
+import json
+
 import numpy as np
 import pytest
 
 from hmc.cli import main
 from lattice.io import read_color_vector, read_ksprop
 from tests.conftest import fixture_path
+from tests.hmc.test_rhmc_mpi import launch, needs_mpi
 from tests.hmc.test_solve_spectrum import one_line_error, run_json
 
 
@@ -62,3 +65,18 @@ def test_ksprop_bad_input_in_one_line(tmp_path, capsys):
     one_line_error(capsys, base() + ["--ksprop", "--out", str(tmp_path / "p"), "--check", vec], "KS propagator")
     one_line_error(capsys, ["solve", lat, "--action", "hisq", "--mass", "0.2", "--source", vec, "--ksprop", "--out",
                             str(tmp_path / "p")], "not a USQCD KS propagator")
+
+
+@needs_mpi
+def test_ksprop_on_two_ranks_is_the_one_rank_propagator(tmp_path, capsys):
+    """Under mpiexec the three solutions are gathered to rank 0, which writes the file: the same propagator as one
+    process writes (to rounding: the decomposed operator sums in another order), checksums accepted, progress and
+    result printed once."""
+    one, two = str(tmp_path / "one.ksprop"), str(tmp_path / "two.ksprop")
+    run_json(capsys, base() + ["--ksprop", "--out", one])
+    out = launch(2, ["-m", "hmc", "--grid", "1", "1", "1", "2", *base(), "--ksprop", "--out", two, "--json"])
+    r = json.loads(out)
+    assert r["out"]["format"] == "usqcd-ksprop" and r["converged"]
+    (s1, src1, _), (s2, src2, info) = read_ksprop(one), read_ksprop(two)
+    assert np.array_equal(src1, src2) and all(f["checksums"]["ok"] for f in info["fields"])
+    assert np.abs(s1 - s2).max() <= 1e-13 * np.abs(s1).max()
