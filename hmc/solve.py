@@ -136,7 +136,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="solve the three colours of the point (or KS propagator) source and write --out as a USQCD "
                         "KS propagator (MILC's save_ksprop with QIO)")
     p.add_argument("--check", metavar="REFERENCE",
-                   help="report |x - ref|/|ref| against a stored solution (SciDAC colour vector or .npy)")
+                   help="report |x - ref|/|ref| against a stored solution (SciDAC colour vector, .npy, or the "
+                        "solution of colour --color in a USQCD KS propagator)")
     g = p.add_argument_group("multigrid (--solver mg)")
     g.add_argument("--mg-levels", type=int, default=3, help="levels: fine, KD, then aggregations (default 3)")
     g.add_argument("--mg-block", type=int, nargs=4, action="append", metavar=("BX", "BY", "BZ", "BT"),
