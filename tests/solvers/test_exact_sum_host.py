@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import types
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,8 @@ import pytest
 from comms import reduce as R
 from comms import superacc as S
 from lattice import cuda_source
-from solvers.exact_sum_cuda import twin_records
+from lattice.backend import Backend
+from solvers.exact_sum_cuda import ExactReducer, accumulator, round_records, twin_records
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile the kernels for the host")
 
@@ -97,9 +99,8 @@ _CTYPES = {"int": ctypes.c_int, "long long": ctypes.c_longlong}
 _BUILD = Path(tempfile.gettempdir()) / "hmc_exact_sum_host"
 
 
-@pytest.fixture(scope="module")
-def lib():
-    source = cuda_source.source("solvers", "exact_sum.cu")
+def compile_host(source: str) -> dict:
+    """{kernel name: its host launcher f(grid, block, *args)} of a kernel source, compiled once per text."""
     kernels = re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', source)
     wrappers, sigs = [], {}
     for name, params in kernels:
@@ -125,6 +126,48 @@ def lib():
         f.argtypes = [ctypes.c_long, ctypes.c_long] + argtypes
         fns[name] = f
     return fns
+
+
+@pytest.fixture(scope="module")
+def lib():
+    return compile_host(cuda_source.source("solvers", "exact_sum.cu"))
+
+
+class _HostKernel:
+    """A kernel called as CuPy calls a RawModule's function: (grid, block, args), arrays as pointers."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def __call__(self, grid, block, args):
+        conv = []
+        for a in args:
+            if isinstance(a, np.ndarray):
+                assert a.flags.c_contiguous, "a pointer argument must be a C-contiguous array"
+                conv.append(ptr(a))
+            else:
+                conv.append(None if isinstance(a, np.uintp) and int(a) == 0 else a.item())
+        self.f(int(grid[0]), int(block[0]), *conv)
+
+
+class HostCuPy(types.ModuleType):
+    """NumPy under cupy's name, with RawModule compiled for the host and a one-SM device: the driver
+    (solvers/exact_sum_cuda.py) runs unchanged on a Backend("cupy", HostCuPy())."""
+
+    def __init__(self):
+        super().__init__("cupy_exact_sum_host")
+        device = types.SimpleNamespace(id=0)
+        self.cuda = types.SimpleNamespace(
+            Device=lambda: device,
+            runtime=types.SimpleNamespace(getDeviceProperties=lambda i: {"multiProcessorCount": 1}))
+
+    def RawModule(self, code, options=()):
+        assert "--fmad=false" in options
+        fns = compile_host(code)
+        return types.SimpleNamespace(get_function=lambda name: _HostKernel(fns[name]))
+
+    def __getattr__(self, name):
+        return getattr(np, name)
 
 
 def ptr(a):
@@ -238,3 +281,35 @@ def test_rounding_edges_in_the_round_kernel(lib):
         result, total = round_host(lib, rec[None, None, :], 1)
         assert np.array_equal(total[0], rec)
         assert bits(result[0]) == bits(S.to_float(rec)), values
+
+
+def test_the_driver_on_the_host():
+    """solvers/exact_sum_cuda.py's checks, launch configuration and buffers, with the host-compiled kernels."""
+    be = Backend("cupy", HostCuPy())
+    red = ExactReducer(be)
+    rng = np.random.default_rng(9)
+    for n, dtype in ((4 ** 4 // 2, np.complex128), (8 ** 4 // 2, np.complex64)):
+        a, b = field(rng, n, dtype, 20), field(rng, n, dtype, 20)
+        assert red.blocks(a.size) == min(-(-a.size // 2048), 4)
+        out, res = accumulator(np, 2), np.zeros(2)
+        red.norm2_redot(a, b, out, res)
+        assert np.array_equal(out, twin_records(a, b)) and np.array_equal(bits(res), bits(reference(a, b)))
+        out1 = accumulator(np, 1)
+        red.norm2(a, out1)
+        assert np.array_equal(out1[0], out[0]) and not red.scratch.any() and red.counter[0] == 0
+        accs = np.stack([out, out])
+        total = accumulator(np, 2)
+        round_records(be, accs, res, total)
+        twice = np.stack([S.add(out[q], out[q]) for q in range(2)])
+        assert np.array_equal(total, twice)
+        assert np.array_equal(bits(res), bits([S.to_float(twice[0]), S.to_float(twice[1])]))
+    with pytest.raises(TypeError, match="complex128 or complex64"):
+        red.norm2(np.ones(4), accumulator(np, 1))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        red.norm2(np.ones((4, 2), dtype=complex)[:, 0], accumulator(np, 1))
+    with pytest.raises(ValueError, match="shape \\(2, 68\\)"):
+        red.norm2_redot(a, b, accumulator(np, 1))
+    with pytest.raises(ValueError, match="one precision"):
+        red.norm2_redot(a, b.astype(np.complex128), accumulator(np, 2))
+    with pytest.raises(ValueError, match="give result"):
+        round_records(be, np.stack([out, out]), None)
