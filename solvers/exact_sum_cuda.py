@@ -23,7 +23,8 @@ Launch configuration: the reduction runs THREADS = 256 threads per block (a mult
 threads' register windows by shuffles) and min(ceil(n / (256 * ITEMS)), BLOCKS_PER_SM x SMs) blocks, grid-stride;
 the rounding kernel one block of ROUND_THREADS = 128. An :class:`ExactReducer` owns a scratch record pair and a
 block counter that are zeroed at allocation and left zero by every launch (its last block reads and clears them),
-so launches need no memset and can be captured in a CUDA graph; one reducer serves one stream at a time.
+so launches need no memset and can be captured in a CUDA graph; one reducer serves one stream at a time. The
+warp reductions (``__reduce_max_sync``) need compute capability 8.0 or later.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from lattice import cuda_source
 WIDTH = superacc.WIDTH
 THREADS = 256            # reduction block size, a multiple of 32
 ITEMS = 8                # complex elements per thread before the grid is capped
-BLOCKS_PER_SM = 4
+BLOCKS_PER_SM = 3       # nvcc 13.0 for sm_90: 72 registers a thread (pair), so 3 blocks of 256 are resident per SM
 ROUND_THREADS = 128
 MAX_QUANTITIES = 4       # EXS_QMAX of exact_sum.cu
 MAX_ELEMENTS = 2 ** 31   # a limb takes 2**31 digits before it can overflow

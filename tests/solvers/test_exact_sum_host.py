@@ -290,7 +290,7 @@ def test_the_driver_on_the_host():
     rng = np.random.default_rng(9)
     for n, dtype in ((4 ** 4 // 2, np.complex128), (8 ** 4 // 2, np.complex64)):
         a, b = field(rng, n, dtype, 20), field(rng, n, dtype, 20)
-        assert red.blocks(a.size) == min(-(-a.size // 2048), 4)
+        assert red.blocks(a.size) == min(-(-a.size // 2048), 3)
         out, res = accumulator(np, 2), np.zeros(2)
         red.norm2_redot(a, b, out, res)
         assert np.array_equal(out, twin_records(a, b)) and np.array_equal(bits(res), bits(reference(a, b)))
@@ -313,3 +313,19 @@ def test_the_driver_on_the_host():
         red.norm2_redot(a, b.astype(np.complex128), accumulator(np, 2))
     with pytest.raises(ValueError, match="give result"):
         round_records(be, np.stack([out, out]), None)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit) to compile for sm_90")
+def test_the_kernel_file_compiles_for_the_h200_without_contraction(tmp_path):
+    """nvcc with the file's nvrtc options (lattice.cuda_source.OPTIONS) for sm_90: it compiles, and no product is
+    contracted into a fused multiply-add (the products must be NumPy's)."""
+    src = tmp_path / "exact_sum.cu"
+    src.write_text(cuda_source.source("solvers", "exact_sum.cu"))
+    ptx = tmp_path / "exact_sum.ptx"
+    subprocess.run(["nvcc", "-arch=sm_90", "-ptx", *cuda_source.options("solvers", "exact_sum.cu"), "-o", str(ptx),
+                    str(src)], check=True, timeout=600)
+    text = ptx.read_text()
+    for kernel in ("exact_norm2_f64", "exact_norm2_f32", "exact_norm2_redot_f64", "exact_norm2_redot_f32",
+                   "exact_round"):
+        assert f".entry {kernel}(" in text
+    assert "fma." not in text
