@@ -97,6 +97,19 @@ def test_rank_records_round_to_the_whole_field(be, dtype, ranks):
     assert np.array_equal(bits(xp.asnumpy(res)), bits(reference(a, b)))
 
 
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
+@pytest.mark.parametrize("L", [4, 16])
+def test_full_lattice_fields_with_an_empty_parity(be, L, dtype):
+    """(L, L, L, L, 3) fields with zeros on the odd sites, as the even-odd solvers keep them."""
+    a, b = random_fields((L, L, L, L, 3), dtype, L)
+    t, z, y, x = np.indices((L,) * 4)
+    odd = (t + z + y + x) % 2 == 1
+    a[odd], b[odd] = 0, 0
+    out, res, _, _ = device_sums(be, ExactReducer(be), a, b)
+    assert np.array_equal(out, twin_records(a, b))
+    assert np.array_equal(bits(res), bits(reference(a, b)))
+
+
 def test_non_finite_products_are_flagged(be):
     a = np.ones(64, dtype=np.complex128)
     b = np.ones(64, dtype=np.complex128)

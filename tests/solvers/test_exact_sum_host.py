@@ -235,6 +235,25 @@ def test_kernels_equal_the_twin_and_reduce(lib, dtype, grid, block, spread):
     assert np.array_equal(out1, twin_records(a)) and bits(result1[0]) == bits(result[0])
 
 
+def even_parity(rng, dims, dtype):
+    """A full-lattice colour field (nt, nz, ny, nx, 3) with zeros on the odd sites, as the even-odd solvers keep
+    their fields."""
+    nx, ny, nz, nt = dims
+    t, z, y, x = np.indices((nt, nz, ny, nx))
+    a = field(rng, nt * nz * ny * nx, dtype).reshape(nt, nz, ny, nx, 3)
+    a[(t + z + y + x) % 2 == 1] = 0
+    return a
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
+def test_full_lattice_fields_with_an_empty_parity(lib, dtype):
+    rng = np.random.default_rng(4)
+    a, b = even_parity(rng, (4, 4, 4, 4), dtype), even_parity(rng, (4, 4, 4, 4), dtype)
+    out, result = HostReducer(lib, 4, 64).reduce(a, b)
+    assert np.array_equal(out, twin_records(a, b))
+    assert np.array_equal(bits(result), bits(reference(a, b)))
+
+
 def test_edge_values_through_the_atomic_path(lib):
     """Values far outside the warps' register windows, subnormals, cancellation to zero and a huge redot."""
     tiny, big = 5e-324, 1e150
@@ -303,6 +322,9 @@ def test_the_driver_on_the_host():
         twice = np.stack([S.add(out[q], out[q]) for q in range(2)])
         assert np.array_equal(total, twice)
         assert np.array_equal(bits(res), bits([S.to_float(twice[0]), S.to_float(twice[1])]))
+    empty, res1 = accumulator(np, 1), np.full(1, np.nan)
+    red.norm2(np.zeros(0, dtype=np.complex128), empty, res1)
+    assert not empty.any() and bits(res1[0]) == bits(0.0)
     with pytest.raises(TypeError, match="complex128 or complex64"):
         red.norm2(np.ones(4), accumulator(np, 1))
     with pytest.raises(ValueError, match="C-contiguous"):
