@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from comms import reduce as R
 from comms import superacc as S
@@ -351,3 +352,23 @@ def test_the_kernel_file_compiles_for_the_h200_without_contraction(tmp_path):
                    "exact_round"):
         assert f".entry {kernel}(" in text
     assert "fma." not in text
+
+
+finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
+scaled = st.builds(lambda m, e: float(np.ldexp(m, e)), st.floats(-1.0, 1.0), st.integers(-1080, 1023))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(finite, scaled), min_size=1, max_size=200), st.integers(1, 3))
+def test_any_doubles_through_the_redot_channel(lib, values, grid):
+    """Re<a, b> with a = x + 0i and b = 1 sums the doubles x themselves (x * 1 + 0 * 0 = x exactly), so the
+    kernel's digits, windows, atomics and rounding see arbitrary doubles: equal to the twin and comms.reduce."""
+    x = np.asarray(values, dtype=np.float64)
+    a, b = x.astype(np.complex128), np.ones(x.size, dtype=np.complex128)
+    out, result = HostReducer(lib, grid, 32).reduce(a, b)
+    assert np.array_equal(out[1], S.accumulate(x))
+    try:
+        ref = R.exact_sum(x)
+    except OverflowError:
+        ref = S.to_float(S.accumulate(x))             # +-inf: comms.reduce raises where the sum overflows
+    assert bits(result[1]) == bits(ref)
