@@ -36,8 +36,6 @@ class Placement(enum.Enum):
     WHOLE = "whole"
     DISTRIBUTED = "distributed"
     PADDED = "padded"
-    #: transitional alias of DISTRIBUTED (the same member), for a declaration not yet updated; drop with its last use
-    SUBGRID = "distributed"
 
 
 #: the placements tried, in order, for a geometry of each placement

@@ -338,7 +338,7 @@ def _fits(geom, source) -> bool:
     return geom.local_dims[0] % 2 == 0 and (source is None or source.flags.c_contiguous)
 
 
-@implements("solvers.fused_blas", Placement.WHOLE, Placement.SUBGRID, Placement.DISTRIBUTED, fits=_fits)
+@implements("solvers.fused_blas", Placement.WHOLE, Placement.DISTRIBUTED, fits=_fits)
 def fused_cuda_blas(geom, dtype, parity, source=None):
     """A :class:`CudaBlas` for one solve, restricted to ``parity`` when the source vanishes on the other parity."""
     blas = cuda_blas(geom, dtype, parity)
