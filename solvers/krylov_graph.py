@@ -14,7 +14,9 @@ One iteration on the device, all on the loop's stream:
    through the stream-gated transport on a distributed lattice);
 4. the fused reduction (|r|^2, Re<r, A r>) writes this rank's pair into device memory; :class:`DeviceSums` sums the
    pairs over the ranks through the halo engine (ring exchanges along each partitioned dimension, then the pairs
-   added in grid-coordinate order, x first: every rank gets the same bits);
+   added in grid-coordinate order, x first: every rank gets the same bits); in the "exact" reduction mode each
+   rank's exact records (solvers/exact_sum_cuda.py) travel instead and are added as integers, so the sums are the
+   same bits for any decomposition;
 5. a one-thread kernel takes the new residual, counts the iteration and applies the solver's stop test; once it
    holds (or on a breakdown) the state is *frozen*: every later kernel of the graph returns at once, and the
    operator recomputes the same A r, so replays past the end change nothing.
@@ -79,39 +81,66 @@ def graph_iterations(op, blas) -> int:
 
 
 class DeviceSums:
-    """This rank's reduction pair summed over the ranks on the device. The fused reduction writes the pair into
-    :attr:`local`; calling the object (on the current stream) leaves the global pair in ``st[res:res + 2]``. Along
-    each partitioned dimension of extent P the pairs travel P - 1 steps around the ring (halo-engine exchanges of 16
-    bytes), then every rank adds them in coordinate order; the dimensions are reduced x, y, z, t."""
+    """The reduction pair (|a|^2, Re<a, w>) of one iteration summed over the ranks on the device, left in
+    ``st[res:res + 2]``; :meth:`reduce` runs on the current stream. Fast sums: the fused kernel's pair of each rank
+    (:attr:`local`) travels P - 1 steps around the ring along each partitioned dimension of extent P (halo-engine
+    exchanges of 16 bytes), then every rank adds the pairs in coordinate order; the dimensions are reduced x, y, z, t.
+    Exact sums (the "exact" reduction mode): each rank's exact records (solvers.exact_sum_cuda, 2 x 68 integers)
+    travel the same rings and are added as integers, so the result is the correctly rounded sum of every element's
+    products, the same bits for any decomposition; one rank rounds its own records in the reduction kernel."""
 
-    def __init__(self, geom, st, kernel):
+    def __init__(self, geom, st, kernel, exact=False):
         grid = geom.grid
         cp = geom.xp
         self.grid = grid                  # held, so that the loop cache's key (the grid's id) stays this grid's
-        self.st, self.kernel = st, kernel
+        self.st, self.kernel, self.exact, self.backend = st, kernel, bool(exact), geom.backend
         self.dims, self.coords = tuple(grid.dims), tuple(grid.coords)
         self.rdims = [mu for mu in range(4) if grid.partitioned[mu] and self.dims[mu] > 1]
         self.engine = grid.halo if self.rdims else None
-        self.vals = {mu: cp.zeros(2 * self.dims[mu], dtype=np.float64) for mu in self.rdims}
         res = SLOT["res"]
         self.result = st[res:res + 2]
-        self.local = self._own(self.rdims[0]) if self.rdims else self.result
+        if self.exact:
+            from .exact_sum_cuda import WIDTH, ExactReducer
+
+            self.reducer = ExactReducer(geom.backend)
+            shape, dtype = (2, WIDTH), np.int64
+            self.scratch = cp.zeros(2, dtype=np.float64)       # the fused kernel's pair, unused in this mode
+            self.rounded = cp.zeros(2, dtype=np.float64)
+            self.alone = cp.zeros(shape, dtype=dtype)
+        else:
+            shape, dtype = (2,), np.float64
+        self.vals = {mu: cp.zeros((self.dims[mu],) + shape, dtype=dtype) for mu in self.rdims}
+        self.local = self._own(self.rdims[0]) if self.rdims else (self.alone if self.exact else self.result)
         if self.engine is not None:
-            self.engine.reserve(256)
+            self.engine.reserve(2 * int(np.prod(shape)) * 8)
 
     def _own(self, mu):
-        c = self.coords[mu]
-        return self.vals[mu][2 * c:2 * c + 2]
+        return self.vals[mu][self.coords[mu]]
 
-    def __call__(self):
+    def reduce(self, blas, a, w, shift) -> None:
+        """w += shift a (when shift != 0), then the global (|a|^2, Re<a, w>) into ``st[res:res + 2]``."""
+        if not self.exact:
+            blas.norm2_redot_into(a, w, shift, self.local)
+        else:
+            if shift != 0.0:
+                blas.norm2_redot_into(a, w, shift, self.scratch)
+            self.reducer.norm2_redot(a, w, self.local, None if self.rdims else self.result)
+        self._ranks()
+
+    def _ranks(self):
+        from .exact_sum_cuda import round_records
+
         for i, mu in enumerate(self.rdims):
             P, c, v = self.dims[mu], self.coords[mu], self.vals[mu]
             for s in range(1, P):
                 a, b = (c - s + 1) % P, (c - s) % P
-                self.engine.start({(mu, 1): v[2 * a:2 * a + 2]}).finish({(mu, 0): v[2 * b:2 * b + 2]})
+                self.engine.start({(mu, 1): v[a]}).finish({(mu, 0): v[b]})
             last = i == len(self.rdims) - 1
-            dst = self.result if last else self._own(self.rdims[i + 1])
-            self.kernel((1,), (1,), (v, np.int32(P), dst))
+            if self.exact:
+                round_records(self.backend, v, self.result if last else self.rounded,
+                              None if last else self._own(self.rdims[i + 1]))
+            else:
+                self.kernel((1,), (1,), (v, np.int32(P), self.result if last else self._own(self.rdims[i + 1])))
 
 
 class GraphLoop:
@@ -123,7 +152,7 @@ class GraphLoop:
 
     KEEP = 8
 
-    def __init__(self, geom, iters: int, nshift: int = 0, real=np.float64):
+    def __init__(self, geom, iters: int, nshift: int = 0, real=np.float64, exact=False):
         from collections import OrderedDict
 
         import cupyx
@@ -149,7 +178,7 @@ class GraphLoop:
         self.table = (table[:n], table[n:])
         self.coef = cp.zeros(4 * n, dtype=real)
         self.readback = NSTATE + 2 * n              # what comes back per replay: the state and the zetas
-        self.sums = DeviceSums(geom, self.st, self.k["rank_sum"])
+        self.sums = DeviceSums(geom, self.st, self.k["rank_sum"], exact)
         self.done = cp.cuda.Event(disable_timing=True)
         self.joined = cp.cuda.Event(disable_timing=True)
         self.graphs = OrderedDict()
@@ -215,12 +244,12 @@ class GraphLoop:
         return {"graph_replays": self.replays, "graph_captures": self.captures, "graph_capture_s": self.capture_s}
 
 
-def loop_for(geom, kind: str, iters: int, real=np.float64, nshift: int = 0) -> GraphLoop:
-    """The :class:`GraphLoop` of ``kind`` ("cg" or "multishift") for this local lattice, precision and shift
-    count, made once per backend and process grid."""
+def loop_for(geom, kind: str, iters: int, real=np.float64, nshift: int = 0, exact=False) -> GraphLoop:
+    """The :class:`GraphLoop` of ``kind`` ("cg" or "multishift") for this local lattice, precision, shift count
+    and reduction mode, made once per backend and process grid."""
     key = ("krylov_graph", kind, tuple(geom.local_dims), np.dtype(real).str, int(nshift), int(iters),
-           sum(geom.offset) & 1, id(geom.grid))
-    return geom.backend.kernel(key, lambda: GraphLoop(geom, iters, nshift, real))
+           sum(geom.offset) & 1, id(geom.grid), bool(exact))
+    return geom.backend.kernel(key, lambda: GraphLoop(geom, iters, nshift, real, exact))
 
 
 def _ptrs(*arrays) -> tuple:
@@ -237,7 +266,7 @@ def cg_iterations(run, iters: int) -> None:
     """Chronopoulos-Gear iterations of ``run`` (a :class:`solvers.cg._CGRun` on the fused GPU path) on the device
     until its stop test holds; ``run``'s scalars, counters and fields are left as the host-driven steps leave them."""
     xp, blas, A = run.xp, run.blas, run.Ai
-    loop = loop_for(run.geom, "cg", iters, blas.real)
+    loop = loop_for(run.geom, "cg", iters, blas.real, exact=blas.exact)
     if run.ps is None:
         run.ps, run.ss = xp.zeros_like(run.rs), xp.zeros_like(run.rs)
     ps, ss, y, rs, ws = run.ps, run.ss, run.y, run.rs, run.ws
@@ -247,8 +276,7 @@ def cg_iterations(run, iters: int) -> None:
         kd((1,), (1,), (st,))
         blas.cg_update_dev(ps, ss, y, rs, ws, st)
         A.apply_into(rs, ws)
-        blas.norm2_redot_into(rs, ws, 0.0, sums.local)
-        sums()
+        sums.reduce(blas, rs, ws, 0.0)
         kc((1,), (1,), (st,))
 
     k0, before = run.k, loop.counters()
@@ -277,7 +305,7 @@ def multishift_iterations(run, iters: int) -> None:
     ``start``) on the device until the base shift converges or ``maxiter``; its scalars, zetas and counters are
     left as the host-driven iterations leave them."""
     blas, A, n = run.blas, run.A, run.n
-    loop = loop_for(run.geom, "multishift", iters, blas.real, n)
+    loop = loop_for(run.geom, "multishift", iters, blas.real, n, exact=blas.exact)
     single = blas.real == np.float32
     kd = loop.k["ms_direction_single" if single else "ms_direction_double"]
     kc, st, sums, z, zp, rel, coef, table = (loop.k["ms_close"], loop.st, loop.sums, loop.z, loop.zp, loop.rel,
@@ -289,8 +317,7 @@ def multishift_iterations(run, iters: int) -> None:
         kd((1,), (1,), (st, z, zp, rel, coef, np.int32(n)))
         blas.ms_update_dev(s, r, w, table, coef, n, st)
         A.apply_into(r, w)
-        blas.norm2_redot_into(r, w, s0, sums.local)
-        sums()
+        sums.reduce(blas, r, w, s0)
         kc((1,), (1,), (st,))
 
     k0, before = run.k, loop.counters()

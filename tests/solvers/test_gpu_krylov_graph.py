@@ -76,3 +76,21 @@ def test_graph_stops_at_maxiter_like_the_host(fields):
     ref, sr = _solve(0, fields, make)
     got, sg = _solve(8, fields, make)
     assert not sg.converged and sg.iters == sr.iters == 37 and _same(got, ref)
+
+
+@pytest.mark.parametrize("name", ["cg", "multishift", "multishift_single"])
+def test_exact_sums_graph_equals_host_driven(fields, name):
+    """The "exact" reduction mode: device-resident iterations with exact device sums (solvers.exact_sum_cuda)
+    against the host-driven fused path with the same exact sums: the same bits."""
+    from solvers import set_reductions
+
+    make, dtype, mass = SOLVERS[name]
+    old = set_reductions("exact")
+    try:
+        ref, sr = _solve(0, fields, make, mass, dtype)
+        got, sg = _solve(8, fields, make, mass, dtype)
+    finally:
+        set_reductions(old)
+    assert sg.extra["fused"] and sg.extra["graph_iterations"] == 8 and sg.extra.get("graph_replays", 0) > 0
+    assert (sg.iters, sg.matvecs, sg.residual) == (sr.iters, sr.matvecs, sr.residual)
+    assert _same(got, ref)
