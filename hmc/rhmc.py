@@ -163,9 +163,9 @@ class RHMCStats:
         return out
 
     def multigrid_line(self) -> str:
-        """``MULTIGRID:`` the trajectory's multigrid solves and set-up in one line (``hmc run`` prints it)."""
+        """``MG:`` the trajectory's multigrid solves and set-up in one line (``hmc run`` prints it)."""
         t = self.multigrid_totals()
-        return (f"MULTIGRID: {t['mg_solves']} solves, {t['mg_outer']} outer iterations, {t['mg_fine_applies']} fine "
+        return (f"MG: {t['mg_solves']} solves, {t['mg_outer']} outer iterations, {t['mg_fine_applies']} fine "
                 f"applications; set-up {t['time_fermion_mg_setup']:.3g} s, {t['mg_setup_fine_applies']} fine "
                 f"applications: near-null vectors built {t['mg_built']}, refreshed {t['mg_refreshed']}, kept "
                 f"(coarse operators updated) {t['mg_updated']}, other poles' hierarchies {t['mg_rebuilt']}")
@@ -228,7 +228,7 @@ class FermionMonomial:
         :class:`solvers.multigrid.MultigridShifts`, kept across trajectories: its near-null vectors are built on the
         first solve, each heat bath counts a trajectory towards its refresh rule (``refresh_every``), and a new
         gauge field otherwise only rebuilds the coarse operators on them; the MD solves stay multishift CG.
-        ``stats.totals()`` then has the ``mg_*`` columns and ``stats.multigrid_line()`` the MULTIGRID line."""
+        ``stats.totals()`` then has the ``mg_*`` columns and ``stats.multigrid_line()`` the MG line."""
         if terms is None:
             light = min(min(t.rational.exponents) for t in self.terms)
             terms = [k for k, t in enumerate(self.terms) if light in t.rational.exponents]

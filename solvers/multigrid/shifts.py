@@ -13,7 +13,7 @@ up to (2 m_p + 8)/(2 m_p) relative to |b'|: the multigrid tolerance is scaled do
 |b - (A + p) x_e| is recomputed and, if still above ``tol``, corrected by further multigrid solves of the residual
 (iterative refinement, at most ``refinements``).
 
-Set-up reuse (docs/multigrid.md 7, "Near-null vectors across trajectories"): one :class:`MultigridInverse` per
+Set-up reuse (docs/multigrid.md 7, "Multigrid in an RHMC run"): one :class:`MultigridInverse` per
 operator family (``key``) is kept; the poles are its ``with_mass`` hierarchies on one set of near-null vectors,
 built once, on the first solve. A new gauge field (D.set_links, or a new D built from new links with the same
 geometry) rebuilds X^-1 and the coarse operators on the kept vectors (a thin update), and refreshes the vectors by

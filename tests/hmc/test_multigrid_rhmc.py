@@ -170,7 +170,7 @@ def test_near_null_space_kept_across_trajectories_and_resume(tmp_path, capsys):
     once per ``hmc run`` (trajectories 1 and 3, the resume regenerating them from the seed), refreshed once in
     trajectory 2 (refresh_every = 1: one trajectory has begun since they were made) and otherwise kept with only
     the coarse operators rebuilt for the new links (thin updates); a run that made them anew every trajectory
-    fails here. Each trajectory prints one MULTIGRID line with these numbers."""
+    fails here. Each trajectory prints one MG line with these numbers."""
     from hmc.cli import main
     from hmc.runfile import load
 
@@ -185,7 +185,7 @@ def test_near_null_space_kept_across_trajectories_and_resume(tmp_path, capsys):
         assert main(["run", out, "--no-progress", "--trajectories", "2"]) == 0
         assert main(["run", out, "--no-progress"]) == 0              # the resume: a new process's state
         rows[name] = load(out).history
-        lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("MULTIGRID:")]
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("MG:")]
         assert len(lines) == (3 if name == "mg" else 0)
     assert len(rows["cg"]) == len(rows["mg"]) == 3
     for a, b in zip(rows["cg"], rows["mg"]):
