@@ -304,8 +304,8 @@ class MultigridInverse(InverseOperator):
     """M^-1 by KD-preconditioned aggregation multigrid (made by :func:`multigrid`).
 
     ``inv.setup()`` builds (or refreshes) the hierarchy now; otherwise the first solve does. Each solve checks that
-    the links and mass are those of the hierarchy: new links refresh the near-null vectors (``refresh_iters``) and
-    rebuild X^-1 and the coarse operators. ``inv.with_mass(m)`` is the inverse for another mass on the same
+    the links and mass are those of the hierarchy: new links refresh the near-null vectors (``refresh_iters``; or
+    keep them, as the subspace's ``refresh_every`` rule says) and rebuild X^-1 and the coarse operators. ``inv.with_mass(m)`` is the inverse for another mass on the same
     near-null vectors. ``inv.hierarchy``: the levels' operators and transfers; ``inv.subspace``: the vectors."""
 
     def __init__(self, M, params: MultigridParams, subspace: Subspace | None = None,
