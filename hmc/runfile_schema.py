@@ -68,6 +68,15 @@ _PBP = {"re_even": "Re <psi-bar psi> on even sites", "re_odd": "Re <psi-bar psi>
         "im_even": "Im <psi-bar psi> on even sites", "im_odd": "Im <psi-bar psi> on odd sites",
         "faction": "MILC's FACTION", "iters": "CG iterations of the PBP solves, all sources"}
 
+_MG = {"mg_solves": "multigrid solves of the light heat-bath and action poles, refinements included",
+       "mg_outer": "outer GCR iterations of those multigrid solves",
+       "mg_fine_applies": "applications of the fine operator M by those multigrid solves",
+       "mg_built": "near-null spaces made from random vectors (once per hmc run process)",
+       "mg_refreshed": "near-null vector refreshes (refresh_iters iterations from the kept vectors)",
+       "mg_updated": "thin updates: coarse operators rebuilt on the kept near-null vectors for new links",
+       "mg_rebuilt": "per-pole hierarchies (X^-1, coarse operators) built on the same links and vectors",
+       "mg_setup_fine_applies": "fine-operator vector applications of the multigrid set-up work"}
+
 
 def history_column(name: str) -> tuple[str, str, str]:
     """(dtype, units, description) of a history column; an unknown name gets float64 and says it is undescribed."""
@@ -86,6 +95,8 @@ def history_column(name: str) -> tuple[str, str, str]:
         return "i8", "1", f"{what} of the {_PHASES[m.group(2)]} phase, all pseudofermions"
     if name == "fermion_link_builds":
         return "i8", "1", "HISQ/asqtad link smearings computed in the trajectory"
+    if name in _MG:
+        return "i8", "1", _MG[name] + " in the trajectory ([multigrid] light_shifts, docs/multigrid.md 7)"
     if m := re.fullmatch(r"pbp(\d+)_(\w+)", name):
         if m.group(2) in _PBP:
             dtype = "i8" if m.group(2) == "iters" else "f8"
