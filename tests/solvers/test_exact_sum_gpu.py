@@ -70,9 +70,9 @@ def device_sums(be, reducer, a, b):
 @pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
 @pytest.mark.parametrize("kind", ["gaussian", "spread", "edges"])
 def test_kernels_equal_twin_and_reduce(request, be, shape, dtype, kind):
-    if dtype == np.complex64 and kind == "edges":
-        # found on the H200 (2026-12-02): the f32 records differ from the twin's on the edge fields (subnormal
-        # float32 products); strict, so that the fix shows; the solvers use the exact kernels in double only
+    if dtype == np.complex64 and kind == "edges" and shape == "16^4":
+        # found on the H200 (2026-12-02): at 16^4 (not at 4^4) the f32 records differ from the twin's on the edge
+        # fields (subnormal float32 products); strict, so that the fix shows; the solvers use them in double only
         request.applymarker(pytest.mark.xfail(strict=True, reason="f32 exact records differ on subnormal products"))
     shp = SHAPES[shape]
     if kind == "edges":

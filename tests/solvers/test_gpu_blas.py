@@ -100,8 +100,10 @@ def test_the_switch():
     assert fused_blas(d.converted(np.complex64).even_odd(0.1, 1).normal, odd).dtype == np.complex64
     assert fused_blas(StaggeredDslash(cpu, fat, long).even_odd(0.1).normal) is None       # NumPy backend
     old = set_reductions("exact")
-    try:
-        assert fused_blas(a, odd) is None
+    try:      # exact sums: the fused kernels with exact device sums in double precision, the array path in single
+        blas = fused_blas(a, odd)
+        assert blas.exact and blas.parity == 1
+        assert fused_blas(d.converted(np.complex64).even_odd(0.1, 1).normal, odd) is None
     finally:
         set_reductions(old)
     old = set_fused_blas(False)
