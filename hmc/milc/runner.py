@@ -24,23 +24,6 @@ from .deck import MilcDeckError, read, read_text
 RUN_FILE_KEY = "milc_deck"       # the MILC deck's text in the run file's /params/files
 
 
-def milc_settings(settings: dict | None) -> dict:
-    """The run settings of ``hmc milc``: the solvers' reductions exact (``solver_sums``, docs/configuration.md)
-    unless the command line or ``HMC_SOLVER_SUMS`` states them.
-
-    Why: the solvers' fast reductions sum each rank's block in BLAS order, so a run's last bits depend on the rank
-    count; the MD's multishift solves, stopped at |r|/|b| ~ 5e-4 on light-quark shifts, amplify such last-bit
-    changes to ~1e-6 in the links after one trajectory (su3_rhmc_hisq.f211.2: momenta 4e-8 apart after the first
-    fermion force, links 1e-6 after 12 steps), more than MILC's errtol allows some PBP fields. Exact sums make every
-    printed line the same on any rank count and transport (docs/architecture.md, 'Decomposition and halos')."""
-    from comms.config import RunConfig
-
-    out = dict(settings or {})
-    if out.get("solver_sums") is None and "solver_sums" not in RunConfig.resolve(cli=out).stated:
-        out["solver_sums"] = "exact"
-    return out
-
-
 def default_output(deck: str) -> str:
     """RUN.h5 beside the working directory: the deck's name without ``.sample-in`` / its extension."""
     if deck == "-":
@@ -59,8 +42,7 @@ def init_milc(deck: str, out: str, build: str | None = None, search=(), force: b
 
     d, toml, text = read(deck, build, search, text, precision)
     return init_run(None if deck == "-" else deck, out, force=force, backend=backend, log=log,
-                    ignore_checksum=ignore_checksum, deck_text=toml, files={RUN_FILE_KEY: text},
-                    settings=milc_settings(settings))
+                    ignore_checksum=ignore_checksum, deck_text=toml, files={RUN_FILE_KEY: text}, settings=settings)
 
 
 def run_milc(deck: str, out: str | None, build: str | None = None, search=(), force: bool = False,
@@ -72,7 +54,6 @@ def run_milc(deck: str, out: str | None, build: str | None = None, search=(), fo
     from comms import world
 
     out = out or default_output(deck)
-    settings = milc_settings(settings)
     text = read_text(deck)
     w = world()
     exists = w.bcast(os.path.exists(out) if w.rank == 0 else None)      # one decision for every rank
@@ -180,4 +161,4 @@ def check_milc(folder, names=(), search=(), out_dir=None, backend=None, test_out
     return failed
 
 
-__all__ = ["MilcDeckError", "check_milc", "init_milc", "milc_settings", "run_milc", "select_cases"]
+__all__ = ["MilcDeckError", "check_milc", "init_milc", "run_milc", "select_cases"]

@@ -1,9 +1,10 @@
 """``hmc milc`` prints the same lines on 1 and 3 ranks: MILC's su3_rhmc_hisq.f211.2 deck (6^4, 2+1+1 with the
 charm's Naik epsilon, PBP of three masses) shortened to two MD steps, split 1 1 1 3 (local extent 2): every line from
-WARMUPS to RUNNING, the solvers' lines included, character for character. With the solvers' fast reductions
-(each rank's block summed in BLAS order) the fermion action's last digits differ already at the start of the
-trajectory (hmc.milc.runner.milc_settings); ``hmc milc`` runs with exact ones. Launched with mpiexec, always with
-a timeout, as tests/comms."""
+WARMUPS to RUNNING, the solvers' lines included, character for character, with the solvers' exact reductions
+(``HMC_SOLVER_SUMS=exact``, docs/configuration.md). With the default fast ones (each rank's block summed in BLAS
+order) the fermion action's last digits differ at the start of the trajectory and the G_LOOP and PBP lines after
+two steps (runs/milc/README.md, 'Several ranks'), so only the exact sums show that the distributed PBP estimator,
+heat bath and MD are the one-process ones. Launched with mpiexec, always with a timeout, as tests/comms."""
 from __future__ import annotations
 
 import shutil
@@ -29,14 +30,15 @@ def _deck(tmp_path):
     return p
 
 
-def _milc_lines(tmp_path, deck, n: int, env=None) -> list[str]:
+def _milc_lines(tmp_path, deck, n: int, sums: str = "exact") -> list[str]:
     out = tmp_path / f"r{n}.h5"
     args = ["-m", "hmc"] + (["--grid", "1", "1", "1", str(n), "--transport", "mpi"] if n > 1 else []) + [
         "milc", str(deck), "-o", str(out), "--force", "--no-progress", "--search", str(fixture_path("ks_imp_rhmc")),
         "--search", str(fixture_path("."))]
     cmd = ([MPIEXEC, "--oversubscribe", "-n", str(n)] if n > 1 else []) + [sys.executable] + args
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=TIMEOUT,
-                       env=launch_env({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", **(env or {})}))
+                       env=launch_env({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+                                       "HMC_SOLVER_SUMS": sums}))
     assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     lines = r.stdout.splitlines()
     start = lines.index("WARMUPS COMPLETED")
