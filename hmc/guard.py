@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gc
 import os
 import shutil
 import signal
@@ -26,6 +27,8 @@ from . import runfile
 
 LOCK_SUFFIX = ".lock"
 EXIT_TERMINATED = 128 + signal.SIGTERM
+#: a save failed inside libhdf5 (hmc.__main__ then skips the interpreter's teardown, which can crash in it)
+failed_hdf5_write = False
 
 
 class StorageError(runfile.RunFileError):
@@ -189,18 +192,45 @@ def _previous(path: str) -> str:
         return f"the previous {path} is untouched"
 
 
+def _attempt_save(path, state):
+    """runfile.save; the OSError or RuntimeError (libhdf5 reports some failed writes so, on closing) it raised, its
+    traceback dropped, or None. libhdf5's complaints about the objects of a failed file, printed to stderr as they
+    are freed, are silenced."""
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        try:
+            runfile.save(path, state)
+        except (OSError, RuntimeError) as e:
+            global failed_hdf5_write
+            failed_hdf5_write = True
+            e.__traceback__ = None
+            failure = e
+        else:
+            return None
+        gc.collect()
+        return failure
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def save_checkpoint(path: str, state: runfile.RunState) -> None:
     """:func:`hmc.runfile.save`, a failed write (ENOSPC, EDQUOT, EIO, ...) turned into one StorageError line."""
-    try:
-        runfile.save(path, state)
-    except OSError as e:
+    e = _attempt_save(path, state)
+    if e is not None:
         needed = checkpoint_bytes(state)
         try:
-            free = f"{shutil.disk_usage(_folder(path)).free} bytes free"
+            free = shutil.disk_usage(_folder(path)).free
         except OSError:
-            free = "its free space unknown"
-        raise StorageError(f"writing {path} failed ({_why(e)}): a checkpoint needs about {needed} bytes, "
-                           f"{_folder(path)} has {free}; {_previous(path)}") from None
+            free = None
+        why = _why(e) if isinstance(e, OSError) and e.errno else (
+            os.strerror(errno.ENOSPC) if free is not None and free < needed else str(e).splitlines()[0])
+        has = f"{free} bytes free" if free is not None else "its free space unknown"
+        raise StorageError(f"writing {path} failed ({why}): a checkpoint needs about {needed} bytes, "
+                           f"{_folder(path)} has {has}; {_previous(path)}") from None
 
 
 def _raise_terminated(signum, frame):
