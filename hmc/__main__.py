@@ -1,8 +1,12 @@
 import os
 import sys
 
-from . import guard
-from .cli import main
+try:
+    from . import guard
+    from .cli import main
+except KeyboardInterrupt:                 # Ctrl-C while Python loads the modules: no traceback either
+    print("hmc: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 code = main()
 if guard.failed_hdf5_write:
