@@ -5,8 +5,8 @@ try:
     from . import guard
     from .cli import main
 except KeyboardInterrupt:                 # Ctrl-C while Python loads the modules: no traceback either
-    print("hmc: interrupted", file=sys.stderr)
-    sys.exit(130)
+    print("hmc: interrupted", file=sys.stderr, flush=True)
+    os._exit(130)
 
 code = main()
 if guard.failed_hdf5_write:

@@ -233,6 +233,15 @@ def save_checkpoint(path: str, state: runfile.RunState) -> None:
                            f"{_folder(path)} has {has}; {_previous(path)}") from None
 
 
+def discard_own_temporary(path: str) -> None:
+    """Remove this process's ``PATH.tmp.PID`` (runfile.save's name for the file it writes) after an interrupted
+    save: a signal that lands in the save's own cleanup can leave it, and no one else writes it."""
+    try:
+        os.unlink(f"{os.fspath(path)}.tmp.{os.getpid()}")
+    except OSError:
+        pass
+
+
 def _raise_terminated(signum, frame):
     raise Terminated()
 

@@ -216,6 +216,7 @@ def _run_locked(path, trajectories, backend, show_progress, log, settings) -> ru
         with guard.signals_deferred():
             if "snapshot" in pending:
                 _checkpoint(path, state, pending, root)
+            guard.discard_own_temporary(path)
         if root and isinstance(e, IntegratorError):
             log(f"STOPPED in trajectory {state.trajectory + 1}: {e}; {path} keeps trajectory {state.trajectory}")
         raise

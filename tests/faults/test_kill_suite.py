@@ -16,9 +16,10 @@ from tests.faults.killing import fingerprint, hmc, leftovers, start, tiny_deck
 
 KILLS = tuple(int(k) for k in os.environ.get("HMC_KILL_SUITE_KILLS", "20,10").split(","))
 SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-# exit status of a run ended by each signal: killed; 143 (hmc's SIGTERM) or -15 (it came before hmc had started
-# listening, during the imports); 130 (Ctrl-C); 0 when the run had just finished
-ENDINGS = {signal.SIGKILL: {-9, 0}, signal.SIGTERM: {143, -15, 0}, signal.SIGINT: {130, 0}}
+# exit status of a run ended by each signal: killed; 143 (hmc's SIGTERM) or -15 (it came before hmc listened,
+# during the imports); 130 (Ctrl-C) or -2 (it came before Python itself listened, in its first milliseconds); 0
+# when the run had just finished
+ENDINGS = {signal.SIGKILL: {-9, 0}, signal.SIGTERM: {143, -15, 0}, signal.SIGINT: {130, -2, 0}}
 # under mpiexec the status is mpiexec's: Open MPI's prterun passes SIGTERM and SIGINT to the ranks and exits 1
 MPI_ENDINGS = {signal.SIGKILL: {-9, 0}, signal.SIGTERM: {1, 143, -15, 0}, signal.SIGINT: {1, 130, -2, 0}}
 
@@ -43,7 +44,7 @@ def _check_after_kill(run, sig, rc, err, ranks, before):
     st = load(run)                                           # opens, checks its digest and row count
     assert [r["traj"] for r in st.history] == list(range(1, st.trajectory + 1))
     if sig != signal.SIGKILL:                               # hmc ended itself: it left no temporary file
-        assert _temporaries(os.path.dirname(run)) <= before
+        assert _temporaries(os.path.dirname(run)) <= before, (sig, rc, err[-2000:])
         if ranks == 1 and rc in (143, 130):
             lines = [ln for ln in err.strip().splitlines() if ln.strip()]
             assert len(lines) == 1 and lines[0].startswith("hmc") and ("interrupted" in lines[0]
