@@ -214,6 +214,8 @@ def read_vector(path, geom, what: str):
     path = os.fspath(path)
     if not os.path.exists(path):
         raise SolveError(f"{path}: no such file ({what})")
+    if os.path.isdir(path):
+        raise SolveError(f"{path} is a folder, not a {what} file: name the SciDAC or .npy file in it")
     if path.endswith(".npy"):
         try:
             a = np.load(path, allow_pickle=False)
@@ -429,6 +431,9 @@ def run(args) -> dict:
     """``hmc solve`` without printing: the result dictionary (the --json output)."""
     if args.out is not None and not args.out:
         raise SolveError("--out needs a file name")
+    if args.out and os.path.isdir(args.out):
+        raise SolveError(f"--out {args.out} is a folder: name the file to write in it, e.g. "
+                         f"{os.path.join(args.out, 'solution.npy')}")
     u, links, info = load_links(args)
     geom = u.geom
     D = make_dslash(links)
