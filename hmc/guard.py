@@ -183,9 +183,7 @@ def _previous(path: str) -> str:
     if not os.path.exists(path):
         return f"{path} was not written"
     try:
-        import h5py
-
-        with h5py.File(path, "r") as f:
+        with runfile.open_file(path) as f:
             traj = int(f.attrs["trajectory"])
         return f"the previous {path} is intact (trajectory {traj}; 'hmc run {path}' resumes it)"
     except Exception:                      # what we can say without reading it whole
