@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run or resume the trajectories a run file describes")
     p.add_argument("runfile")
-    p.add_argument("--trajectories", type=_count(1),
+    p.add_argument("--trajectories", type=int,           # >= 1: hmc.run.run refuses others, for every caller
                    help="how many trajectories to run now, >= 1 (default: up to the deck's total)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
