@@ -1,10 +1,24 @@
 import os
+import signal
 import sys
 
+_interrupts = []
+
+
+def _note_interrupt(signum, frame):
+    _interrupts.append(signum)
+
+
 try:
+    # Ctrl-C while Python loads the modules is noted and acted on once they are loaded: a KeyboardInterrupt inside
+    # a C extension's import (NumPy's) comes out as an ImportError with a traceback
+    signal.signal(signal.SIGINT, _note_interrupt)
     from . import guard
     from .cli import main
-except KeyboardInterrupt:                 # Ctrl-C while Python loads the modules: no traceback either
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+except KeyboardInterrupt:                 # one that came before the handler: no traceback either
+    _interrupts.append(signal.SIGINT)
+if _interrupts:
     print("hmc: interrupted", file=sys.stderr, flush=True)
     os._exit(130)
 

@@ -33,6 +33,12 @@ class DamagedHDF5(Exception):
     """The file's HDF5 structure is damaged; the message says how (the caller names the file)."""
 
 
+#: lookup3's mix and final steps on v = [a, b, c]: mix (i, j, k, l): v[i] -= v[j]; v[i] ^= rot(v[j], k); v[j] += v[l];
+#: final (i, j, k): v[i] ^= v[j]; v[i] -= rot(v[j], k)
+_MIX = ((0, 2, 4, 1), (1, 0, 6, 2), (2, 1, 8, 0), (0, 2, 16, 1), (1, 0, 19, 2), (2, 1, 4, 0))
+_FINAL = ((2, 1, 14), (0, 2, 11), (1, 0, 25), (2, 1, 16), (0, 2, 4), (1, 0, 14), (2, 1, 24))
+
+
 def _rot(x: int, k: int) -> int:
     return ((x << k) | (x >> (32 - k))) & _M
 
@@ -40,29 +46,20 @@ def _rot(x: int, k: int) -> int:
 def lookup3(data: bytes, initval: int = 0) -> int:
     """Bob Jenkins' lookup3 ``hashlittle``, the checksum of HDF5's version-2 metadata (H5_checksum_lookup3)."""
     n = len(data)
-    a = b = c = (0xDEADBEEF + n + initval) & _M
+    v = [(0xDEADBEEF + n + initval) & _M] * 3
     if n == 0:
-        return c
+        return v[2]
     padded = data + b"\0" * (-n % 12)
     for off in range(0, len(padded), 12):
-        k0, k1, k2 = struct.unpack_from("<3I", padded, off)
-        a, b, c = (a + k0) & _M, (b + k1) & _M, (c + k2) & _M
-        if off + 12 >= n:                         # the last block: final mixing
-            c ^= b; c = (c - _rot(b, 14)) & _M    # noqa: E702 -- Jenkins' sequence, one step a line
-            a ^= c; a = (a - _rot(c, 11)) & _M    # noqa: E702
-            b ^= a; b = (b - _rot(a, 25)) & _M    # noqa: E702
-            c ^= b; c = (c - _rot(b, 16)) & _M    # noqa: E702
-            a ^= c; a = (a - _rot(c, 4)) & _M     # noqa: E702
-            b ^= a; b = (b - _rot(a, 14)) & _M    # noqa: E702
-            c ^= b; c = (c - _rot(b, 24)) & _M    # noqa: E702
-            return c
-        a = (a - c) & _M; a ^= _rot(c, 4); c = (c + b) & _M     # noqa: E702
-        b = (b - a) & _M; b ^= _rot(a, 6); a = (a + c) & _M     # noqa: E702
-        c = (c - b) & _M; c ^= _rot(b, 8); b = (b + a) & _M     # noqa: E702
-        a = (a - c) & _M; a ^= _rot(c, 16); c = (c + b) & _M    # noqa: E702
-        b = (b - a) & _M; b ^= _rot(a, 19); a = (a + c) & _M    # noqa: E702
-        c = (c - b) & _M; c ^= _rot(b, 4); b = (b + a) & _M     # noqa: E702
-    return c
+        v = [(x + k) & _M for x, k in zip(v, struct.unpack_from("<3I", padded, off))]
+        if off + 12 >= n:                              # the last block (zero-padded): the final mixing
+            for i, j, k in _FINAL:
+                v[i] = ((v[i] ^ v[j]) - _rot(v[j], k)) & _M
+            return v[2]
+        for i, j, k, m in _MIX:
+            v[i] = ((v[i] - v[j]) & _M) ^ _rot(v[j], k)
+            v[j] = (v[j] + v[m]) & _M
+    return v[2]
 
 
 def superblock(head: bytes) -> dict | None:

@@ -24,15 +24,6 @@ ENDINGS = {signal.SIGKILL: {-9, 0}, signal.SIGTERM: {143, -15, 0}, signal.SIGINT
 MPI_ENDINGS = {signal.SIGKILL: {-9, 0}, signal.SIGTERM: {1, 143, -15, 0}, signal.SIGINT: {1, 130, -2, 0}}
 
 
-def _stale_temporaries_removed() -> bool:
-    """Whether a save removes the PATH.tmp.PID of a save killed by kill -9 (lattice.io.common, branch 'faults')."""
-    try:
-        from lattice.io.common import remove_stale_temporaries  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _temporaries(folder) -> set:
     return {n for n in leftovers(folder) if ".tmp." in n}
 
@@ -80,9 +71,7 @@ def _kill_chain(folder, kills, ranks, rnd, every, trajectories):
     r = hmc("run", run, "--no-progress", ranks=ranks)        # the last stretch, uninterrupted
     assert r.returncode == 0, r.stderr
     assert fingerprint(run) == fingerprint(ref)
-    left = leftovers(folder)
-    if not _stale_temporaries_removed():                     # before the merge of branch 'faults'
-        left = [n for n in left if ".tmp." not in n]
+    left = leftovers(folder)                                 # a kill -9's PATH.tmp.PID: removed by the next save
     assert left == [], left
     return stats, progress
 

@@ -5,7 +5,7 @@ end in a clean load or the run file's one-line RunFileError naming the file, nev
 hang: the cases run in a worker process that reports each one, and a case that takes longer than CASE_LIMIT_S
 fails the test (the worker is killed; libhdf5 can loop inside C, where no signal handler runs).
 
-Cases per seed: HMC_RUNFILE_FLIPS="NEW,OLD" (CI: 400 of the current layout, 12 of the old one, whose every case
+Cases per seed: HMC_RUNFILE_FLIPS="NEW,OLD" (CI: 300 of the current layout, 8 of the old one, whose every case
 runs the probe process); by hand e.g. HMC_RUNFILE_FLIPS=20000,500 (docs/faults.md). HMC_FUZZ_SEED=N draws other
 cases.
 """
@@ -27,7 +27,7 @@ from hmc import runfile
 from hmc.runfile_open import PROBE_TIMEOUT_S
 from tests.conftest import ROOT
 
-FLIPS = tuple(int(n) for n in os.environ.get("HMC_RUNFILE_FLIPS", "400,12").split(","))
+FLIPS = tuple(int(n) for n in os.environ.get("HMC_RUNFILE_FLIPS", "300,8").split(","))
 SEED = int(os.environ.get("HMC_FUZZ_SEED", "21"))
 CASE_LIMIT_S = PROBE_TIMEOUT_S + 30        # a legacy file's probe may take its whole timeout, then refuses
 
@@ -143,8 +143,10 @@ def test_the_writer_checksums_its_metadata(seeds):
     strings); the old layout is probed in a child process first."""
     import h5py
 
-    from hmc.runfile_open import _all_checksummed, superblock
+    from hmc.runfile_open import _all_checksummed, lookup3, superblock
 
+    assert lookup3(b"Four score and seven years ago") == 0x17770551           # Jenkins' own test vectors
+    assert lookup3(b"Four score and seven years ago", 1) == 0xCD628161
     for layout, want in (("new", True), ("old", False)):
         with open(seeds[layout], "rb") as raw:
             sb = superblock(raw.read(4096))
