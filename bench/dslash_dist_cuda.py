@@ -1,5 +1,6 @@
 """Timing and graph runners of the distributed GPU hop (:class:`solvers.staggered_dist_cuda.DistHop`): the full D
-on its own stream (``DslashRunner``), a device-resident CG iteration (``DeviceCG``), CUDA-graph capture (``Graph``),
+on its own stream (``DslashRunner``), the production CG's time per iteration (``cg_iteration_seconds``), CUDA-graph
+capture (``Graph``),
 device-event timing (``device_time``), the graph-mode switch of the halo engine and the split of a captured hop
 (``graph_split``). Used by ``hmc bench dslash --grid ...`` and the scaling worker; the API is described in the
 docstring of :mod:`solvers.staggered_dist_cuda`. GPU only (CuPy, cuda.bindings)."""
@@ -10,9 +11,7 @@ from functools import partial
 
 import numpy as np
 
-from lattice import cuda_source
 from lattice.geometry import device_engine
-from solvers.staggered_dist_cuda import MAX_RBLOCKS, RBLOCK
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -226,166 +225,24 @@ def graph_split(dslash, psi, reps: int = 100) -> dict:
     return res
 
 
-class DeviceCG:
-    """Hestenes-Stiefel CG on A = 4m^2 - D_pq D_qp (parity p) with device-resident scalars and reductions through
-    the halo engine (module docstring). Double precision."""
+def cg_iteration_seconds(dslash, mass: float, b, iters: int = 100, reps: int = 3):
+    """Seconds per iteration of the production CG (:func:`solvers.cg` on A = 4m^2 - D_eo D_oe, an unreachable
+    tolerance so that every solve makes exactly ``iters`` iterations; device-resident in CUDA graphs where every link
+    can be captured, :mod:`solvers.krylov_graph`), whole solves timed on the host after a warm-up (best of ``reps``,
+    the slowest rank's), with the last solve's statistics."""
+    import cupy as cp
 
-    def __init__(self, dslash, mass: float, b, parity: int = 0, graph: bool = False, iters_per_graph: int = 1):
-        import cupy as cp
+    from solvers import cg
 
-        if np.dtype(dslash.dtype) != np.complex128:
-            raise ValueError("DeviceCG runs in double precision: give it a complex128 StaggeredDslash")
-        self.cp, self.d, self.geom = cp, dslash, dslash.geom
-        self.hop = dslash._hop_impl
-        self.mass, self.parity = float(mass), int(parity)
-        self.grid = self.geom.grid
-        self.engine = self.grid.halo if any(self.grid.partitioned) else None
-        self.gpu_engine = device_engine(self.engine)
-        self.stream = cp.cuda.Stream(non_blocking=True)
-        be = self.geom.backend
-        self.k = {n: cuda_source.function(be, "solvers", "dist_cg.cu", n)
-                  for n in ("redot", "update_xr", "xpay", "combine")}
-        shape = tuple(self.geom.shape) + (3,)
-        z = lambda: cp.zeros(shape, dtype=np.complex128)  # noqa: E731
-        self.b = cp.ascontiguousarray(b.astype(np.complex128))
-        self.x, self.r, self.p, self.t, self.ap = z(), z(), z(), z(), z()
-        self.n = int(np.prod(shape)) // 3 * 3
-        self.nblocks = max(1, min(MAX_RBLOCKS, (self.n + RBLOCK - 1) // RBLOCK))
-        self.part = cp.zeros(MAX_RBLOCKS, dtype=np.float64)
-        self.counter = cp.zeros(1, dtype=np.uint32)
-        self.sc = cp.zeros(8, dtype=np.float64)
-        self.loc = cp.zeros(1, dtype=np.float64)
-        gd = self.grid.dims
-        self.rdims = [mu for mu in range(4) if gd[mu] > 1]
-        self.vals = {mu: cp.zeros(gd[mu], dtype=np.float64) for mu in self.rdims}
-        self.coords = self.grid.coords
-        if self.gpu_engine:
-            self.engine.reserve(256)
-        cp.cuda.Device().synchronize()        # buffers written on the legacy stream are ready for self.stream
-        self.graph = None
-        self.iters_per_graph = int(iters_per_graph)
-        self.start()
-        set_graph_mode(self.geom, graph)
-        if graph:
-            self._iteration()                 # warm-up uncaptured, then capture
-            self.stream.synchronize()
-            self.start()
-            self.graph = _capture(self.stream, lambda: [self._iteration() for _ in range(self.iters_per_graph)])
-
-    # --- pieces -------------------------------------------------------------------------------------------------
-    def _first(self):
-        """Where the local partial sum goes: the own slot of the first reduced dimension, else ``loc``."""
-        if self.rdims:
-            mu = self.rdims[0]
-            return self.vals[mu][self.coords[mu]:self.coords[mu] + 1]
-        return self.loc
-
-    def _allreduce(self, mode):
-        """The local partial (in ``_first()``) summed over all ranks into the scalars (mode 1: pAp -> alpha,
-        mode 2: rr_new -> beta); partials added along x, y, z, t in grid-coordinate order."""
-        k = self.k["combine"]
-        if not self.rdims:
-            k((1,), (32,), (self.loc, np.int32(1), self.loc, self.sc, np.int32(mode)))
-            return
-        if not self.gpu_engine:
-            return self._allreduce_host(mode)
-        for i, mu in enumerate(self.rdims):
-            P, c, v = self.grid.dims[mu], self.coords[mu], self.vals[mu]
-            for s in range(1, P):
-                a, b = (c - s + 1) % P, (c - s) % P
-                self.engine.start({(mu, 1): v[a:a + 1]}).finish({(mu, 0): v[b:b + 1]})
-            last = i == len(self.rdims) - 1
-            dst = self.loc if last else self.vals[self.rdims[i + 1]][self.coords[self.rdims[i + 1]]:][:1]
-            k((1,), (32,), (v, np.int32(P), dst, self.sc, np.int32(mode if last else 0)))
-
-    def _allreduce_host(self, mode):
-        """The mpi transport: gather the partials on the host and add them in the device path's order."""
-        mu0 = self.rdims[0]
-        mine = float(self.vals[mu0][self.coords[mu0]].get())
-        allv = self.grid.active_comm.allgather((tuple(self.coords), mine))
-        gd = self.grid.dims
-        arr = np.zeros(tuple(gd), dtype=np.float64)
-        for c, v in allv:
-            arr[c] = v
-        for mu in range(4):                       # sum axis mu in coordinate order, x first
-            if gd[mu] > 1:
-                s = np.take(arr, 0, axis=mu).copy()
-                for q in range(1, gd[mu]):
-                    s += np.take(arr, q, axis=mu)
-                arr = np.expand_dims(s, mu)
-        self.loc.set(np.asarray([arr.ravel()[0]]))
-        self.k["combine"]((1,), (32,), (self.loc, np.int32(1), self.loc, self.sc, np.int32(mode)))
-
-    def _redot(self, u, v):
-        self.k["redot"]((self.nblocks,), (RBLOCK,), (u, v, np.int64(self.n), self.part, self.counter, self._first()))
-
-    def _apply_A(self, src, dst):
-        """dst = (4m^2 - D_pq D_qp) src on parity p (two hops, two exchanges)."""
-        p, s = self.parity, self.d._sign
-        self.hop(src, 1 - p, self.t, 0.0, None, s)
-        self.hop(self.t, p, dst, 4 * self.mass ** 2, src, -s)
-
-    def start(self, x0=None):
-        """r = b - A x0 (x0 = 0: r = b), p = r, rr = |r|^2 on the device (uncaptured, counters or flags)."""
-        cp = self.cp
-        with self.stream:
-            if x0 is None:
-                self.x[...] = 0
-                self.r[...] = self.b
-            else:
-                self.x[...] = x0
-                self._apply_A(self.x, self.ap)
-                cp.subtract(self.b, self.ap, out=self.r)
-            self.p[...] = self.r
-            self._redot(self.r, self.r)
-            self._allreduce(2)                     # sc[0] = rr
-        self.iters = 0
-
-    def _iteration(self):
-        with self.stream:
-            self._apply_A(self.p, self.ap)
-            self._redot(self.p, self.ap)
-            self._allreduce(1)                      # alpha = rr / pAp
-            self.k["update_xr"]((self.nblocks,), (RBLOCK,), (self.x, self.r, self.p, self.ap, self.sc,
-                                                             np.int64(self.n), self.part, self.counter, self._first()))
-            self._allreduce(2)                      # beta = rr_new / rr, rr = rr_new
-            self.k["xpay"]((self.nblocks,), (RBLOCK,), (self.p, self.r, self.sc, np.int64(self.n)))
-
-    def iterate(self, n: int = 1):
-        """n iterations (with a graph: n / iters_per_graph replays)."""
-        if self.graph is not None:
-            for _ in range(max(1, n // self.iters_per_graph)):
-                self.graph.launch(self.stream)
-        else:
-            for _ in range(n):
-                self._iteration()
-        self.iters += n
-
-    def solution(self):
-        """x after the iterations so far (synchronises the CG's stream)."""
-        self.stream.synchronize()
-        return self.x
-
-    def residual2(self) -> float:
-        """|r|^2 of the iterated residual (host synchronisation)."""
-        self.stream.synchronize()
-        return float(self.sc[0].get())
-
-    def solve(self, tol: float = 1e-10, maxiter: int = 5000, check_every: int = 10):
-        """Iterate until |r|^2 <= tol^2 |b|^2 (checked every ``check_every`` iterations); returns (x, iters)."""
-        with self.stream:
-            self._redot(self.b, self.b)
-            self._allreduce(2)
-        bb = self.residual2()
-        self.start()
-        while self.iters < maxiter:
-            self.iterate(check_every)
-            if self.residual2() <= tol * tol * bb:
-                break
-        return self.x, self.iters
-
-    def time_iteration(self, reps: int = 50) -> float:
-        """Seconds per CG iteration (device events, max over ranks)."""
-        step = self.iters_per_graph if self.graph is not None else 1
-        t = device_time(lambda: self.iterate(step), max(1, reps // step), self.stream, self.grid.active_comm)
-        return t / step
+    comm = dslash.geom.grid.active_comm
+    inv = cg(tol=1e-30, maxiter=int(iters), raise_on_fail=False)(dslash.even_odd(mass).normal)
+    inv.solve(b)
+    best = float("inf")
+    for _ in range(reps):
+        cp.cuda.Device().synchronize()
+        comm.Barrier()
+        t0 = time.perf_counter()
+        _, st = inv.solve(b)
+        cp.cuda.Device().synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return comm.allreduce(best, op=_mpi_max()) / max(1, st.iters), st

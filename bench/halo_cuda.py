@@ -54,6 +54,10 @@ import time
 
 import numpy as np
 
+from comms.halo import FALLBACK, GPU_TRANSPORTS
+
+#: what this bench measures: the GPU engine with every link on mpi, and each registered GPU transport
+MEASURED = (FALLBACK,) + GPU_TRANSPORTS
 ELEMENTS = {"vector": ((3,), 48), "matrix": ((3, 3), 144)}
 
 
@@ -64,9 +68,9 @@ def _grid(n, tr, config=None):
     from comms.cuda.transports import GpuHaloEngine
 
     g = ProcessGrid((1, 1, 1, n), world(), partitioned=(False, False, False, True), transport=tr, config=config)
-    if tr == "mpi":                 # the GPU engine with every link on MPI (device faces staged through the host)
+    if tr == FALLBACK:              # the GPU engine with every link on MPI (device faces staged through the host)
         g._protocol = ProtocolState()
-        g._ctx.engine = GpuHaloEngine(g, g._ctx, g._protocol, "mpi")
+        g._ctx.engine = GpuHaloEngine(g, g._ctx, g._protocol, FALLBACK)
     return g
 
 
@@ -86,7 +90,7 @@ def _loop(eng, face, dest, back, reps, round_trip, cp):
     return cp.cuda.get_elapsed_time(e0, e1) * 1e-3, t_host, t_wall
 
 
-def bench_halo(transports=("mpi", "event", "stream_gated"), sizes=(2, 4, 8, 16, 32), element="vector",
+def bench_halo(transports=MEASURED, sizes=(2, 4, 8, 16, 32), element="vector",
                reps=200, repeats=7, graph=False, graph_reps=500, config=None):
     """Rows of one-way and round-trip times per transport and face size (module docstring); ``config``: the run
     configuration of the grids (default: from the environment)."""
@@ -97,9 +101,9 @@ def bench_halo(transports=("mpi", "event", "stream_gated"), sizes=(2, 4, 8, 16, 
 
     from comms.grid import CommsError
 
-    bad = [t for t in transports if t not in ("mpi", "event", "stream_gated")]
+    bad = [t for t in transports if t not in MEASURED]
     if bad:
-        raise CommsError(f"the GPU halo bench measures mpi, event and stream_gated, not {', '.join(bad)} (measure "
+        raise CommsError(f"the GPU halo bench measures {', '.join(MEASURED)}, not {', '.join(bad)} (measure "
                          "the CPU transports in a separate run)")
     MPI = mpi()
     comm = world()
@@ -251,7 +255,7 @@ def format_rows(rows, mps_line="") -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.halo_cuda")
-    ap.add_argument("--transport", default="mpi,event,stream_gated")
+    ap.add_argument("--transport", default=",".join(MEASURED))
     ap.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16, 32])
     ap.add_argument("--element", choices=list(ELEMENTS), default="vector")
     ap.add_argument("--reps", type=int, default=200)

@@ -12,7 +12,8 @@ Precedence, per setting, in :meth:`RunConfig.resolve` (the one constructor):
 A bad value is refused with one line naming where it came from (the variable, the option or the deck key) and the
 values allowed. The object is immutable; ``ProcessGrid(config=...)``, ``Geometry(config=...)`` and
 ``get_backend(name, config)`` take it, and everything below reads it from the grid or the geometry
-(``geom.config``). Library callers and tests that pass none get ``RunConfig.from_environment()``, built at call time.
+(``geom.config``). Library callers and tests that pass none get ``RunConfig.from_environment()``: the environment as
+it is at the call (built again only when the environment or the registered transports changed since the last call).
 
 Why here: ``comms`` is the lowest package (lattice, solvers, force and hmc all import it, it imports none of
 them), and the process grid and the halo engines are the first consumers; this module imports nothing of the
@@ -173,6 +174,8 @@ SETTINGS = {
     "mg_timing_sync": Setting("HMC_MG_TIMING_SYNC", _flag(True), True, "multigrid clocks synchronize the device"),
     "solver_fused": Setting("HMC_SOLVER_FUSED", _fused, "on", "fused solver linear algebra: on, off or all"),
     "solver_sums": Setting("HMC_SOLVER_SUMS", _choice("fast", "exact"), "fast", "solver reductions"),
+    "solver_graph": Setting("HMC_SOLVER_GRAPH", _int_in(0, None, "use a non-negative integer (0: host-driven)"), 8,
+                            "GPU solver iterations per CUDA-graph replay (0: every iteration driven by the host)"),
     "checks_dir": Setting("HMC_CHECKS_DIR", _optional(_text), None, "hmc check references (None: the package's hmc/checks)"),
     "fault_inject": Setting("HMC_FAULT_INJECT", _text, "", "testing: a fault to inject, e.g. "
                                                             "kill_during_checkpoint:3"),
@@ -233,6 +236,7 @@ class RunConfig:
     mg_timing_sync: bool = True
     solver_fused: str = "on"
     solver_sums: str = "fast"
+    solver_graph: int = 8
     checks_dir: str | None = None
     fault_inject: str = ""
     mpiexec: str | None = None
@@ -272,8 +276,15 @@ class RunConfig:
 
     @classmethod
     def from_environment(cls) -> "RunConfig":
-        """``resolve()`` with neither command line nor deck: what library callers and tests get by default."""
-        return cls.resolve()
+        """``resolve()`` with neither command line nor deck: what library callers and tests get by default. The
+        result is kept with the snapshot of the environment (and the registered transports) it came from and
+        returned again while both are unchanged, so a change is seen at the next call (the object is frozen)."""
+        global _FROM_ENVIRONMENT
+        key = (_environment_snapshot(), _transports.names())
+        kept = _FROM_ENVIRONMENT
+        if kept is None or kept[0] != key:
+            kept = _FROM_ENVIRONMENT = (key, cls.resolve())
+        return kept[1]
 
     def to_env(self) -> dict:
         """The environment variables that give a child process (an mpiexec worker) this configuration through
@@ -321,6 +332,17 @@ class RunConfig:
             v = getattr(self, name)
             if v != s.default:
                 object.__setattr__(self, name, _parsed(name, s, v, name))
+
+
+_FROM_ENVIRONMENT = None          # (snapshot key, RunConfig) of the last RunConfig.from_environment()
+
+
+def _environment_snapshot() -> dict:
+    """A copy of the process environment to compare with the last one: CPython's backing dict of os.environ
+    (``_data``, kept in step by every os.environ write) copies in under a microsecond, where decoding every entry
+    through the mapping costs about as much as resolving the configuration; other interpreters get that copy."""
+    data = getattr(os.environ, "_data", None)
+    return dict(data) if isinstance(data, dict) else dict(os.environ)
 
 
 def _parsed(name, s: Setting, raw, where: str):

@@ -53,7 +53,8 @@ from comms.config import RunConfig
 from lattice import cuda_source
 from lattice.backend import backend_of
 from lattice.padded import PaddedLinks, pad_links, pad_offset
-from lattice.placement import Placement, implements, pads_on_gpu, placement_of, set_switch, switch_on
+from lattice.placement import Placement, holds_whole_lattice, implements, pads_on_gpu, placement_of, set_switch, \
+    switch_on
 
 #: the run-configuration switch of every kernel here (lattice.placement consults it)
 SWITCH = "hisq_kernels"
@@ -74,9 +75,10 @@ BLOCK = 128
 
 
 def active(geom) -> bool:
-    """Whether the kernels serve ``geom`` unpadded: the local array is the whole lattice on a GPU (placement WHOLE or
-    SUBGRID: the kernels wrap periodically inside it), and :func:`enabled` for its configuration."""
-    return placement_of(geom) in (Placement.WHOLE, Placement.SUBGRID) and enabled(geom.config)
+    """Whether the kernels serve ``geom`` unpadded: the local array is the whole lattice on a GPU (WHOLE, or a
+    one-rank sub-grid of a split grid: the kernels wrap periodically inside it), and :func:`enabled` for its
+    configuration."""
+    return placement_of(geom) is not Placement.ARRAY and holds_whole_lattice(geom) and enabled(geom.config)
 
 
 def padded_active(geom, depth: int) -> bool:
@@ -454,7 +456,13 @@ def outer_acc(geom, zs, coeffs, f_acc, l_acc):
 
 # --- the implementations lattice.placement chooses from (the array twins register in force.smearing,
 # force.smearing_derivative and force.hisq_force) ------------------------------------------------------------
-_UNPADDED = (Placement.WHOLE, Placement.SUBGRID)
+# the unpadded kernels serve a GPU whose local array is the whole lattice: WHOLE, and a DISTRIBUTED one-rank sub-grid
+_UNPADDED = (Placement.WHOLE, Placement.DISTRIBUTED)
+
+
+def _whole(fits=None):
+    """The ``fits`` of an unpadded kernel: :func:`lattice.placement.holds_whole_lattice`, and ``fits``."""
+    return lambda geom, **ctx: holds_whole_lattice(geom) and (fits is None or fits(geom, **ctx))
 
 
 def _long_staples(geom, c) -> bool:
@@ -462,7 +470,7 @@ def _long_staples(geom, c) -> bool:
     return c.five_staple != 0.0 or c.seven_staple != 0.0
 
 
-@implements("hisq.fat_link", *_UNPADDED, switch=SWITCH, fits=_long_staples)
+@implements("hisq.fat_link", *_UNPADDED, switch=SWITCH, fits=_whole(_long_staples))
 def _fat_link_unpadded(geom, links, c):
     return fat_link(geom, links, c)
 
@@ -472,7 +480,7 @@ def _fat_link_padded(geom, links, c):
     return fat_link(geom, None, c, pad(geom, links, fat_depth(c)))
 
 
-@implements("hisq.naik_link", *_UNPADDED, switch=SWITCH)
+@implements("hisq.naik_link", *_UNPADDED, switch=SWITCH, fits=_whole())
 def _naik_link_unpadded(geom, links, coeff):
     return naik_link(geom, links, coeff)
 
@@ -493,7 +501,7 @@ def _smear_padded(geom, links, c):
     return fat_link(geom, None, c, box), naik_link(geom, None, c.naik, box)
 
 
-@implements("hisq.fat_link_vjp", *_UNPADDED, switch=SWITCH, fits=_long_staples)
+@implements("hisq.fat_link_vjp", *_UNPADDED, switch=SWITCH, fits=_whole(_long_staples))
 def _fat_link_vjp_unpadded(geom, links, c, d_fat):
     return fat_link_vjp(geom, links, c, d_fat)
 
@@ -503,7 +511,7 @@ def _fat_link_vjp_padded(geom, links, c, d_fat):
     return fat_link_vjp(geom, None, c, None, box=pad(geom, links, VJP_DEPTH), d_box=pad(geom, d_fat, VJP_DEPTH))
 
 
-@implements("hisq.naik_link_vjp", *_UNPADDED, switch=SWITCH)
+@implements("hisq.naik_link_vjp", *_UNPADDED, switch=SWITCH, fits=_whole())
 def _naik_link_vjp_unpadded(geom, links, coeff, d_long):
     return naik_link_vjp(geom, links, coeff, d_long)
 
@@ -518,7 +526,7 @@ def _real_coeffs(geom, coeffs) -> bool:
     return not np.iscomplexobj(coeffs)
 
 
-@implements("hisq.outer_products", *_UNPADDED, switch=SWITCH, fits=_real_coeffs)
+@implements("hisq.outer_products", *_UNPADDED, switch=SWITCH, fits=_whole(_real_coeffs))
 @implements("hisq.outer_products", Placement.PADDED, switch=SWITCH, fits=_real_coeffs, depth=OUTER_DEPTH)
 def _outer_products(geom, zs, coeffs, fat_acc, long_acc):
     outer_acc(geom, zs, coeffs, fat_acc, long_acc)

@@ -88,7 +88,8 @@ def make_fermion_monomial(deck: dict, pfs: list):
 
         from .deck import multigrid_options
 
-        mono.use_multigrid(MultigridShifts(mg["light_shifts"], **multigrid_options(mg)))
+        mono.use_multigrid(MultigridShifts(mg["light_shifts"], refresh_every=mg["refresh_every"],
+                                           **multigrid_options(mg)))
     return mono
 
 

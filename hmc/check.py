@@ -141,8 +141,11 @@ def compute(name: str, backend: str | None = None, settings: dict | None = None)
 
 
 def run_checks(names=None, update: bool = False, backend: str | None = None, log=print,
-               settings: dict | None = None) -> int:
-    """Run the named references (all by default); returns the number of failures."""
+               settings: dict | None = None, show_progress: bool = True) -> int:
+    """Run the named references (all by default); returns the number of failures. Progress (one step per
+    reference) goes to stderr unless ``show_progress`` is off (hmc.progress)."""
+    from .progress import command_progress
+
     known = _require_references()
     names = names or known
     unknown = [n for n in names if n not in known]
@@ -150,7 +153,15 @@ def run_checks(names=None, update: bool = False, backend: str | None = None, log
         raise deckmod.DeckError(f"no reference named {', '.join(unknown)} in {checks_dir()}: known references are "
                                 f"{', '.join(known)}")
     rows = []
-    for name in names:
+    with command_progress(len(names), "hmc check", show_progress) as bar:
+        _compute_all(names, update, backend, log, settings, rows, bar)
+    return _report(rows, names, update, log)
+
+
+def _compute_all(names, update, backend, log, settings, rows, bar) -> None:
+    """Compute every reference's values into ``rows`` (and with ``update`` store them)."""
+    for i, name in enumerate(names):
+        bar.update(i, f"{name}")
         t0 = time.perf_counter()
         ref_path = checks_dir() / f"{name}.json"
         stored = json.loads(ref_path.read_text()) if ref_path.exists() else {}
@@ -163,6 +174,11 @@ def run_checks(names=None, update: bool = False, backend: str | None = None, log
             ref_path.write_text(json.dumps(new, indent=1, sort_keys=True) + "\n")
             log(f"{name}: wrote {len(new)} reference values to {ref_path}")
         log(f"{name}: computed in {time.perf_counter() - t0:.1f} s")
+        bar.update(i + 1, f"{name} done")
+
+
+def _report(rows, names, update, log) -> int:
+    """The table of values against the stored ones; returns the number of failures."""
     log(f"{'reference':22s} {'quantity':44s} {'value':>22s} {'stored':>22s} {'rel diff':>9s} {'tol':>7s}  result")
     failures = 0
     for r in rows:

@@ -10,12 +10,14 @@ import time
 
 from comms import CommsError
 from comms.config import ConfigError, RunConfig
+from comms.transport import names as transport_names
 from lattice.backend import BackendError
 from lattice.geometry import GeometryError
 
 from .deck import DeckError
 from .guard import EXIT_TERMINATED, Terminated
 from .integrators import IntegratorError
+from .progress import add_progress_arg, command_progress
 from .runfile import RunFileError
 
 USER_ERRORS = (DeckError, RunFileError, GeometryError, BackendError, CommsError, ConfigError, IntegratorError,
@@ -104,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--grid", type=int, nargs=4, metavar=("PX", "PY", "PZ", "PT"),
                     help="process grid under mpiexec (default: the deck's [lattice] grid if it states one, else "
                          "$HMC_GRID, else chosen from the rank count)")
-    ap.add_argument("--transport", metavar="mpi|shm|event|stream_gated",
+    ap.add_argument("--transport", metavar="|".join(transport_names()),
                     help="halo transport (default: $HMC_P2P_TRANSPORT, else shm between ranks of a node)")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -149,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force-reunitarize", action="store_true",
                    help="project links far from U(3) onto SU(3) instead of refusing the lattice")
     _add_action_args(p)
+    add_progress_arg(p)
 
     _add_export_parser(sub)
 
@@ -180,9 +183,11 @@ def _add_check_parser(sub):
     p.add_argument("--out-dir", metavar="DIR", help="--milc: keep the outputs and run files here")
     p.add_argument("--launch", metavar="CMD", help="--milc: command that starts each run, as MILC's LAUNCH, e.g. "
                                                    "'mpiexec -n 2' (--grid and --transport reach the runs)")
+    add_progress_arg(p)
 
 
 def _add_export_parser(sub):
+    from . import export_links
     from .lattice_source import EXPORT_FORMATS
 
     p = sub.add_parser("export", help="write a run file's configuration as a MILC, NERSC, ILDG, SciDAC or openQCD "
@@ -197,14 +202,25 @@ def _add_export_parser(sub):
     p.add_argument("--precision", type=int, choices=(32, 64), help="nersc, ildg and scidac: 32 or 64 bits (default "
                                                                    "64)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    add_progress_arg(p)
+    export_links.add_args(p)
 
 
 def _export(args) -> int:
     from .lattice_source import export
 
-    result = export(args.runfile, args.output, args.format, args.trajectory, args.precision)
+    from .export_links import export_links
+
+    with command_progress(2 + bool(args.links), "hmc export", not args.no_progress) as bar:
+        bar.update(0, f"reading {args.runfile}")
+        result = export_links(args, bar) if args.links else export(args.runfile, args.output, args.format,
+                                                                   args.trajectory, args.precision, progress=bar)
+        bar.update(bar.total, f"wrote {args.output}")
     if args.json:
         print(json.dumps(result, indent=2))
+    elif args.links:
+        print(f"wrote {result['file']}: the {args.action} {args.links} links of {args.runfile} as a "
+              f"{result['precision']}-bit SciDAC colour-matrix file")
     else:
         print(f"wrote {result['file']}: {result['format']}, the configuration of trajectory {result['trajectory']} "
               f"of {args.runfile}")
@@ -358,7 +374,8 @@ def _check(args) -> int:
         if args.list:
             print("\n".join(check.listing()))
             return 0
-        return 1 if check.run_checks(args.references, args.update, settings=args.settings) else 0
+        return 1 if check.run_checks(args.references, args.update, settings=args.settings,
+                                     show_progress=not args.no_progress) else 0
     except check.CheckError as e:
         print(f"hmc check: error: {e}", file=sys.stderr)
         return 1

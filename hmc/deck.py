@@ -154,6 +154,9 @@ SCHEMA = {
                            "a number >= 0 of set-up iterations, or one per aggregation level"),
         "refresh_iters": Key(int, 10, _nonneg, "a number >= 0 of iterations refreshing the near-null vectors after "
                              "a gauge update"),
+        "refresh_every": Key(int, 1, _nonneg, "a number >= 0 of trajectories between refreshes of the light "
+                             "solves' near-null vectors (1: every trajectory; 0: never, only the coarse operators "
+                             "are rebuilt for new links)"),
         "smoother_steps": Key(list, [0, 4], lambda v: bool(v) and all(isinstance(n, int) and n >= 0 for n in v),
                               "a list of GCR smoother steps per level, e.g. [0, 4]"),
         "coarsest": Key(str, "auto", None, "", ("auto", "lu", "gcr")),

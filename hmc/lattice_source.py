@@ -80,11 +80,13 @@ def read_lattice(spec, geom=None, backend=None, ignore_checksum: bool = False, r
     return gauge_from_site_major(path, a, info, geom, backend, reunitarize, config)
 
 
-def export(spec: str, out: str, fmt: str, trajectory: int | None = None, precision: int | None = None) -> dict:
+def export(spec: str, out: str, fmt: str, trajectory: int | None = None, precision: int | None = None,
+           progress=None) -> dict:
     """Write a run file's configuration as a MILC v5 (single precision, as MILC writes), NERSC
     (4D_SU3_GAUGE_3x3, IEEE64BIG or with precision 32 IEEE32BIG), ILDG (64-bit unless precision 32, with its
     ildg-data-lfn), SciDAC (64-bit unless precision 32) or openQCD (64-bit only) file, through
-    :func:`lattice.io.write_gauge`; returns what was written."""
+    :func:`lattice.io.write_gauge`; returns what was written. ``progress`` (hmc.progress.Progress of 2 steps) is
+    told when the reading is done."""
     path, at = split_spec(spec)
     if trajectory is not None and at is not None and trajectory != at:
         raise runfile.RunFileError(f"{spec} and --trajectory {trajectory} disagree: give one of them")
@@ -95,6 +97,8 @@ def export(spec: str, out: str, fmt: str, trajectory: int | None = None, precisi
         raise runfile.RunFileError("openQCD files are double precision only: drop --precision, or export as nersc, "
                                    "ildg or scidac")
     a, info = run_file_configuration(path, at if trajectory is None else trajectory)
+    if progress is not None:
+        progress.step(f"writing {out}")
     if os.path.abspath(out) == os.path.abspath(path):
         raise runfile.RunFileError(f"-o {out} is the run file itself: give another output file")
     options = {}

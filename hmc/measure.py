@@ -4,29 +4,42 @@ from __future__ import annotations
 from lattice import link_trace, plaquette, polyakov_loop
 from .assemble import make_gauge_action
 from .lattice_source import read_lattice
+from .progress import command_progress
 
 
 def measure(path: str, args) -> dict:
     """CHECK PLAQ and LINKTR as stored (MILC prints them before re-unitarizing), then the Polyakov loop,
     plaquette and, with --beta, the gauge action S_g on the re-unitarized links (docs/conventions.md 1.1, 2). ``path``: a
     gauge file or a run file (``RUN.h5``, ``RUN.h5:N``)."""
-    u, info = read_lattice(path, backend=args.backend, ignore_checksum=args.ignore_checksum,
-                           config=getattr(args, "run_config", None), check_links=True,
-                           force_reunitarize=getattr(args, "force_reunitarize", False))
+    with command_progress(3 + (args.beta is not None), "hmc measure", not getattr(args, "no_progress", False)) as bar:
+        bar.update(0, f"reading {path}")
+        u, info = read_lattice(path, backend=args.backend, ignore_checksum=args.ignore_checksum,
+                               config=getattr(args, "run_config", None), check_links=True,
+                               force_reunitarize=getattr(args, "force_reunitarize", False))
+        bar.step("plaquette and link trace as stored")
+        out = _loops(path, u, info, bar)
+        if args.beta is not None:
+            bar.step("gauge action")
+            g = {"action": args.gauge_action, "beta": args.beta, "u0": args.u0, "nf": args.nf,
+                 "quark_loops": args.quark_loops}
+            act = make_gauge_action(g)
+            out["gauge_action"] = {**g, "S_g": act.action(u), "coefficients": act.describe()}
+        bar.update(bar.total, "done")
+    return out
+
+
+def _loops(path, u, info, bar) -> dict:
+    """CHECK PLAQ and LINKTR of the links as read, then (re-unitarized) the plaquette and the Polyakov loop."""
     ss, st = plaquette(u)
     out = {"file": path, "format": info.get("format"), "dims": list(u.geom.dims),
            "checksums": info.get("checksums"),
            "check_plaq_ss": ss, "check_plaq_st": st, "link_trace": link_trace(u)}
+    bar.step("re-unitarized plaquette and Polyakov loop")
     u.reunitarize()
     ss, st = plaquette(u)
     pl = polyakov_loop(u)
     out.update({"plaq_ss": ss, "plaq_st": st, "plaquette": (ss + st) / 6.0,
                 "polyakov_re": pl.real, "polyakov_im": pl.imag})
-    if args.beta is not None:
-        g = {"action": args.gauge_action, "beta": args.beta, "u0": args.u0, "nf": args.nf,
-             "quark_loops": args.quark_loops}
-        act = make_gauge_action(g)
-        out["gauge_action"] = {**g, "S_g": act.action(u), "coefficients": act.describe()}
     return out
 
 

@@ -107,6 +107,7 @@ class RHMCStats:
     times: dict = field(default_factory=dict)
     calls: dict = field(default_factory=dict)
     link_builds: int = 0
+    multigrid: bool = False        # multigrid solves some poles: totals() adds the mg_* columns (kept by reset)
 
     def reset(self) -> None:
         self.solves, self.grsource, self.times, self.calls, self.link_builds = [], [], {}, {}, 0
@@ -139,7 +140,35 @@ class RHMCStats:
         out["fermion_link_builds"] = self.link_builds
         for k in self.TIME_KEYS:
             out[f"time_fermion_{k}"] = float(self.times.get(k, 0.0))
+        if self.multigrid:
+            out.update(self.multigrid_totals())
         return out
+
+    MG_SETUPS = ("built", "refreshed", "updated", "rebuilt")
+
+    def multigrid_totals(self) -> dict:
+        """The multigrid solves' columns: ``mg_solves`` (multigrid solves, refinements included), ``mg_outer`` (their
+        outer GCR iterations), ``mg_fine_applies``, the set-up events they triggered (``mg_built``: near-null
+        vectors made from random vectors, ``mg_refreshed``, ``mg_updated``: thin updates, coarse operators rebuilt
+        on kept vectors for new links, ``mg_rebuilt``: another pole's hierarchy on the same links), the set-up's
+        ``mg_setup_fine_applies`` and ``time_fermion_mg_setup`` (seconds; inside time_fermion_solver_GR/FA)."""
+        infos = [i for r in self.solves for i in r.stats.extra.get("multigrid", ())]
+        out = {"mg_solves": sum(i["solves"] for i in infos), "mg_outer": sum(i["outer_iters"] for i in infos),
+               "mg_fine_applies": sum(i["fine_applies"] for i in infos)}
+        events = [w for i in infos for s in i["setup"] for w in s.split(",")]
+        for what in self.MG_SETUPS:
+            out[f"mg_{what}"] = events.count(what)
+        out["mg_setup_fine_applies"] = sum(i["setup_fine_applies"] for i in infos)
+        out["time_fermion_mg_setup"] = float(sum(i["setup_time"] for i in infos))
+        return out
+
+    def multigrid_line(self) -> str:
+        """``MG:`` the trajectory's multigrid solves and set-up in one line (``hmc run`` prints it)."""
+        t = self.multigrid_totals()
+        return (f"MG: {t['mg_solves']} solves, {t['mg_outer']} outer iterations, {t['mg_fine_applies']} fine "
+                f"applications; set-up {t['time_fermion_mg_setup']:.3g} s, {t['mg_setup_fine_applies']} fine "
+                f"applications: near-null vectors built {t['mg_built']}, refreshed {t['mg_refreshed']}, kept "
+                f"(coarse operators updated) {t['mg_updated']}, other poles' hierarchies {t['mg_rebuilt']}")
 
 
 @dataclass
@@ -196,12 +225,15 @@ class FermionMonomial:
     def use_multigrid(self, shifts, terms=None) -> None:
         """Solve the smallest poles of the heat-bath (GR) and action (FA) solves of pseudofermions ``terms``
         (default: the light ones, whose action kernel has the smallest mass) by multigrid: ``shifts`` is a
-        :class:`solvers.multigrid.MultigridShifts` (kept across trajectories: its near-null vectors are refreshed
-        after each gauge update); the MD solves stay multishift CG."""
+        :class:`solvers.multigrid.MultigridShifts`, kept across trajectories: its near-null vectors are built on the
+        first solve, each heat bath counts a trajectory towards its refresh rule (``refresh_every``), and a new
+        gauge field otherwise only rebuilds the coarse operators on them; the MD solves stay multishift CG.
+        ``stats.totals()`` then has the ``mg_*`` columns and ``stats.multigrid_line()`` the MG line."""
         if terms is None:
             light = min(min(t.rational.exponents) for t in self.terms)
             terms = [k for k, t in enumerate(self.terms) if light in t.rational.exponents]
         self.multigrid, self.multigrid_terms = shifts, tuple(terms)
+        self.stats.multigrid = True
 
     # -- links and operators -----------------------------------------------------------------------------------
     @property
@@ -285,6 +317,8 @@ class FermionMonomial:
     def refresh(self, u, rng) -> dict:
         """New pseudofermions phi_k = r_GR(A) g_k (heat bath); resets ``stats`` (one trajectory)."""
         self.stats.reset()
+        if self.multigrid is not None:
+            self.multigrid.new_trajectory()
         geom = u.geom
         ls = self.links(u)
         gs = pseudofermion_sources(geom, rng, len(self.terms))

@@ -269,6 +269,7 @@ def _trajectory_lines(d, res, monomials, fermions, row, u, previous, measured) -
     if measured and (fermions or milc):               # MILC's g_measure: PLAQ, P_LOOP, G_LOOP, GACTION
         gauge = next(m for m in monomials if m.kind == "gauge")
         out += gauge_measurement_lines(row, u, gauge.gauge_action, d.get("milc", {}).get("precision", 2))
+    out += [m.stats.multigrid_line() for m in fermions if m.stats.multigrid]     # [multigrid] light_shifts
     return out
 
 

@@ -38,6 +38,13 @@ DATASET_DESCRIPTIONS = {
     "rng/milc": "a dataset of MILC's generator state (hmc/rngs.py)",
 }
 
+#: the action terms recorded at the start and the end of each trajectory (columns g_start ... f_end):
+#: term -> (what it is, MILC's name for it), and when -> at what point
+_ACTION_TERMS = {"g": ("gauge action", "MILC's ACTION g"),
+                 "h": ("momentum term sum_{x,mu} [Tr(P^dag P)/2 - 4]", "MILC's ACTION h, hmom_action"),
+                 "f": ("pseudofermion action", "MILC's ACTION f; 0 without fermions")}
+_ACTION_TIMES = {"start": "at the start of the trajectory", "end": "at the end of the molecular dynamics"}
+
 #: name -> (dtype, units, description) of the fixed columns, in row order
 _FIXED = {
     "traj": ("i8", "1", "trajectory number, 1 for the first trajectory of the run"),
@@ -46,13 +53,8 @@ _FIXED = {
     "dH": ("f8", "1 (action, hbar = 1)", "H(end) - H(start): MILC's delta S"),
     "exp_mdH": ("f8", "1", "exp(-dH), whose average is 1 in equilibrium (Creutz's equality)"),
     "xrandom": ("f8", "1", "the uniform random number of the Metropolis test, accepted if exp(-dH) >= xrandom"),
-    "g_start": ("f8", "1 (action)", "gauge action at the start of the trajectory (MILC's ACTION g)"),
-    "h_start": ("f8", "1 (action)", "momentum term sum_{x,mu} [Tr(P^dag P)/2 - 4] at the start (MILC's ACTION h, "
-                                    "hmom_action)"),
-    "f_start": ("f8", "1 (action)", "pseudofermion action at the start (MILC's ACTION f; 0 without fermions)"),
-    "g_end": ("f8", "1 (action)", "gauge action at the end of the molecular dynamics"),
-    "h_end": ("f8", "1 (action)", "momentum term at the end of the molecular dynamics"),
-    "f_end": ("f8", "1 (action)", "pseudofermion action at the end of the molecular dynamics"),
+    **{f"{term}_{when}": ("f8", "1 (action)", f"{what} {at} ({milc})")
+       for when, at in _ACTION_TIMES.items() for term, (what, milc) in _ACTION_TERMS.items()},
     "plaq_ss": ("f8", "1", "MILC's PLAQ space-space: <ReTr P> over the xy, xz, yz planes (3 on unit links), of the "
                            "configuration kept after the trajectory"),
     "plaq_st": ("f8", "1", "MILC's PLAQ space-time: <ReTr P> over the xt, yt, zt planes (3 on unit links)"),
@@ -65,6 +67,15 @@ _PHASES = {"gr": "heat-bath (GR)", "fa": "action (FA)", "md": "force (MD)"}
 _PBP = {"re_even": "Re <psi-bar psi> on even sites", "re_odd": "Re <psi-bar psi> on odd sites",
         "im_even": "Im <psi-bar psi> on even sites", "im_odd": "Im <psi-bar psi> on odd sites",
         "faction": "MILC's FACTION", "iters": "CG iterations of the PBP solves, all sources"}
+
+_MG = {"mg_solves": "multigrid solves of the light heat-bath and action poles, refinements included",
+       "mg_outer": "outer GCR iterations of those multigrid solves",
+       "mg_fine_applies": "applications of the fine operator M by those multigrid solves",
+       "mg_built": "near-null spaces made from random vectors (once per hmc run process)",
+       "mg_refreshed": "near-null vector refreshes (refresh_iters iterations from the kept vectors)",
+       "mg_updated": "thin updates: coarse operators rebuilt on the kept near-null vectors for new links",
+       "mg_rebuilt": "per-pole hierarchies (X^-1, coarse operators) built on the same links and vectors",
+       "mg_setup_fine_applies": "fine-operator vector applications of the multigrid set-up work"}
 
 
 def history_column(name: str) -> tuple[str, str, str]:
@@ -84,6 +95,8 @@ def history_column(name: str) -> tuple[str, str, str]:
         return "i8", "1", f"{what} of the {_PHASES[m.group(2)]} phase, all pseudofermions"
     if name == "fermion_link_builds":
         return "i8", "1", "HISQ/asqtad link smearings computed in the trajectory"
+    if name in _MG:
+        return "i8", "1", _MG[name] + " in the trajectory ([multigrid] light_shifts, docs/multigrid.md 7)"
     if m := re.fullmatch(r"pbp(\d+)_(\w+)", name):
         if m.group(2) in _PBP:
             dtype = "i8" if m.group(2) == "iters" else "f8"

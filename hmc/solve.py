@@ -7,7 +7,7 @@
               [--mg-smoother-steps N ...] [--mg-coarsest auto|lu|gcr] [--mg-precision double|single]
               [--no-mg-compare]
               [--time-bc antiperiodic|periodic] [--reunitarize | --no-reunitarize]
-              [--out FILE [--out-precision 32|64]] [--check REFERENCE] [--json]
+              [--out FILE [--out-precision 32|64] [--ksprop]] [--check REFERENCE] [--json] [--no-progress]
 
 The links are built from the configuration (docs/conventions.md 1.3-1.6) and the solve uses the operators of
 :mod:`solvers` (M = 2m + D, no factor 1/2):
@@ -18,7 +18,8 @@ The links are built from the configuration (docs/conventions.md 1.3-1.6) and the
 * ``--operator MdagM``: x = (M^dag M)^-1 b on both parities, as MILC's ``ks_congrad(..., EVENANDODD)``; M^dag M =
   4m^2 - D^2 does not mix parities, so each parity is one CG with its own stopping rule.
 
-The source is a SciDAC colour-vector file (``--source``; a ``.npy`` array of shape (nt, nz, ny, nx, 3) also works),
+The source is a SciDAC colour-vector file (``--source``; a ``.npy`` array of shape (nt, nz, ny, nx, 3) also works;
+a USQCD KS propagator gives its scalar source times the unit vector of colour ``--color``),
 a point source of colour C at (x, y, z, t) (``--point``, the default: colour 0 at the origin) or complex Gaussian
 noise (``--random SEED``, unit variance per real component, drawn by global site index with the counter-based RNG,
 so it does not depend on the decomposition).
@@ -29,14 +30,17 @@ iteration counts, set-up and solve time and fine-operator applications, and next
 the same source with the same tolerance (its M-equivalent applications: one per A_m product, plus one for the
 source preparation and reconstruction); ``--no-mg-compare`` leaves CG out.
 
-``--check REFERENCE`` compares the solution with a stored one (SciDAC colour vector or ``.npy``), as MILC's
-``check_ks_invert`` does with its answer files, and reports |x - ref|/|ref| and max|x - ref|/max|ref|.
+``--check REFERENCE`` compares the solution with a stored one (SciDAC colour vector, ``.npy``, or the solution of
+colour ``--color`` in a USQCD KS propagator), as MILC's ``check_ks_invert`` does with its answer files, and reports
+|x - ref|/|ref| and max|x - ref|/max|ref|.
 
 ``--out FILE`` writes the solution: a ``.npy`` array if FILE ends in ``.npy``, otherwise a SciDAC colour-vector
-file (QIO's record layout, the one of MILC's ``ksvector.*`` files, with a scidac-checksum) that
-``lattice.io.read_color_vector`` and MILC read; ``--out-precision 32`` stores single precision as MILC's test files.
-``lattice.io`` has no colour-vector writer, so :func:`write_color_vector` builds the file here from its LIME and
-checksum primitives.
+file (QIO's record layout, the one of MILC's ``ksvector.*`` files, with a scidac-checksum;
+``lattice.io.write_color_vector``) that ``lattice.io.read_color_vector`` and MILC read; ``--out-precision 32``
+stores single precision as MILC's test files. ``--ksprop`` solves the point source (or a KS propagator's scalar
+source) for each of the three source colours and writes them as MILC's ``save_ksprop`` does with QIO: a USQCD KS
+propagator, ``USQCD_ColorVector_ScalarSource_ThreeSink`` (``lattice.io.write_ksprop``, docs/formats.md); with
+``--check`` the reference is then a KS propagator too and all three colours are compared.
 
 Re-unitarization (``--reunitarize``, the default, or ``--no-reunitarize``)
 --------------------------------------------------------------------------
@@ -71,13 +75,16 @@ import time
 
 import numpy as np
 
+from .progress import add_progress_arg, command_progress
+from .solve_fields import SolveError, compare, is_ksprop_file, ksprop_sources, make_source, point_source, random_source, \
+    read_vector, write_solution
+
+__all__ = ["SolveError", "point_source", "random_source", "read_vector", "make_source", "compare", "solve_field",
+           "load_links", "make_dslash", "run", "cli"]
+
 ACTIONS = ("hisq", "asqtad")
 OPERATORS = ("M", "MdagM")
 SOLVERS = ("cg", "mixed", "mg")
-
-
-class SolveError(ValueError):
-    """Bad input to ``hmc solve`` / ``hmc spectrum`` (one-line message, exit status 2)."""
 
 
 # ------------------------------------------------------------------------------------------------ arguments
@@ -105,6 +112,7 @@ def add_link_args(p) -> None:
                    help="relative residual of the (even-site) normal system, MILC's error_for_propagator")
     p.add_argument("--maxiter", type=int, default=10000, help="most CG iterations per solve")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_progress_arg(p)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -113,7 +121,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "a stored configuration; print iterations, true residual, time and GFLOP/s.")
     add_link_args(p)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--source", metavar="FILE", help="source: SciDAC colour-vector file (or .npy)")
+    src.add_argument("--source", metavar="FILE", help="source: SciDAC colour-vector file (or .npy), or a USQCD KS "
+                                                      "propagator's scalar source in colour --color")
     src.add_argument("--point", type=int, nargs=4, metavar=("X", "Y", "Z", "T"),
                      help="source: point source at (x, y, z, t) (default: the origin)")
     src.add_argument("--random", type=int, metavar="SEED", help="source: complex Gaussian noise from SEED")
@@ -123,8 +132,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", help="write the solution: SciDAC colour vector, or .npy")
     p.add_argument("--out-precision", type=int, choices=(32, 64), default=64,
                    help="precision of a SciDAC --out file (default 64)")
+    p.add_argument("--ksprop", action="store_true",
+                   help="solve the three colours of the point (or KS propagator) source and write --out as a USQCD "
+                        "KS propagator (MILC's save_ksprop with QIO)")
     p.add_argument("--check", metavar="REFERENCE",
-                   help="report |x - ref|/|ref| against a stored solution (SciDAC colour vector or .npy)")
+                   help="report |x - ref|/|ref| against a stored solution (SciDAC colour vector, .npy, or the "
+                        "solution of colour --color in a USQCD KS propagator)")
     g = p.add_argument_group("multigrid (--solver mg)")
     g.add_argument("--mg-levels", type=int, default=3, help="levels: fine, KD, then aggregations (default 3)")
     g.add_argument("--mg-block", type=int, nargs=4, action="append", metavar=("BX", "BY", "BZ", "BT"),
@@ -206,123 +219,6 @@ def links_line(d: dict) -> str:
     act = f"asqtad (u0 {d['u0']:g})" if d["action"] == "asqtad" else f"HISQ (eps {d['eps']:g})"
     return (f"{act}, m = {d['mass']:g}, {d['time_bc']} time, {d['config']} ({'x'.join(map(str, d['dims']))}, "
             f"{d['format']}, links {'re-unitarized' if d['reunitarized'] else 'as stored'})")
-
-
-# ------------------------------------------------------------------------------------------------ fields
-def read_vector(path, geom, what: str):
-    """A global colour-vector field from a SciDAC file or a .npy array, cut to this rank's block, on the backend."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise SolveError(f"{path}: no such file ({what})")
-    if os.path.isdir(path):
-        raise SolveError(f"{path} is a folder, not a {what} file: name the SciDAC or .npy file in it")
-    if path.endswith(".npy"):
-        try:
-            a = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise SolveError(f"{path}: not a readable .npy array ({e})") from None
-    else:
-        from lattice.io import read_color_vector
-
-        a = read_color_vector(path)
-    nx, ny, nz, nt = geom.dims
-    want = (nt, nz, ny, nx, 3)
-    if tuple(a.shape) != want:
-        raise SolveError(f"{path}: {what} has shape {tuple(a.shape)}, but the lattice needs {want} "
-                         "(nt, nz, ny, nx, colour)")
-    if not np.iscomplexobj(a):
-        a = a.astype(np.complex128)
-    return geom.xp.asarray(np.ascontiguousarray(geom.local_part(a), dtype=np.complex128))
-
-
-def point_source(geom, site, color: int = 0):
-    """1 at colour ``color`` of the global site (x, y, z, t), 0 elsewhere; this rank's block."""
-    x, y, z, t = (int(c) for c in site)
-    for c, n, name in zip((x, y, z, t), geom.dims, "xyzt"):
-        if not 0 <= c < n:
-            raise SolveError(f"point source {name} = {c} lies outside the lattice (0 <= {name} < {n})")
-    if color not in (0, 1, 2):
-        raise SolveError(f"colour {color}: use 0, 1 or 2")
-    xp = geom.xp
-    src = xp.zeros(geom.shape + (3,), dtype=np.complex128)
-    (ox, oy, oz, ot), (lx, ly, lz, lt) = geom.offset, geom.local_dims
-    if ox <= x < ox + lx and oy <= y < oy + ly and oz <= z < oz + lz and ot <= t < ot + lt:
-        src[t - ot, z - oz, y - oy, x - ox, color] = 1.0
-    return src
-
-
-def random_source(geom, seed: int):
-    from lattice.rng import CounterRNG
-
-    g = CounterRNG(int(seed)).gaussian("hmc-solve-source", geom.site_ids(), 6).reshape(geom.shape + (3, 2))
-    return (g[..., 0] + 1j * g[..., 1]).astype(np.complex128)
-
-
-def make_source(geom, args):
-    """(source field, description) from --source / --point / --random (default: point, colour 0, origin)."""
-    if args.source:
-        return read_vector(args.source, geom, "source"), {"kind": "file", "path": args.source}
-    if args.random is not None:
-        return random_source(geom, args.random), {"kind": "random", "seed": args.random}
-    site = tuple(args.point) if args.point else (0, 0, 0, 0)
-    return point_source(geom, site, args.color), {"kind": "point", "site": list(site), "color": args.color}
-
-
-def write_color_vector(path, x, precision: int = 64, title: str = "hisq-hmc colour vector",
-                       info: str = "solution color vector field") -> dict:
-    """Write the global colour-vector field ``x`` (nt, nz, ny, nx, 3) as a SciDAC file (QIO's layout, as MILC's
-    ``save_ks_vector_scidac``: file message [private file XML, file XML], record message [private record XML, record
-    XML, binary data, checksum]), atomically. Returns {"suma", "sumb"}."""
-    from xml.sax.saxutils import escape
-
-    from lattice.io import lime
-    from lattice.io.common import atomic_write, scidac_checksum
-
-    if precision not in (32, 64):
-        raise ValueError(f"precision {precision}: use 32 or 64")
-    x = np.asarray(x)
-    if x.ndim != 5 or x.shape[-1] != 3:
-        raise ValueError(f"a colour-vector field has shape (nt, nz, ny, nx, 3), not {x.shape}")
-    nt, nz, ny, nx = x.shape[:4]
-    nbytes = precision // 8
-    raw = np.ascontiguousarray(np.asarray(x, dtype=np.complex128).view(np.float64), dtype=f">f{nbytes}").tobytes()
-    suma, sumb = scidac_checksum(raw, 6 * nbytes)
-    p = "F" if precision == 32 else "D"
-    head = '<?xml version="1.0" encoding="UTF-8"?>'
-    stamp = time.strftime("%a %b %d %H:%M:%S %Y UTC", time.gmtime())
-
-    def z(s: str) -> bytes:
-        return s.encode() + b"\0"
-
-    messages = [
-        [("scidac-private-file-xml", z(f"{head}<scidacFile><version>1.1</version><spacetime>4</spacetime>"
-                                       f"<dims>{nx} {ny} {nz} {nt} </dims><volfmt>0</volfmt></scidacFile>")),
-         ("scidac-file-xml", z(title))],
-        [("scidac-private-record-xml", z(
-            f"{head}<scidacRecord><version>1.0</version><date>{stamp}</date><globaldata>0</globaldata>"
-            f"<datatype>QDP_{p}3_ColorVector</datatype><precision>{p}</precision><colors>3</colors>"
-            f"<typesize>{6 * nbytes}</typesize><datacount>1</datacount></scidacRecord>")),
-         ("scidac-record-xml", z(escape(info))),
-         ("scidac-binary-data", raw),
-         ("scidac-checksum", z(f"{head}<scidacChecksum><version>1.0</version><suma>{suma:x}</suma>"
-                               f"<sumb>{sumb:x}</sumb></scidacChecksum>"))],
-    ]
-    with atomic_write(path) as f:
-        lime.write_messages(f, messages)
-    return {"suma": suma, "sumb": sumb}
-
-
-def compare(geom, x, ref) -> dict:
-    """|x - ref|/|ref| (MILC's check) and max_site,colour |x - ref| / max |ref|, global."""
-    from solvers import norm2
-
-    xp = geom.xp
-    d = x - ref
-    nref = norm2(geom, ref)
-    rel = math.sqrt(norm2(geom, d) / nref) if nref > 0 else math.inf
-    mx = geom.grid.max(float(xp.abs(d).max()))
-    mr = geom.grid.max(float(xp.abs(ref).max()))
-    return {"rel_diff": rel, "max_abs_diff": mx, "max_rel_diff": mx / mr if mr > 0 else math.inf}
 
 
 # ------------------------------------------------------------------------------------------------ the solve
@@ -427,52 +323,86 @@ def solve_field_mg(D, mass, b, operator, tol, maxiter, mg):
     return x, res
 
 
-def run(args) -> dict:
-    """``hmc solve`` without printing: the result dictionary (the --json output)."""
+def _check_out_args(args) -> None:
     if args.out is not None and not args.out:
         raise SolveError("--out needs a file name")
     if args.out and os.path.isdir(args.out):
         raise SolveError(f"--out {args.out} is a folder: name the file to write in it, e.g. "
                          f"{os.path.join(args.out, 'solution.npy')}")
-    u, links, info = load_links(args)
-    geom = u.geom
-    D = make_dslash(links)
-    b, src_desc = make_source(geom, args)
+    if args.ksprop and (not args.out or args.out.endswith(".npy")):
+        raise SolveError("--ksprop writes a USQCD KS propagator: give --out FILE (not .npy)")
+    if args.ksprop and args.check and not is_ksprop_file(args.check):
+        raise SolveError(f"--ksprop --check {args.check}: the reference of three source colours must be a USQCD KS "
+                         "propagator")
+
+
+def run(args) -> dict:
+    """``hmc solve`` without printing: the result dictionary (the --json output)."""
     from solvers import norm2
 
-    if norm2(geom, b) == 0.0:
-        raise SolveError("the source is zero everywhere: nothing to solve")
-    ref = read_vector(args.check, geom, "reference") if args.check else None
-    x, res = solve_field(D, args.mass, b, args.operator, args.solver, args.tol, args.maxiter, mg_options(args))
-    out = describe_links(args, info)
-    out.update({"operator": args.operator, "source": src_desc, "solver": args.solver, "tol": args.tol})
-    out.update(res)
-    if ref is not None:
-        out["check"] = dict(compare(geom, x, ref), reference=args.check)
-    if args.out:
-        xg = geom.gather(x)
-        if xg is not None:
-            if args.out.endswith(".npy"):
-                from lattice.io.common import atomic_write
-
-                with atomic_write(args.out) as f:
-                    np.save(f, xg)
-                out["out"] = {"path": args.out, "format": "npy"}
-            else:
-                what = "M^-1 source" if args.operator == "M" else "(MdaggerM)^-1 source"
-                sums = write_color_vector(args.out, xg, args.out_precision,
-                                          title=f"hisq-hmc solve: {links_line(describe_links(args, info))}",
-                                          info=f"answer = {what}")
-                out["out"] = {"path": args.out, "format": "scidac", "precision": args.out_precision,
-                              "checksums": {"suma": f"{sums['suma']:x}", "sumb": f"{sums['sumb']:x}"}}
+    _check_out_args(args)
+    nsolves = 3 if args.ksprop else 1
+    with command_progress(2 + nsolves + bool(args.out), "hmc solve", not args.no_progress) as bar:
+        bar.update(0, "reading the configuration")
+        u, links, info = load_links(args)
+        bar.step("the operator and the source")
+        geom = u.geom
+        D = make_dslash(links)
+        if args.ksprop:
+            sources, scalar, src_desc = ksprop_sources(geom, args)
+        else:
+            (b, src_desc), scalar = make_source(geom, args), None
+            sources = [b]
+        if norm2(geom, sources[0]) == 0.0:
+            raise SolveError("the source is zero everywhere: nothing to solve")
+        colors = range(3) if args.ksprop else [args.color]
+        refs = [read_vector(args.check, geom, "reference", c) for c in colors] if args.check else []
+        xs, results = [], []
+        for i, b in enumerate(sources):
+            bar.step(f"solve {i + 1} of {nsolves}" + (f" (source colour {i})" if args.ksprop else ""))
+            x, res = solve_field(D, args.mass, b, args.operator, args.solver, args.tol, args.maxiter,
+                                 mg_options(args))
+            xs.append(x)
+            results.append(res)
+        out = describe_links(args, info)
+        out.update({"operator": args.operator, "source": src_desc, "solver": args.solver, "tol": args.tol})
+        out.update(results[0] if len(results) == 1 else _combined(results))
+        if refs:
+            checks = [compare(geom, x, r) for x, r in zip(xs, refs)]
+            out["check"] = dict({k: max(c[k] for c in checks) for k in checks[0]}, reference=args.check)
+        if args.out:
+            bar.step(f"writing {args.out}")
+            what = "M^-1 source" if args.operator == "M" else "(MdaggerM)^-1 source"
+            written = write_solution(args.out, geom, xs, args.out_precision, scalar,
+                                     file_info=f"hisq-hmc solve: {links_line(describe_links(args, info))}",
+                                     record_info=f"answer = {what}")
+            if written is not None:
+                out["out"] = written
+        bar.update(bar.total, f"{out['iters']} iterations")
     return out
+
+
+def _combined(results: list) -> dict:
+    """The result of the three solves of a KS propagator: totals, the worst residuals, each solve by colour."""
+    t = sum(r["time_s"] for r in results)
+    flops = sum(r["flops"] for r in results)
+    return {"iters": sum(r["iters"] for r in results), "milc_iters": sum(r["milc_iters"] for r in results),
+            "true_residual": max(r["true_residual"] or 0.0 for r in results),
+            "full_residual": max(r["full_residual"] for r in results),
+            "converged": all(r["converged"] for r in results), "flops": flops, "time_s": t,
+            "gflops": flops / t / 1e9 if t > 0 else 0.0, "precision": results[0]["precision"],
+            "solves": [dict(r, color=c) for c, r in enumerate(results)]}
 
 
 def format_result(r: dict) -> str:
     op = "x = M^-1 b" if r["operator"] == "M" else "x = (M^dag M)^-1 b"
     s = r["source"]
     src = {"file": lambda: f"file {s.get('path')}", "random": lambda: f"random (seed {s.get('seed')})",
-           "point": lambda: f"point at {tuple(s.get('site', ()))}, colour {s.get('color')}"}[s["kind"]]()
+           "point": lambda: f"point at {tuple(s.get('site', ()))}"}[s["kind"]]()
+    if "colors" in s:
+        src += ", colours 0, 1, 2 (a KS propagator)"
+    elif "color" in s:
+        src += f", colour {s['color']}"
     lines = [f"hmc solve: {links_line(r)}"]
     if r["action"] == "hisq" and r.get("u0_ignored") is not None:
         lines.append(f"note: --u0 {r['u0_ignored']:g} ignored: HISQ links have no tadpole factor")
@@ -498,7 +428,9 @@ def format_result(r: dict) -> str:
                      f"max|x - ref|/max|ref| = {c['max_rel_diff']:.3e}")
     if "out" in r:
         o = r["out"]
-        kind = "NumPy array" if o["format"] == "npy" else f"SciDAC colour vector, {o['precision']}-bit"
+        kind = {"npy": "NumPy array", "scidac": "SciDAC colour vector",
+                "usqcd-ksprop": "USQCD KS propagator, 3 source colours"}[o["format"]]
+        kind += f", {o['precision']}-bit" if "precision" in o else ""
         lines.append(f"wrote {o['path']} ({kind})")
     return "\n".join(lines)
 

@@ -25,6 +25,7 @@ import json
 
 import numpy as np
 
+from .progress import command_progress
 from .solve import SolveError, add_link_args, describe_links, links_line, load_links, make_dslash, point_source, \
     report_error, solve_field
 
@@ -56,13 +57,16 @@ def time_slice_sums(geom, density) -> np.ndarray:
 
 
 def point_correlator(D, mass: float, origin=(0, 0, 0, 0), norm: float = 1.0, solver: str = "cg",
-                     tol: float = 1e-10, maxiter: int = 10000):
-    """(C(t) for t = 0..nt-1 from the source time, list of the three solves' result dicts)."""
+                     tol: float = 1e-10, maxiter: int = 10000, progress=None):
+    """(C(t) for t = 0..nt-1 from the source time, list of the three solves' result dicts); ``progress``
+    (hmc.progress.Progress) is told of each solve."""
     geom = D.geom
     xp = geom.xp
     dens = xp.zeros(geom.shape, dtype=np.float64)
     solves = []
     for color in range(3):
+        if progress is not None:
+            progress.step(f"solve {color + 1} of 3 (source colour {color})")
         b = point_source(geom, origin, color)
         x, res = solve_field(D, mass, b, "M", solver, tol, maxiter)
         dens += (x.real ** 2 + x.imag ** 2).sum(axis=-1)
@@ -74,11 +78,16 @@ def point_correlator(D, mass: float, origin=(0, 0, 0, 0), norm: float = 1.0, sol
 
 
 def run(args) -> dict:
-    u, links, info = load_links(args)
     if not args.norm > 0:
         raise SolveError(f"--norm {args.norm:g}: the normalization must be positive")
-    D = make_dslash(links)
-    c, solves = point_correlator(D, args.mass, tuple(args.origin), args.norm, args.solver, args.tol, args.maxiter)
+    with command_progress(5, "hmc spectrum", not args.no_progress) as bar:
+        bar.update(0, "reading the configuration")
+        u, links, info = load_links(args)
+        bar.step("the operator")
+        D = make_dslash(links)
+        c, solves = point_correlator(D, args.mass, tuple(args.origin), args.norm, args.solver, args.tol,
+                                     args.maxiter, bar)
+        bar.update(5, f"{sum(s['iters'] for s in solves)} iterations")
     out = describe_links(args, info)
     out.update({"origin": list(args.origin), "norm": args.norm, "solver": args.solver, "tol": args.tol,
                 "correlator": [float(v) for v in c],

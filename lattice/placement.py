@@ -3,14 +3,14 @@
 One rule, :func:`placement_of`, says where the lattice of a geometry lives (``geom.placement``):
 
 * ``ARRAY``: NumPy arrays; the array code (the NumPy twins) runs.
-* ``WHOLE``: the whole lattice on one GPU: one rank, no partitioned dimension; kernels index the local array with
-  periodic wrap.
-* ``SUBGRID``: a GPU and no partitioned dimension in the grid's current context, but other ranks on the grid's
-  communicator: a one-rank sub-grid of a split grid (:func:`solvers.multigrid.split_grid_solve`). The local array
-  is the whole lattice, as for ``WHOLE``; the kernels that required one rank keep the array path there, and the
-  staggered hop keeps its distributed kernel.
-* ``DISTRIBUTED``: a GPU and at least one partitioned dimension: neighbours across a partitioned dimension come
-  through a halo exchange.
+* ``WHOLE``: the whole lattice on one GPU of a one-rank run: one rank on the grid's communicator, no partitioned
+  dimension; kernels index the local array with periodic wrap.
+* ``DISTRIBUTED``: a GPU rank of a run over several ranks, or a partitioned dimension: neighbours across a
+  partitioned dimension come through a halo exchange. A one-rank sub-grid of a split grid
+  (:func:`solvers.multigrid.split_grid_solve`) is one: its rank is part of a distributed run, so it gets the
+  distributed kernels (the staggered hop's DistHop, the padded or array gauge force). Its local array is still the
+  whole lattice (:func:`holds_whole_lattice`), so a kernel that only needs that (the unpadded HISQ smearing and
+  force kernels) registers on ``DISTRIBUTED`` too with that as its ``fits``.
 
 ``PADDED`` is a placement an implementation claims, not one a geometry has: the single-GPU kernels run on links
 halo-padded by a depth (:meth:`lattice.Geometry.padded`); it serves a ``DISTRIBUTED`` geometry whose partitioned
@@ -34,7 +34,6 @@ from dataclasses import dataclass
 class Placement(enum.Enum):
     ARRAY = "array"
     WHOLE = "whole"
-    SUBGRID = "subgrid"
     DISTRIBUTED = "distributed"
     PADDED = "padded"
 
@@ -43,7 +42,6 @@ class Placement(enum.Enum):
 CHAIN = {
     Placement.ARRAY: (Placement.ARRAY,),
     Placement.WHOLE: (Placement.WHOLE, Placement.ARRAY),
-    Placement.SUBGRID: (Placement.SUBGRID, Placement.ARRAY),
     Placement.DISTRIBUTED: (Placement.DISTRIBUTED, Placement.PADDED, Placement.ARRAY),
 }
 
@@ -52,9 +50,15 @@ def placement_of(geom) -> Placement:
     """Where ``geom``'s lattice lives (module docstring): from its backend and its grid's current context."""
     if not geom.backend.is_gpu:
         return Placement.ARRAY
-    if any(geom.grid.partitioned):
-        return Placement.DISTRIBUTED
-    return Placement.WHOLE if geom.grid.comm.size == 1 else Placement.SUBGRID
+    if holds_whole_lattice(geom) and geom.grid.comm.size == 1:
+        return Placement.WHOLE
+    return Placement.DISTRIBUTED
+
+
+def holds_whole_lattice(geom) -> bool:
+    """Whether ``geom``'s local array is the whole lattice: no partitioned dimension in its grid's current context
+    (a ``WHOLE`` geometry, or a one-rank sub-grid of a split grid), so kernels may wrap periodically inside it."""
+    return not any(geom.grid.partitioned)
 
 
 def local_placement(a) -> Placement:
@@ -139,7 +143,7 @@ def implements(name: str, *placements: Placement, switch: str | None = None, fit
 
     def register(fn):
         table = _REGISTRY.setdefault(name, {})
-        for p in placements:
+        for p in dict.fromkeys(placements):        # an alias named beside its member registers once
             if p in table:
                 raise ValueError(f"kernel {name!r} already has an implementation on {p.value}: "
                                  f"{table[p].fn.__qualname__}")

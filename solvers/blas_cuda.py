@@ -51,7 +51,7 @@ BLOCK = 256           # threads per block (the reduction trees assume exactly th
 MAX_BLOCKS = 1024     # grid-stride loops beyond: a fixed grid keeps the reduction order fixed
 NRED = 2              # numbers a reduction kernel returns
 
-_KERNELS = ("cg_update", "xpay", "norm2_redot", "axpy2_norm2", "ms_update")
+_KERNELS = ("cg_update", "xpay", "norm2_redot", "axpy2_norm2", "ms_update", "cg_update_dev", "ms_update_dev")
 
 
 def _device_ptr(a) -> int:
@@ -73,9 +73,14 @@ class CudaBlas:
     results), used by one kernel at a time on the current stream; :func:`cuda_blas` keeps one per local lattice,
     precision and parity (global parity: on a rank whose offset is odd the kernels take the other local one)."""
 
-    def __init__(self, geom, dtype, parity=None):
+    def __init__(self, geom, dtype, parity=None, exact=False):
         be = geom.backend
         cp = be.xp
+        self.exact = bool(exact)             # the "exact" reduction mode: sums through solvers.exact_sum_cuda
+        if self.exact:
+            from .exact_sum_cuda import ExactReducer, accumulator
+
+            self._exact, self._records = ExactReducer(be), accumulator(cp, 2)
         self.cp, self.geom = cp, geom
         self.dtype = np.dtype(dtype)
         suffix = _precision(self.dtype)
@@ -107,7 +112,7 @@ class CudaBlas:
         return a
 
     def _launch(self, name, *args):
-        grid = self._grid_numbers if name == "ms_update" else self._grid
+        grid = self._grid_numbers if name.startswith("ms_update") else self._grid
         self._k[name](grid, (BLOCK,), args + self._lat)
 
     def _red(self):
@@ -137,7 +142,18 @@ class CudaBlas:
         """(|a|^2, Re<a, w>); with ``shift`` != 0, first w += shift a (in place). One host synchronisation."""
         self._launch("norm2_redot", self._f(a), self._f(w), self.real(shift), np.int32(shift != 0.0),
                      *self._red())
-        return self._fetch()
+        return self._exact_pair(a, w) if self.exact else self._fetch()
+
+    def _exact_pair(self, a, w):
+        """(|a|^2, Re<a, w>) summed exactly (the records of every rank added as integers, rounded once): the same
+        bits for any decomposition, and those of geom.sum of the products (the NumPy path's exact mode)."""
+        from comms import superacc
+
+        self._exact.norm2_redot(a, w, self._records)
+        mine = self._records.get()
+        comm = self.geom.grid.active_comm
+        parts = comm.allgather(mine) if self._global_sum else [mine]
+        return tuple(superacc.to_float(superacc.add(*[p[q] for p in parts])) for q in (0, 1))
 
     def norm2(self, a):
         """|a|^2 over this object's sites."""
@@ -147,7 +163,9 @@ class CudaBlas:
         """x += alpha p; r -= alpha s; returns |r|^2 (None with ``reduce=False``: no host synchronisation)."""
         f = self._f
         self._launch("axpy2_norm2", f(p), f(s), f(x), f(r), self.real(alpha), *self._red())
-        return self._fetch()[0] if reduce else None
+        if not reduce:
+            return None
+        return self._exact_pair(r, r)[0] if self.exact else self._fetch()[0]
 
     def multishift_update(self, s, r, w, ps, xs, coefs, alpha, beta, fresh=False):
         """s = w + beta s (s = w when ``fresh``); for each shift i with ``coefs[i] = (zeta, a, b)`` (None: a
@@ -156,15 +174,39 @@ class CudaBlas:
             raise ValueError("multishift_update: ps, xs and coefs must have one entry per shift")
         # the device table of the fields' addresses, rebuilt when the fields change: keyed by the objects (held
         # here, so that their ids stay theirs), so that the fields are checked once per solve, not per iteration
+        table = self.pointer_table(ps, xs)
+        coef = self._coefficients(coefs)
+        f, R = self._f, self.real
+        self._launch("ms_update", f(s), f(r), f(w), table[0], table[1], coef, np.int32(len(coefs)),
+                     R(alpha), R(0.0 if fresh else beta), np.int32(bool(fresh)))
+
+    def pointer_table(self, ps, xs):
+        """The device tables of the shifts' p_i and x_i addresses, rebuilt when the fields change: keyed by the
+        objects (held here, so that their ids stay theirs), so that the fields are checked once per solve, not per
+        iteration."""
         key = tuple(map(id, ps)) + tuple(map(id, xs))
         if self._ptr_key != key:
             ptrs = tuple(_device_ptr(self._f(a)) for a in ps) + tuple(_device_ptr(self._f(a)) for a in xs)
             dev = self.cp.asarray(np.asarray(ptrs, dtype=np.uint64))
             self._ptr_key, self._ptr_fields, self._ptrs = key, (tuple(ps), tuple(xs)), (dev[:len(ps)], dev[len(ps):])
-        coef = self._coefficients(coefs)
-        f, R = self._f, self.real
-        self._launch("ms_update", f(s), f(r), f(w), self._ptrs[0], self._ptrs[1], coef, np.int32(len(coefs)),
-                     R(alpha), R(0.0 if fresh else beta), np.int32(bool(fresh)))
+        return self._ptrs
+
+    # --- the device-resident forms (solvers.krylov_graph): coefficients read from the state vector ``st`` -------
+    def cg_update_dev(self, p, s, x, r, w, st):
+        """:meth:`cg_update` with alpha, beta and the fresh flag from the state vector (no-op once it is frozen)."""
+        f = self._f
+        self._launch("cg_update_dev", f(p), f(s), f(x), f(r), f(w), st)
+
+    def ms_update_dev(self, s, r, w, table, coef, nshift, st):
+        """:meth:`multishift_update` with alpha, beta, fresh from the state vector and the shifts' (zeta, a, b,
+        active) from ``coef`` on the device (no-op once the state is frozen)."""
+        f = self._f
+        self._launch("ms_update_dev", f(s), f(r), f(w), table[0], table[1], coef, np.int32(nshift), st)
+
+    def norm2_redot_into(self, a, w, shift, result):
+        """:meth:`norm2_redot` into the device pair ``result`` (this rank's sums; no host synchronisation)."""
+        self._launch("norm2_redot", self._f(a), self._f(w), self.real(shift), np.int32(shift != 0.0),
+                     self._partial, self._counter, result)
 
     def _coefficients(self, coefs):
         """The shifts' (zeta, a, b, active) on the device: written into a pinned host buffer and copied on the
@@ -300,12 +342,13 @@ class BlasTwin:
         return BlasTwin(self.geom, a.dtype, 1 - self.parity).norm2(a)
 
 
-def cuda_blas(geom, dtype, parity=None) -> CudaBlas:
-    """The :class:`CudaBlas` of this local lattice, precision and parity, made once per backend and process grid
-    (its reductions sum over that grid's ranks; the cached object keeps the grid alive, so its id stays unique)."""
+def cuda_blas(geom, dtype, parity=None, exact=False) -> CudaBlas:
+    """The :class:`CudaBlas` of this local lattice, precision, parity and reduction mode, made once per backend and
+    process grid (its reductions sum over that grid's ranks; the cached object keeps the grid alive, so its id stays
+    unique)."""
     key = ("solver_blas", tuple(geom.local_dims), np.dtype(dtype).str, None if parity is None else int(parity),
-           sum(geom.offset) & 1, id(geom.grid))
-    return geom.backend.kernel(key, lambda: CudaBlas(geom, dtype, parity))
+           sum(geom.offset) & 1, id(geom.grid), bool(exact))
+    return geom.backend.kernel(key, lambda: CudaBlas(geom, dtype, parity, exact))
 
 
 def _fits(geom, source) -> bool:
@@ -314,11 +357,12 @@ def _fits(geom, source) -> bool:
     return geom.local_dims[0] % 2 == 0 and (source is None or source.flags.c_contiguous)
 
 
-@implements("solvers.fused_blas", Placement.WHOLE, Placement.SUBGRID, Placement.DISTRIBUTED, fits=_fits)
-def fused_cuda_blas(geom, dtype, parity, source=None):
-    """A :class:`CudaBlas` for one solve, restricted to ``parity`` when the source vanishes on the other parity."""
-    blas = cuda_blas(geom, dtype, parity)
+@implements("solvers.fused_blas", Placement.WHOLE, Placement.DISTRIBUTED, fits=_fits)
+def fused_cuda_blas(geom, dtype, parity, source=None, exact=False):
+    """A :class:`CudaBlas` for one solve, restricted to ``parity`` when the source vanishes on the other parity;
+    ``exact``: its sums exact (the "exact" reduction mode)."""
+    blas = cuda_blas(geom, dtype, parity, exact)
     if parity is not None and source is not None and blas.off_parity_norm2(source) != 0.0:
-        blas = cuda_blas(geom, dtype, None)
+        blas = cuda_blas(geom, dtype, None, exact)
     return blas
 

@@ -54,6 +54,7 @@ import numpy as np
 from .operator import Operator, fused_blas, inner, norm2, norm2_and_redot
 from .staggered import FLOPS_AXPY
 from . import blas_cuda  # noqa: F401  (registers the fused solver kernels for the GPU placements)
+from .krylov_graph import cg_iterations, graph_iterations
 
 # linear-algebra flops per site (complex 3-vectors, real coefficients)
 _FL_NORM = 12          # |a|^2 or Re<a, b>
@@ -195,10 +196,15 @@ class CGInverse(InverseOperator):
         run = _CGRun(self, b)
         if run.trivial() or run.start(x0):
             return run.x, run.finish_trivial()
+        iters = graph_iterations(run.Ai, run.blas) if run.one else 0
+        run.st.extra["graph_iterations"] = iters
         while True:
             if run.true_residual_due() and run.true_residual_check():
                 break
-            run.step(run.search_direction())
+            if iters and not run.reliable:
+                cg_iterations(run, iters)      # on the device until the stop test (solvers.krylov_graph)
+            else:
+                run.step(run.search_direction())
         return run.x, run.finish()
 
 
@@ -226,6 +232,22 @@ class _CGRun:
         self.sites = A.sites
         self.b = self.xp.asarray(b).astype(A.dtype, copy=False)
         self.bb = norm2(self.geom, self.b)
+
+    def cg_flops_per_iteration(self) -> float:
+        """Linear-algebra flops of one Chronopoulos-Gear step (the operator's come on top)."""
+        return _FL_CG_ITER * self.sites
+
+    def breakdown(self, pap: float):
+        """Raise the breakdown error of a non-positive or non-finite p^dag A p at the current iteration."""
+        self.st.iters, self.st.residual = self.k, math.sqrt(self.g / self.bb)
+        raise SolverBreakdownError(
+            f"{self.inv.name} broke down at iteration {self.k}: p^dag A p = {pap:.3e} (the operator {self.A.name} "
+            "is not Hermitian positive definite, or the numbers overflowed)", self.st, self.x)
+
+    def nonfinite(self):
+        """Raise the error of a non-finite residual at the current iteration."""
+        self.st.iters, self.st.residual = self.k, math.nan
+        raise SolverBreakdownError(f"{self.inv.name}: non-finite residual at iteration {self.k}", self.st, self.x)
 
     def trivial(self) -> bool:
         """A zero source: MILC's trivial solution, zero iterations."""
@@ -326,10 +348,7 @@ class _CGRun:
         self.step_fresh = self.fresh
         self.fresh = self.reliable = False
         if not pap > 0 or not math.isfinite(pap):
-            self.st.iters, self.st.residual = self.k, math.sqrt(self.g / self.bb)
-            raise SolverBreakdownError(
-                f"{self.inv.name} broke down at iteration {self.k}: p^dag A p = {pap:.3e} (the operator {self.A.name} "
-                "is not Hermitian positive definite, or the numbers overflowed)", self.st, self.x)
+            self.breakdown(pap)
         return pap
 
     def _direction_arrays(self) -> float:
@@ -386,8 +405,7 @@ class _CGRun:
             self.flops += (_FL_CG_ITER - _FL_NORM) * self.sites
             self.g = norm2(self.geom, self.rs) if blas is None else g_new
         if not math.isfinite(self.g):
-            self.st.iters, self.st.residual = self.k, math.nan
-            raise SolverBreakdownError(f"{self.inv.name}: non-finite residual at iteration {self.k}", self.st, self.x)
+            self.nonfinite()
         self.rmax2 = max(self.rmax2, self.g)
 
     def finish_trivial(self) -> SolverStats:

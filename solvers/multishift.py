@@ -17,6 +17,7 @@ import numpy as np
 
 from .cg import (CGInverse, InverseOperator, SolverBreakdownError, SolverConvergenceError, SolverStats,
                  _FL_CG_ITER, _FL_SHIFT_ITER, _fail_message, _require_hermitian, _sync_time)
+from .krylov_graph import graph_iterations, multishift_iterations
 from .operator import Operator, fused_blas, norm2, norm2_and_redot
 
 
@@ -57,6 +58,10 @@ class MultishiftInverse:
         if run.bb == 0.0:
             return run.trivial()
         run.start()
+        iters = graph_iterations(run.A, run.blas) if run.g > run.stop and run.k < self.maxiter else 0
+        run.st.extra["graph_iterations"] = iters
+        if iters:
+            multishift_iterations(run, iters)      # on the device until the base shift converges
         while run.g > run.stop and run.k < self.maxiter:
             run.iterate()
         return run.finish()
@@ -137,8 +142,7 @@ class _MultishiftRun:
                 self.s += self.w
             pap = self.d - beta * g / self.alpha_prev
         if not pap > 0 or not math.isfinite(pap):
-            self.st.iters, self.st.residual = k, math.sqrt(g / self.bb)
-            raise SolverBreakdownError(f"{self.inv.name} broke down at iteration {k}: p^dag A p = {pap:.3e}", self.st)
+            self.breakdown(k, g, pap)
         alpha = g / pap
         coefs = self._shift_updates(alpha, beta)
         if blas is None:
@@ -150,7 +154,15 @@ class _MultishiftRun:
         self.g_old, self.alpha_prev = g, alpha
         self.w, self.g, self.d = self._residual_sums(self.r)
         if not math.isfinite(self.g):
-            raise SolverBreakdownError(f"{self.inv.name}: non-finite residual at iteration {self.k}", self.st)
+            self.nonfinite()
+
+    def breakdown(self, k, g, pap):
+        """Raise the breakdown error of a non-positive or non-finite p^dag A p at iteration k (residual g)."""
+        self.st.iters, self.st.residual = k, math.sqrt(g / self.bb)
+        raise SolverBreakdownError(f"{self.inv.name} broke down at iteration {k}: p^dag A p = {pap:.3e}", self.st)
+
+    def nonfinite(self):
+        raise SolverBreakdownError(f"{self.inv.name}: non-finite residual at iteration {self.k}", self.st)
 
     def _shift_updates(self, alpha, beta):
         """Jegerlehner's zeta_{k+1}, alpha_i, beta_i from the base alpha and beta. On the NumPy path p_i and x_i are

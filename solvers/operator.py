@@ -237,9 +237,10 @@ def norm2_and_redot(geom, a, b) -> tuple[float, float]:
 # (solvers.blas_cuda registers them for the GPU placements of lattice.placement). The one switch is fused_blas(): a
 # solver asks it once per solve and runs its NumPy path when it answers None, which it does on the array placement,
 # where the kernels do not fit the call (an odd local x extent, a source that is not C-contiguous; with several
-# ranks the kernels' sums go through geom.sum), in
-# the "exact" reduction mode, and when switched off (the configuration's solver_fused: HMC_SOLVER_FUSED=0, or the
-# override set_fused_blas(False)). For an even-odd operator the kernels visit only the sites of its parity;
+# ranks the kernels' sums go through geom.sum), and when switched off (the configuration's solver_fused:
+# HMC_SOLVER_FUSED=0, or the override set_fused_blas(False)). In the "exact" reduction mode the kernels' sums are
+# exact (solvers.exact_sum_cuda: per-rank fixed-point records added as integers, rounded once), so the iterates keep
+# the mode's guarantee: the same bits for any decomposition. For an even-odd operator the kernels visit only the sites of its parity;
 # solver_fused "all" (HMC_SOLVER_FUSED=all, set_fused_blas("all")) makes them
 # visit every site (the NumPy path's full-array arithmetic; the other parity holds zeros): in the interleaved
 # full-lattice layout a parity-restricted kernel writes 48 of every 96 bytes, so which one moves fewer bytes through
@@ -249,7 +250,7 @@ _fused = {"override": None}             # set_fused_blas: a mode for every geome
 
 
 @implements("solvers.fused_blas", Placement.ARRAY)
-def _numpy_path(geom, dtype, parity, source=None):
+def _numpy_path(geom, dtype, parity, source=None, exact=False):
     """No fused linear algebra: the solver runs its NumPy path. (A GPU implementation, registered under the same
     name, returns an object with the methods of :class:`solvers.blas_cuda.CudaBlas` acting on the sites of
     ``parity``: 0, 1, or None for all sites.)"""
@@ -284,7 +285,10 @@ def fused_blas(op, source=None):
     vanishes on the other one."""
     config = op.geom.config
     mode = _fused["override"] or config.solver_fused
-    if mode == "off" or (_reductions["override"] or config.solver_sums) != "fast":
+    if mode == "off":
         return None
+    exact = (_reductions["override"] or config.solver_sums) == "exact"
+    if exact and np.dtype(op.dtype) != np.complex128:
+        return None          # the single-precision exact kernel differs from its twin on subnormal products (GPU test)
     factory = lookup("solvers.fused_blas", op.geom, source=source)
-    return factory(op.geom, op.dtype, None if mode == "all" else field_parity(op), source)
+    return factory(op.geom, op.dtype, None if mode == "all" else field_parity(op), source, exact=exact)

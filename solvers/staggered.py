@@ -369,6 +369,24 @@ class EvenOddNormal(Operator):
         t = d.hop(psi, 1 - p)
         return d.hop(t, p, a=4 * self.mass ** 2, x=psi, b=-1.0)
 
+    def reserve_into(self):
+        """Allocate what :meth:`apply_into` needs (before a CUDA-graph capture, which must not allocate)."""
+        if getattr(self, "_scratch", None) is None:
+            self._scratch = self.xp.zeros(self.field_shape, dtype=self.dtype)
+
+    def graph_key(self) -> tuple:
+        """What a CUDA graph of :meth:`apply_into` bakes in besides its arguments (solvers.krylov_graph)."""
+        self.reserve_into()
+        return (self.parity, self.mass, self.dslash._sign, self._scratch.data.ptr) + self.dslash._hop_impl.graph_key()
+
+    def apply_into(self, psi, out):
+        """out = A psi on the sites of parity p, the same bits as ``A(psi)``; the other sites of ``out`` are left
+        as they are (zero for the solvers' fields). No allocation after :meth:`reserve_into`."""
+        d, p = self.dslash, self.parity
+        self.reserve_into()
+        d.hop(psi, 1 - p, self._scratch)
+        d.hop(self._scratch, p, out, a=4 * self.mass ** 2, x=psi, b=-1.0)
+
     def converted(self, dtype):
         return EvenOddNormal(self.dslash.converted(dtype), self.mass, self.parity)
 

@@ -50,6 +50,11 @@ class CudaHop:
             self._soa[key] = (self.cp.ascontiguousarray(blocks.reshape(nhop, vh, 9).transpose(0, 2, 1)), blocks)
         return self._soa[key][0]
 
+    def graph_key(self) -> tuple:
+        """The device addresses a captured application bakes in (its links of both parities), built now if they
+        are not yet: a graph of this hop stays valid while they are the same."""
+        return tuple(self._links(p).data.ptr for p in (0, 1))
+
     def __call__(self, psi, parity, out, a, x, b):
         geom = self.dslash.geom
         nx, ny, nz, nt = geom.local_dims
@@ -70,6 +75,6 @@ def _even_x(geom, dslash) -> bool:
 
 @implements("staggered.hop", Placement.WHOLE, fits=_even_x)
 def whole_lattice_hop(dslash):
-    """The kernel when the whole lattice lives on this GPU (a partitioned grid, or a sub-grid of a split one: the
-    distributed hop of :mod:`solvers.staggered_dist_cuda`)."""
+    """The kernel when the whole lattice lives on this GPU of a one-rank run (WHOLE; a partitioned grid or a
+    one-rank sub-grid of a split one is DISTRIBUTED: the distributed hop of :mod:`solvers.staggered_dist_cuda`)."""
     return CudaHop(dslash)

@@ -15,20 +15,18 @@ Build the operator as usual on a partitioned CuPy geometry; the transport is the
     D = StaggeredDslash(geom, fat, long)      # its hop is a DistHop (registered here for lattice.placement)
     D.hop(psi, parity, out)                   # pack kernel -> exchange -> interior kernel (overlapped) -> exterior
 
-Every ``StaggeredDslash`` / even-odd operator / ``solvers.cg`` solve on such a geometry then uses it (the CG's
-reductions still go through ``geom.sum`` on the host). For graphs and timing (the runners live in
+Every ``StaggeredDslash`` / even-odd operator / ``solvers.cg`` solve on such a geometry then uses it; with every
+link ``stream_gated`` the CG and multishift iterations run device-resident from CUDA graphs (solvers/krylov_graph.py),
+else their reductions go through ``geom.sum`` on the host. For graphs and timing (the runners live in
 :mod:`bench.dslash_dist_cuda`, above the product):
 
 * ``DslashRunner(D, psi, graph=False)``: ``run()`` applies the full D (two hops, two exchanges) into ``runner.out``
   on its own stream; ``graph=True`` (stream_gated only: every link must be peer-to-peer) switches the engine to
   binary flags (docs/halo-protocol.md "CUDA graphs", option 1), captures D once and ``run()`` replays the graph.
-* ``DeviceCG(D, mass, b, parity=0, graph=False)``: Hestenes-Stiefel CG on A = 4m^2 - D_pq D_qp with every scalar in
-  device memory and the global sums reduced through the halo engine (partials exchanged along each partitioned
-  dimension and added in grid-coordinate order, so every rank and every transport gets the same bits; the ``mpi``
-  transport sums the gathered partials on the host in the same order). ``iterate(n)`` runs n iterations (replays
-  of the captured iteration with ``graph=True``); ``residual2()`` syncs and returns |r|^2; ``solve(tol, maxiter)``.
+* ``cg_iteration_seconds(D, mass, b, iters)``: seconds per iteration of the production CG on A = 4m^2 - D_pq D_qp
+  (whole solves of exactly ``iters`` iterations).
 * ``device_time(fn, reps, stream)``: seconds per call of ``fn`` from device events around ``reps`` calls (the
-  maximum over ranks, median of three blocks); ``DslashRunner.time(reps)``, ``DeviceCG.time_iteration(reps)``.
+  maximum over ranks, median of three blocks); ``DslashRunner.time(reps)``.
 * Per-phase split: ``hop = D._hop_impl; hop.profile = PhaseProfile(); ...; hop.profile.summary()`` gives device
   ms per call for pack, post (enqueueing the sends), interior, wait (the compute stream waiting for the halo, incl.
   the unpack copy), exterior, and the host time spent in each; recording costs a few microseconds, so time without
@@ -61,8 +59,6 @@ from lattice.placement import Placement, implements
 
 from .staggered_cuda import BLOCK, CudaHop
 
-RBLOCK = 256
-MAX_RBLOCKS = 240
 
 
 def _is_gpu_engine(engine) -> bool:
@@ -170,6 +166,12 @@ class DistHop(CudaHop):
             self.k_hop = cuda_source.function(be, "solvers", "staggered_hop.cu", f"hop_dist_{suffix}")
             self.k_pack = cuda_source.function(be, "solvers", "staggered_hop.cu", f"pack_{suffix}")
             self.cp = cp
+
+    def graph_key(self) -> tuple:
+        """:meth:`CudaHop.graph_key` plus this hop's own buffers and site lists (their addresses are baked into a
+        captured application) and its engine."""
+        own = (self.sendbuf, self.ghost, self.goff, self.table) + tuple(a for p in (0, 1) for a in self.sites[p])
+        return super().graph_key() + tuple(a.data.ptr for a in own) + (id(self.engine),)
 
     def _decode(self, j, parity):
         nx, ny, nz, nt = self.local
@@ -323,7 +325,8 @@ def _layout_fits(geom, dslash) -> bool:
     return not any(geom.grid.partitioned[mu] and geom.local_dims[mu] < depth for mu in range(4))
 
 
-@implements("staggered.hop", Placement.DISTRIBUTED, Placement.SUBGRID, fits=_layout_fits)
+@implements("staggered.hop", Placement.DISTRIBUTED, fits=_layout_fits)
 def make_hop(dslash):
-    """The hop on a partitioned GPU geometry, or on a one-rank sub-grid of a split grid: a DistHop."""
+    """The hop on a DISTRIBUTED GPU geometry (a partitioned grid, or a one-rank sub-grid of a split grid): a
+    DistHop."""
     return DistHop(dslash)

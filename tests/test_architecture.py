@@ -1,6 +1,7 @@
 """The architecture the docs describe (docs/architecture.md), checked on the source: imports point left only
-(comms <- lattice <- solvers, force <- hmc <- bench), no import circles between modules, modules under 600 lines and
-functions under 80."""
+(comms <- lattice <- solvers, force <- hmc <- bench; so no product module imports bench), no import circles between
+modules, modules under 600 lines and functions under 80. An import is any import statement at any depth or an
+``importlib.import_module`` / ``__import__`` call naming a module; bench-only rules are in tests/bench/test_layering.py."""
 import ast
 from pathlib import Path
 
@@ -47,12 +48,27 @@ def _imported(cur: str, node) -> list[str]:
     return out
 
 
+def _called(node) -> str | None:
+    """The module an ``importlib.import_module("x")`` or ``__import__("x")`` call names, else None."""
+    if (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in
+            ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)):
+        return str(node.args[0].value)
+    return None
+
+
+def _dependencies(m: str, tree) -> set:
+    """The project modules that module ``m`` (parsed as ``tree``) imports, in any form and at any depth."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.update(_imported(m, node))
+        elif _called(node):
+            out.update(_imported(m, ast.Import(names=[ast.alias(name=_called(node))])))
+    return out
+
+
 def _graph() -> dict:
-    graph = {}
-    for m, f in MODULES.items():
-        graph[m] = {w for node in ast.walk(ast.parse(f.read_text())) if isinstance(node, (ast.Import, ast.ImportFrom))
-                    for w in _imported(m, node)}
-    return graph
+    return {m: _dependencies(m, ast.parse(f.read_text())) for m, f in MODULES.items()}
 
 
 def _cycles(graph) -> list[list[str]]:
@@ -98,6 +114,17 @@ def test_imports_point_left_only():
             if LAYER[b] > LAYER[a] or (LAYER[a] == LAYER[b] and a != b):
                 bad.append(f"{m} -> {w}")
     assert not bad, "imports pointing up or sideways: " + ", ".join(sorted(bad))
+
+
+def test_the_packages_are_found():
+    assert sum(m.split(".")[0] != "bench" for m in MODULES) > 50, "the product's modules were not found"
+
+
+def test_the_import_reader_sees_every_form():
+    src = ("def f():\n    from bench.scaling import plan\nimport bench.halo\nimportlib.import_module('bench.mg')\n"
+           "__import__('bench.gauge')\nfrom .geometry import Geometry\n")
+    assert _dependencies("lattice.padded", ast.parse(src)) == {"bench.scaling.plan", "bench.halo", "bench.mg",
+                                                              "bench.gauge", "lattice.geometry"}
 
 
 def test_no_import_circles():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import CPU_TRANSPORTS, DEFAULT_WHAT, ScalingError
+from .common import DEFAULT_WHAT, ScalingError, cpu_transports, gpu_transports
 from .worker_context import RHMC_TAU
 
 
@@ -28,8 +28,9 @@ def add_parser(sub) -> None:
                    help="explicit process grids (e.g. 1x1x2x2), run as given beside the automatic grids of --ranks "
                         "(replacing the automatic one of the same rank count); a grid that does not split a lattice "
                         "fails in the worker and is recorded as failed")
-    p.add_argument("--transports", nargs="+", default=list(CPU_TRANSPORTS), metavar="T",
-                   help="halo transports: mpi shm (CPU) event stream_gated (GPU); default mpi shm")
+    p.add_argument("--transports", nargs="+", default=list(cpu_transports()), metavar="T",
+                   help=f"halo transports: {' '.join(cpu_transports())} (CPU) {' '.join(gpu_transports())} (GPU); "
+                        f"default {' '.join(cpu_transports())}")
     p.add_argument("--graph", action="store_true",
                    help="GPU transports: also time the dslash and CG iterations captured in CUDA graphs (one more "
                         "row per graph-capable transport; needs solvers/staggered_dist_cuda.py)")

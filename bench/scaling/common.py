@@ -8,9 +8,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]      # the checkout: bench/scaling/ is two below
 FORMAT = "hmc-scaling/1"
-CPU_TRANSPORTS = ("mpi", "shm")
-GPU_TRANSPORTS = ("event", "stream_gated")
-ALL_TRANSPORTS = CPU_TRANSPORTS + GPU_TRANSPORTS
 OPS = ("halo", "dslash", "cg", "mg", "trajectory", "rhmc")
 OP_NAMES = "halo, dslash, cg, trajectory, rhmc"          # what --what takes (mg: refused, see parse_what)
 DEFAULT_WHAT = ("halo", "dslash", "cg")
@@ -19,6 +16,8 @@ PHASE_NAMES = ("halo_start", "halo_wait", "halo_finish", "local_shift", "reducti
 MEASUREMENT_KEYS = ("what", "repeats", "cg_iters", "mass", "min_time", "halo_sizes", "traj_steps", "backend",
                     "threads", "rhmc_tau")
 
+# how each built-in transport moves its data and signals completion, for the report's table; a transport registered
+# later gets the row its capabilities give (transport_notes)
 TRANSPORT_TABLE = {
     "serial": {"data": "none (one process, no partitioned dimension)", "signal": "-", "host_in_loop": "-",
                "device": "cpu or gpu"},
@@ -32,6 +31,36 @@ TRANSPORT_TABLE = {
     "stream_gated": {"data": "CUDA VMM mapping of the peer's receive buffer", "signal":
                      "cuStreamWriteValue64 / cuStreamWaitValue64 (GEQ)", "host_in_loop": "no", "device": "gpu"},
 }
+
+
+def transports_with(**capabilities) -> tuple:
+    """The registered transports (comms.transport.registry, in registration order) whose capabilities have the
+    values given, e.g. ``transports_with(gpu_buffers=True)``: the GPU engine's."""
+    from comms.transport import registry
+
+    return tuple(n for n in registry.names()
+                 if all(getattr(registry.lookup(n).capabilities, k) == v for k, v in capabilities.items()))
+
+
+def cpu_transports() -> tuple:
+    return transports_with(gpu_buffers=False)
+
+
+def gpu_transports() -> tuple:
+    return transports_with(gpu_buffers=True)
+
+
+def transport_notes(name) -> dict:
+    """The report's row of ``name`` (data, completion signal, host in the loop, device): the built-in's prose, else
+    what its registered capabilities say."""
+    if name in TRANSPORT_TABLE:
+        return TRANSPORT_TABLE[name]
+    from comms.transport import registry
+
+    caps = registry.lookup(name).capabilities
+    return {"data": ("peer's buffer mapped in this process" if caps.same_node else "through MPI") + " (registered)",
+            "signal": "-", "host_in_loop": "yes" if caps.host_driven else "no",
+            "device": "gpu" if caps.gpu_buffers else "cpu"}
 
 
 class ScalingError(ValueError):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .common import ALL_TRANSPORTS, CPU_TRANSPORTS, ScalingError, lat_name
+from .common import ScalingError, gpu_transports, lat_name, transports_with
 
 
 @dataclass
@@ -72,21 +72,24 @@ def plan(lattices, ranks, transports, graph=False, grids=()) -> list:
 
 
 def check_transports(transports, graph) -> list:
-    """The transports, validated: unknown names and GPU transports this machine or build cannot run are one-line
-    errors (nothing is launched)."""
+    """The transports, validated against comms.transport.registry: unknown names and GPU transports this machine
+    or build cannot run are one-line errors (nothing is launched)."""
+    from comms.transport import registry
+
     out = []
     for t in transports:
         for name in t.replace(",", " ").split():
             name = name.strip().lower()
-            if name not in ALL_TRANSPORTS:
-                raise ScalingError(f"unknown transport {name!r}: use mpi, shm (CPU) or event, stream_gated (GPU)")
+            if name not in registry.names():
+                raise ScalingError(f"unknown transport {name!r}: use {registry.described()}")
             if name not in out:
                 out.append(name)
     if not out:
-        raise ScalingError("--transports is empty: give mpi, shm, event or stream_gated")
+        raise ScalingError(f"--transports is empty: give {registry.described()}")
     if graph:
         if not set(out) & set(graph_transports()):
-            raise ScalingError("--graph captures the stream_gated exchange in CUDA graphs: add stream_gated to "
+            capture = " or ".join(graph_transports())
+            raise ScalingError(f"--graph captures the {capture} exchange in CUDA graphs: add {capture} to "
                                "--transports")
         why = graph_module_missing()
         if why:
@@ -101,11 +104,11 @@ def check_transports(transports, graph) -> list:
 def transport_unavailable(name) -> str | None:
     """Why ``name`` cannot run on this machine and build, or None. The CPU transports always can (shm needs MPI-3
     shared windows; a failure there is recorded per configuration)."""
-    if name in CPU_TRANSPORTS:
+    if name not in gpu_transports():
         return None
     if not _gpu_visible():
-        return ("no CUDA GPU with CuPy is visible, and the GPU transports (event, stream_gated) need one: drop it "
-                "from --transports or run the study on a GPU machine")
+        return (f"no CUDA GPU with CuPy is visible, and the GPU transports ({', '.join(gpu_transports())}) need one: "
+                "drop it from --transports or run the study on a GPU machine")
     from comms import CommsError
     from comms.halo import check_transport_name
 
@@ -120,8 +123,9 @@ GRAPH_MODULE = "solvers.staggered_dist_cuda"    # the distributed GPU dslash / C
 
 
 def graph_transports() -> tuple:
-    """The transports whose dslash and CG iterations can be captured in CUDA graphs (no host in the loop)."""
-    return ("stream_gated",)
+    """The transports whose dslash and CG iterations can be captured in CUDA graphs (no host in the loop): those
+    registered with ``graph_capture``."""
+    return transports_with(graph_capture=True)
 
 
 def graph_module_missing() -> str | None:

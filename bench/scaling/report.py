@@ -339,8 +339,9 @@ def _method_lines(study) -> list:
     if any(d.get("clock") == "device events" for r in study["configs"] for d in r["ops"].values()):
         lines += ["On the GPU (rows with a CUDA hop: `dslash_impl` in the file) the operations go through "
                   "`bench.dslash_dist_cuda`: the dslash is `DslashRunner` (the full D, two hops and two "
-                  "exchanges, on its own stream; one hop is reported), the CG iteration is `DeviceCG` (scalars on "
-                  "the device, global sums through the halo engine), the halo exchange is the distributed hop's own "
+                  "exchanges, on its own stream; one hop is reported), the CG iteration is the production CG's "
+                  "(solvers.cg; with stream_gated its iterations replayed from CUDA graphs, scalars on the device, "
+                  "global sums through the halo engine: solvers/krylov_graph.py), the halo exchange is the distributed hop's own "
                   "face exchange (pack kernel, transport, ghost buffer; checked against the global field). Times are "
                   "device events around the timed loop (the slowest rank's; the host wall times are stored beside "
                   "them as `wall_samples_s`). `+graph` rows replay the dslash and the CG iteration from CUDA graphs "

@@ -8,7 +8,10 @@ import os
 
 import numpy as np
 
-from .common import FORMAT, PHASE_NAMES, ScalingError
+from comms.halo import FALLBACK
+from comms.transport import registry
+
+from .common import FORMAT, PHASE_NAMES, ScalingError, transports_with
 
 
 OP_TITLES = {"halo": "halo exchange", "dslash": "dslash (one parity)", "cg": "CG iteration",
@@ -87,7 +90,7 @@ def load_study(path) -> dict:
                     rec["ops"][op] = d
             rec["latency"] = g["latency"][()] if "latency" in g else None
             configs.append(rec)
-    order = {t: i for i, t in enumerate(["serial", "mpi", "shm", "event", "stream_gated", "stream_gated+graph"])}
+    order = {t: i for i, t in enumerate(["serial"] + [n + g for n in registry.names() for g in ("", "+graph")])}
     configs.sort(key=lambda r: (r["lattice"], r["ranks"], order.get(r["label"], 99), r["label"]))
     return {"meta": meta, "configs": configs, "path": str(path)}
 
@@ -156,18 +159,19 @@ def labels_of(study) -> list:
 
 
 
-GATED = ("stream_gated", "stream_gated+graph")
-
-
 def gain_pairs(labels) -> list:
-    """(slower, faster) label pairs of the stream-gated gain: event and mpi over stream_gated (and over its graph
-    replays), and stream_gated over its graph replays; only pairs whose labels are in the study."""
+    """(slower, faster) label pairs of the stream-gated gain: the host-driven GPU transports and mpi (event, mpi)
+    over each transport with no host in the loop (stream_gated) and over its graph replays, and that transport over
+    its graph replays; only pairs whose labels are in the study. The roles come from the registered capabilities."""
+    driven = transports_with(gpu_buffers=True, host_driven=True) + (FALLBACK,)
     out = []
-    for g in GATED:
-        if g in labels:
-            out += [(o, g) for o in ("event", "mpi") if o in labels]
-    if all(g in labels for g in GATED):
-        out.append(GATED)
+    for t in transports_with(host_driven=False):
+        gated = (t, t + "+graph")
+        for g in gated:
+            if g in labels:
+                out += [(o, g) for o in driven if o in labels]
+        if all(g in labels for g in gated):
+            out.append(gated)
     return out
 
 

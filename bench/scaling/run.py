@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from .common import GPU_TRANSPORTS, MEASUREMENT_KEYS, TRANSPORT_TABLE, ScalingError, lat_name, parse_grids, \
-    parse_lattices, parse_what
+from .common import MEASUREMENT_KEYS, ScalingError, gpu_transports, lat_name, parse_grids, \
+    parse_lattices, parse_what, transport_notes
 from .launch import Launcher, git_info, launch, machine_info, versions, worker_env, _now
 from .plan import _gpu_visible, check_transports, plan
 from .study import Study
@@ -66,7 +66,7 @@ def run_study(args) -> int:
         raise ScalingError("--halo-sizes: face sizes L must be positive")
     config = args.run_config
     # a backend the command line or the environment states, else the one the transports need
-    backend = config.backend if "backend" in config.stated else ("cupy" if set(transports) & set(GPU_TRANSPORTS)
+    backend = config.backend if "backend" in config.stated else ("cupy" if set(transports) & set(gpu_transports())
                                                                  else "numpy")
     if backend == "auto":
         backend = "cupy" if _gpu_visible() else "numpy"
@@ -169,7 +169,7 @@ def _run_configs(args, study, configs, done, params, transports, lattices, ranks
     header = {"git_commit": git["commit"], "git_dirty": git["dirty"], "machine": machine,
               "launcher": launcher.text, "launcher_version": launcher.version, "versions": versions(),
               "parameters": params,
-              "transport_table": {t: TRANSPORT_TABLE[t] for t in ["serial"] + transports},
+              "transport_table": {t: transport_notes(t) for t in ["serial"] + transports},
               "env_hooks": {k: v for k, v in config.changed().items()
                             if k in ("HMC_P2P_MASK", "HMC_P2P_FAKE_CLIQUE", "HMC_COMMS_TIMEOUT")},
               "command": "hmc " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "hmc scaling",

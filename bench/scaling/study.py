@@ -18,7 +18,7 @@ is recorded as *failed* with its error, and the study goes on. Every result is s
 file already holds (failed configurations are tried again).
 
 GPU studies (``--backend cupy``, transports ``event`` / ``stream_gated`` / ``mpi``): the dslash, CG and halo go
-through :mod:`solvers.staggered_dist_cuda` (DslashRunner, DeviceCG, the distributed hop's face exchange), timed with
+through :mod:`solvers.staggered_dist_cuda` (DslashRunner, the production CG, the distributed hop's face exchange), timed with
 device events, the phase split from device events (see :mod:`bench.scaling.worker`). ``--graph`` adds a row per
 graph-capable transport (stream_gated) whose dslash and CG iterations are replayed from CUDA graphs. ``--mps``
 starts the CUDA MPS control daemon (:mod:`comms.cuda.mps`, private pipe folder) before the first rank, polls its

@@ -46,8 +46,8 @@ exterior split of a GPU dslash has no counterpart here.
 
 On the GPU (cupy backend, the hop a CUDA kernel: :func:`gpu_device_path`) the operations go through
 :mod:`solvers.staggered_dist_cuda` instead: ``dslash`` is ``DslashRunner`` (the full D, two hops, on its own stream;
-time per hop), ``cg`` is ``DeviceCG`` (device-resident scalars, sums through the halo engine; time per iteration,
-the answers after ``cg_iters`` iterations from x = 0), ``halo`` is the distributed hop's face exchange (pack,
+time per hop), ``cg`` is the production CG (device-resident iterations from CUDA graphs where every link is
+stream_gated, solvers/krylov_graph.py; time per iteration of whole solves of ``cg_iters`` iterations from x = 0), ``halo`` is the distributed hop's face exchange (pack,
 transport, ghost buffer), each timed with device events around the loop (host wall beside it). With
 ``spec["graph"]`` the dslash and CG iteration are captured in CUDA graphs and replayed (stream_gated). The phase
 split (``GPU_PHASES``, :meth:`Context.phases_device`): device events of ``PhaseProfile`` around the hop's phases

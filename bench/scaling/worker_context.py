@@ -160,7 +160,7 @@ class Context:
     # --- GPU: device events ---------------------------------------------------------------------------------
     def measure_device(self, fn, stream, ops_per_call=1.0):
         """GPU timing: (device-event samples in s per operation, host wall samples, reps); each the slowest rank's.
-        ``fn`` enqueues on ``stream`` (the DslashRunner's or DeviceCG's own stream)."""
+        ``fn`` enqueues on ``stream`` (the DslashRunner's own stream, or the caller's)."""
         import cupy as cp
 
         spec, grid = self.spec, self.grid

@@ -1,5 +1,6 @@
 """Gauge-file formats: MILC v5 and 1996 (milc.py), NERSC (nersc.py), ILDG and SciDAC over LIME (scidac.py, lime.py;
-written by scidac_write.py), openQCD (openqcd.py).
+written by scidac_write.py), openQCD (openqcd.py); SciDAC (QIO) colour-matrix and colour-vector fields and USQCD KS
+propagators (``write_color_matrices``, ``write_color_vector``, ``write_ksprop`` and their readers; docs/formats.md).
 
 ``read_gauge`` recognises the format from the file's content, verifies its checksums and returns the links as
 stored (single-precision values converted to double): following MILC (docs/conventions.md 1.1) quantities such as
@@ -15,10 +16,11 @@ import numpy as np
 
 from . import lime, milc, nersc, openqcd, physical, scidac, scidac_write
 from .common import KNOWN_FORMATS, GaugeFileError, atomic_write, fail
-from .scidac import read_color_matrices, read_color_vector, read_field
+from .scidac import is_ksprop, read_color_matrices, read_color_vector, read_field, read_ksprop
 
 __all__ = ["read_gauge", "gauge_from_site_major", "write_gauge", "detect_format", "read_site_major", "GaugeFileError",
-           "read_field", "read_color_vector", "read_color_matrices", "FORMATS"]
+           "read_field", "read_color_vector", "read_color_matrices", "read_ksprop", "is_ksprop", "write_color_vector",
+           "write_color_matrices", "write_ksprop", "FORMATS"]
 
 FORMATS = ("milc", "nersc", "ildg", "scidac", "openqcd")
 _READERS = {"milc-v5": milc.read, "milc-1996": milc.read_1996, "nersc": nersc.read, "lime": scidac.read_gauge,
@@ -145,11 +147,11 @@ def write_gauge(path, u, format: str = "milc", **options) -> dict:
     a = _site_major_numpy(u)
     comm = u.geom.grid.comm if hasattr(u, "geom") else None
     if comm is None or comm.size == 1:
-        return _write(path, fmt, writers, a, options)
+        return _write(path, writers[fmt], a, **options)
     result = error = None                # several ranks: rank 0 writes what it gathered, all return its answer
     if a is not None:
         try:
-            result = _write(path, fmt, writers, a, options)
+            result = _write(path, writers[fmt], a, **options)
         except (GaugeFileError, OSError, ValueError) as e:
             error = e
     result, message = comm.bcast((result, None if error is None else str(error)), root=0)
@@ -160,10 +162,37 @@ def write_gauge(path, u, format: str = "milc", **options) -> dict:
     return result
 
 
-def _write(path, fmt, writers, a, options) -> dict:
+def write_color_vector(path, x, precision: int = 64, file_xml: str = "", record_xml: str = "") -> dict:
+    """Write the whole-lattice colour-vector field ``x`` (nt, nz, ny, nx, 3) as a SciDAC file atomically, as MILC's
+    save_ks_vector_scidac (QDP_F3/D3_ColorVector, datacount 1, plain-text file and record XML); returns the
+    checksums {"suma", "sumb"}."""
+    x = np.asarray(x)
+    if x.ndim != 5 or x.shape[-1] != 3:
+        raise GaugeFileError(f"{os.fspath(path)}: a colour-vector field has shape (nt, nz, ny, nx, 3), not {x.shape}")
+    return _write(path, scidac_write.write_color_field, x[..., None, :], "ColorVector", precision=precision,
+                  file_xml=file_xml, record_xml=record_xml)
+
+
+def write_color_matrices(path, a, precision: int = 64, file_xml: str = "", record_xml: str = "") -> dict:
+    """Write the whole-lattice colour-matrix field ``a`` (nt, nz, ny, nx, n, 3, 3) (e.g. the 4 fat or long links of
+    each site, MILC's fat.l8 / long.l8) as a SciDAC file atomically (QDP_F3/D3_ColorMatrix, datacount n); returns
+    the checksums."""
+    return _write(path, scidac_write.write_color_field, a, "ColorMatrix", precision=precision, file_xml=file_xml,
+                  record_xml=record_xml)
+
+
+def write_ksprop(path, solutions, source=None, precision: int = 64, info: str = "", source_info: str = "",
+                 record_info: str = "") -> dict:
+    """Write a USQCD KS propagator (3 source colours, MILC's C1V3 file type) atomically:
+    :func:`lattice.io.scidac_write.write_ksprop`."""
+    return _write(path, scidac_write.write_ksprop, solutions, source, precision=precision, info=info,
+                  source_info=source_info, record_info=record_info)
+
+
+def _write(path, writer, *args, **options) -> dict:
     try:
         with atomic_write(path) as f:
-            return writers[fmt](f, a, **options)
+            return writer(f, *args, **options)
     except ValueError as e:  # bad options (precision, datatype, ...): name the file
         if str(e).startswith(os.fspath(path)):
             raise

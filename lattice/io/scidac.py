@@ -12,7 +12,7 @@ specification (ildg-format record, namespace http://www.lqcd.org/ildg, schema fi
   of (re, im), big-endian.
 
 The usqcdInfo plaquette and link trace of a gauge record (lattice.io.usqcd_info) are checked when present.
-The writers are in scidac_write.py.
+The writers are in scidac_write.py; :func:`read_ksprop` reads a USQCD KS propagator (its layout is there).
 
 Arrays are returned in MILC's site order: (nt, nz, ny, nx, datacount, 3, 3) for colour matrices and
 (nt, nz, ny, nx, datacount, 3) for colour vectors, complex128.
@@ -26,6 +26,7 @@ import numpy as np
 
 from . import lime, usqcd_info
 from .common import check_dims, checksum_error, dims_str, fail, scidac_checksum
+from .scidac_write import KSPROP_C1V3
 
 BINARY_TYPES = ("ildg-binary-data", "scidac-binary-data")
 
@@ -105,13 +106,16 @@ def _layout(path, records, binrec, before):
         dims = check_dims(path, [int(n) for n in sf["dims"].split()], "SciDAC")
         nbytes = {"F": 4, "D": 8}[sr["precision"].upper()]
         typesize, count = int(sr["typesize"]), int(sr["datacount"])
-        colors = int(sr.get("colors") or 3)
+        colors = int(sr.get("colors") or (0 if typesize == 2 * nbytes else 3))   # QIO omits colors 0 (Complex)
     except (KeyError, ValueError):
         raise fail(path, "SciDAC file lacks the dims, precision, typesize or datacount in its private XML",
                    "the file is damaged") from None
+    if sr.get("recordtype", "0") != "0" or sr.get("globaldata", "0") != "0":
+        raise fail(path, f"SciDAC record {sr.get('datatype', '')!r} is a global or hypercube (time-slice) record, "
+                         "not a field on the whole lattice", "write the field on the whole lattice (QIO_FIELD)")
     if typesize % (2 * nbytes):
         raise fail(path, f"SciDAC typesize {typesize} does not fit precision {sr['precision']}", "the file is damaged")
-    if typesize <= 0 or count <= 0 or colors <= 0:
+    if typesize <= 0 or count <= 0 or colors < 0 or (colors == 0 and typesize != 2 * nbytes):
         raise fail(path, f"SciDAC private record XML gives typesize {typesize}, datacount {count}, colors {colors}: "
                          "each must be positive", "the file is damaged")
     return dims, nbytes, typesize // (2 * nbytes), count, colors, sr.get("datatype", ""), "scidac", meta
@@ -121,9 +125,14 @@ def read_field(path, ignore_checksum: bool = False, index: int = 0):
     """The ``index``-th lattice field of a SciDAC or ILDG file: (array, info).
 
     The array is complex128 of shape (nt, nz, ny, nx, datacount) + (3, 3) for colour matrices, + (3,) for colour
-    vectors (+ (n,) otherwise), holding the stored values converted to double."""
+    vectors (+ (n,) otherwise, (1,) for a Complex field), holding the stored values converted to double. Its
+    scidac-checksum is verified (a mismatch raises GaugeFileError unless ``ignore_checksum``)."""
     path = os.fspath(path)
-    records = lime.scan(path)
+    return _read_record(path, lime.scan(path), index, ignore_checksum)
+
+
+def _read_record(path: str, records, index: int, ignore_checksum: bool):
+    """:func:`read_field` of the scanned ``records``."""
     binrec, before, after = _describe(path, records, index)
     dims, nbytes, ncomplex, count, colors, datatype, fmt, meta = _layout(path, records, binrec, before)
     nx, ny, nz, nt = dims
@@ -187,3 +196,57 @@ def read_color_matrices(path, ignore_checksum: bool = False, index: int = 0) -> 
         raise fail(path, f"holds {info['datacount']} x {a.shape[5:]} values per site, not 4 colour matrices",
                    "use read_field for other SciDAC fields")
     return a
+
+
+def field_count(path) -> int:
+    """How many lattice fields (binary records) a SciDAC or ILDG file holds."""
+    return sum(r.type in BINARY_TYPES for r in lime.scan(os.fspath(path)))
+
+
+def read_ksprop(path, ignore_checksum: bool = False):
+    """A USQCD KS propagator of type USQCD_ColorVector_ScalarSource_ThreeSink (MILC's save_ksprop with QIO, written
+    by :func:`lattice.io.scidac_write.write_ksprop`): (solutions, source, info).
+
+    solutions: (3, nt, nz, ny, nx, 3) complex128, the solution of the source of colour c at [c] (each record's
+    usqcdKSPropInfo color says which); source: the scalar source (nt, nz, ny, nx); info: the file's dims, precision,
+    file-XML fields (type, info), per record the checksums, and the record XML fields."""
+    path = os.fspath(path)
+    records = lime.scan(path)
+    user_file = lime.find(records, "scidac-file-xml")
+    file_fields = xml_fields(lime.read_data(path, user_file)) if user_file is not None else {}
+    if file_fields.get("type") != KSPROP_C1V3:
+        raise fail(path, f"is not a USQCD KS propagator of type {KSPROP_C1V3} (file XML type "
+                         f"{file_fields.get('type')!r})", "read a colour vector with read_color_vector")
+    source, solutions, fields = None, {}, []
+    for index in range(sum(r.type in BINARY_TYPES for r in records)):
+        a, info = _read_record(path, records, index, ignore_checksum)
+        rec = xml_fields(info["header"].get("record_xml", "").encode())
+        fields.append({"datatype": info["datatype"], "record_xml": rec, "checksums": info["checksums"]})
+        if a.shape[4:] == (1, 1) and source is None:
+            source = a[..., 0, 0]
+            continue
+        color = rec.get("color", "")
+        if a.shape[4:] != (1, 3) or color not in ("0", "1", "2") or int(color) in solutions:
+            raise fail(path, f"field {index} ({info['datatype']}, record colour {color!r}) is not the solution of "
+                             "a new source colour 0, 1 or 2", "the file is damaged or of another propagator type")
+        solutions[int(color)] = a[..., 0, :]
+    if sorted(solutions) != [0, 1, 2]:
+        raise fail(path, f"holds the solutions of source colours {sorted(solutions)}, not of 0, 1 and 2",
+                   "the file is incomplete: write it again")
+    return np.stack([solutions[c] for c in range(3)]), source, {
+        "format": "usqcd-ksprop", "path": path, "type": KSPROP_C1V3, "dims": info["dims"],
+        "precision": info["precision"], "file_xml": file_fields, "fields": fields,
+        "records": [r.type for r in records]}
+
+
+def is_ksprop(path) -> bool:
+    """Whether ``path`` is a LIME file whose file XML says it is a USQCD KS propagator (:func:`read_ksprop`)."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            if not lime.sniff(f.read(4)):
+                return False
+    except OSError:
+        return False
+    user_file = lime.find(lime.scan(path), "scidac-file-xml")
+    return user_file is not None and xml_fields(lime.read_data(path, user_file)).get("type") == KSPROP_C1V3

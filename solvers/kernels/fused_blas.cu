@@ -213,6 +213,131 @@ __device__ void ms_update(typename C2<R>::T *s, typename C2<R>::T *r, const type
     }
 }
 
+
+// ------------------------------------------------------------------------------------------------------------------
+// The device-resident iterations (solvers/krylov_graph.py): the scalar recurrences of the Krylov loops and the
+// vector updates that read their coefficients from device memory, so that whole iterations can be captured in a CUDA
+// graph with no host in the loop. Every scalar is computed with the operations, in the order, of the host code it
+// replaces (solvers/cg.py _CGRun, solvers/multishift.py _MultishiftRun), so the device iterates are bitwise those of
+// the host-driven fused path on one rank. tests/solvers/test_krylov_graph_host.py runs the scalar kernels on the CPU.
+
+// the state vector of one solve: solvers.krylov_graph.SLOT names the same offsets
+#define S_G 0            // |r|^2
+#define S_D 1            // Re<r, A r>
+#define S_G_OLD 2
+#define S_ALPHA_OLD 3
+#define S_BETA 4
+#define S_ALPHA 5
+#define S_K 6            // iterations done
+#define S_FRESH 7        // the next direction is p = r (CG after a restart)
+#define S_STEP_FRESH 8   // the current step's update takes p = r
+#define S_STOP 9         // tol^2 |b|^2
+#define S_DELTA2 10      // reliable-update threshold (mixed precision), else 0
+#define S_RMAX2 11
+#define S_MAXITER 12
+#define S_STATUS 13      // 0 iterating; 1 stop condition met; 2 breakdown (p^dag A p); 3 non-finite residual
+#define S_PAP 14
+#define S_RES 16         // 16, 17: the reduction's (|r|^2, Re<r, A r>): the global sum lands here
+
+#define FROZEN(st) ((st)[S_STATUS] != 0.0)
+
+/* CG, Chronopoulos-Gear: beta = g / g_old, p^dag A p = d - beta g / alpha_old (d when fresh), alpha = g / pAp */
+extern "C" __global__ void cg_direction(double *st) {
+    if (FROZEN(st)) return;
+    const int fresh = st[S_FRESH] != 0.0;
+    const double g = st[S_G];
+    double beta = st[S_BETA];
+    if (!fresh) beta = g / st[S_G_OLD];
+    const double pap = fresh ? st[S_D] : st[S_D] - beta * g / st[S_ALPHA_OLD];
+    st[S_BETA] = beta;
+    st[S_PAP] = pap;
+    if (!(pap > 0.0) || !isfinite(pap)) { st[S_STATUS] = 2.0; return; }
+    st[S_ALPHA] = g / pap;
+    st[S_STEP_FRESH] = fresh ? 1.0 : 0.0;
+    st[S_FRESH] = 0.0;
+}
+
+/* after the reduction: the next g, d; the stop test of _CGRun.true_residual_due */
+extern "C" __global__ void cg_close(double *st) {
+    if (FROZEN(st)) return;
+    st[S_K] += 1.0;
+    st[S_G_OLD] = st[S_G];
+    st[S_ALPHA_OLD] = st[S_ALPHA];
+    const double g = st[S_RES], d = st[S_RES + 1];
+    st[S_G] = g;
+    st[S_D] = d;
+    if (!isfinite(g)) { st[S_STATUS] = 3.0; return; }
+    st[S_RMAX2] = fmax(st[S_RMAX2], g);
+    if (g <= st[S_STOP] || g < st[S_DELTA2] * st[S_RMAX2] || st[S_K] >= st[S_MAXITER]) st[S_STATUS] = 1.0;
+}
+
+/* multishift: the base system's beta, pAp, alpha and Jegerlehner's zeta_{k+1}, alpha_i, beta_i of every shift
+   (_MultishiftRun.iterate and _shift_updates); coef[4 i ..]: (zeta_i, alpha_i, beta_i, active) in the field
+   precision, as the host path rounds them into its coefficient buffer */
+template <typename R>
+__device__ void ms_direction(double *st, double *z, double *zp, const double *rel, R *coef, int n) {
+    if (FROZEN(st)) return;
+    const double g = st[S_G];
+    const int k = (int)st[S_K];
+    double beta = 0.0, pap = st[S_D];
+    if (k > 0) {
+        beta = g / st[S_G_OLD];
+        pap = st[S_D] - beta * g / st[S_ALPHA_OLD];
+    }
+    st[S_PAP] = pap;
+    if (!(pap > 0.0) || !isfinite(pap)) { st[S_STATUS] = 2.0; return; }
+    const double alpha = g / pap, aprev = st[S_ALPHA_OLD];
+    st[S_ALPHA] = alpha;
+    st[S_BETA] = beta;
+    for (int i = 0; i < n; ++i) {
+        const double zi = z[i], zpi = zp[i];
+        if (zi == 0.0) {
+            zp[i] = 0.0; z[i] = 0.0;
+            coef[4 * i] = coef[4 * i + 1] = coef[4 * i + 2] = coef[4 * i + 3] = (R)0;
+            continue;
+        }
+        const double den = alpha * beta * (zpi - zi) + zpi * aprev * (1.0 + rel[i] * alpha);
+        const double zn = den != 0.0 ? zi * zpi * aprev / den : 0.0;
+        const double ai = alpha * zn / zi;
+        const double q = zi / zpi;
+        const double bi = k > 0 ? beta * (q * q) : 0.0;
+        coef[4 * i] = (R)zi; coef[4 * i + 1] = (R)ai; coef[4 * i + 2] = (R)bi; coef[4 * i + 3] = (R)1;
+        zp[i] = zi;
+        z[i] = zn;
+    }
+}
+
+extern "C" __global__ void ms_direction_double(double *st, double *z, double *zp, const double *rel, double *coef,
+                                               int n) {
+    ms_direction<double>(st, z, zp, rel, coef, n);
+}
+extern "C" __global__ void ms_direction_single(double *st, double *z, double *zp, const double *rel, float *coef,
+                                               int n) {
+    ms_direction<float>(st, z, zp, rel, coef, n);
+}
+
+/* after the reduction: the next g, d; the loop test of MultishiftInverse._solve (g > stop and k < maxiter) */
+extern "C" __global__ void ms_close(double *st) {
+    if (FROZEN(st)) return;
+    st[S_K] += 1.0;
+    st[S_G_OLD] = st[S_G];
+    st[S_ALPHA_OLD] = st[S_ALPHA];
+    const double g = st[S_RES], d = st[S_RES + 1];
+    st[S_G] = g;
+    st[S_D] = d;
+    if (!isfinite(g)) { st[S_STATUS] = 3.0; return; }
+    if (!(g > st[S_STOP] && st[S_K] < st[S_MAXITER])) st[S_STATUS] = 1.0;
+}
+
+/* dst[0..1] = the pairs vals[2 k], vals[2 k + 1] summed over k = 0 .. P-1 in order (the ranks along one grid
+   dimension, in coordinate order) */
+extern "C" __global__ void rank_sum(const double *vals, int P, double *dst) {
+    double a = vals[0], b = vals[1];
+    for (int k = 1; k < P; ++k) { a += vals[2 * k]; b += vals[2 * k + 1]; }
+    dst[0] = a;
+    dst[1] = b;
+}
+
 #define LAT long long n, int parity, int nx, int ny, int nz
 #define LATA n, parity, nx, ny, nz
 #define RED double *partial, unsigned int *counter, double *result
@@ -239,6 +364,21 @@ extern "C" __global__ void __launch_bounds__(BLOCK) ms_update_##SUF(T *s, T *r, 
                                                                     const unsigned long long *xp, const R *coef,  \
                                                                     int nshift, R alpha, R beta, int fresh, LAT) { \
     ms_update<R>(s, r, w, pp, xp, coef, nshift, alpha, beta, fresh, LATA);                                        \
+}                                                                                                                  \
+extern "C" __global__ void __launch_bounds__(BLOCK) cg_update_dev_##SUF(T *p, T *s, T *x, T *r, const T *w,     \
+                                                                        const double *st, LAT) {                   \
+    if (FROZEN(st)) return;                                                                                        \
+    const int fresh = st[S_STEP_FRESH] != 0.0;                                                                     \
+    cg_update<R>(p, s, x, r, w, (R)st[S_ALPHA], fresh ? (R)0 : (R)st[S_BETA], fresh, LATA);                       \
+}                                                                                                                  \
+extern "C" __global__ void __launch_bounds__(BLOCK) ms_update_dev_##SUF(T *s, T *r, const T *w,                  \
+                                                                        const unsigned long long *pp,              \
+                                                                        const unsigned long long *xp,              \
+                                                                        const R *coef, int nshift,                 \
+                                                                        const double *st, LAT) {                   \
+    if (FROZEN(st)) return;                                                                                        \
+    const int fresh = st[S_K] == 0.0;                                                                              \
+    ms_update<R>(s, r, w, pp, xp, coef, nshift, (R)st[S_ALPHA], fresh ? (R)0 : (R)st[S_BETA], fresh, LATA);       \
 }
 
 INSTANTIATE(double, double2, double)

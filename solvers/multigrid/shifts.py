@@ -13,9 +13,14 @@ up to (2 m_p + 8)/(2 m_p) relative to |b'|: the multigrid tolerance is scaled do
 |b - (A + p) x_e| is recomputed and, if still above ``tol``, corrected by further multigrid solves of the residual
 (iterative refinement, at most ``refinements``).
 
-Set-up reuse: one :class:`MultigridInverse` per operator D is kept; the poles are its ``with_mass`` hierarchies on
-one set of near-null vectors, and a new gauge field (D.set_links, or a new D built from new links with the same
-geometry) refreshes the vectors (``refresh_iters``) instead of rebuilding them. Keep the object across trajectories.
+Set-up reuse (docs/multigrid.md 7, "Multigrid in an RHMC run"): one :class:`MultigridInverse` per
+operator family (``key``) is kept; the poles are its ``with_mass`` hierarchies on one set of near-null vectors,
+built once, on the first solve. A new gauge field (D.set_links, or a new D built from new links with the same
+geometry) rebuilds X^-1 and the coarse operators on the kept vectors (a thin update), and refreshes the vectors by
+``refresh_iters`` CG iterations from where they are when ``refresh_every`` trajectories (:meth:`new_trajectory`,
+called by each RHMC heat bath) have begun since the last build or refresh (1: at most one refresh per trajectory;
+0: never; None, the default here: on every new gauge field; :class:`.solver.Subspace`; the deck's
+``[multigrid] refresh_every`` defaults to 1). Keep the object across trajectories.
 """
 from __future__ import annotations
 
@@ -34,11 +39,16 @@ class MultigridShifts:
     """``solve(D, A, poles, b, tol, maxiter)``: [(A + p)^-1 b for p in poles] with the ``nshifts`` smallest poles by
     multigrid; ``mg`` are the :func:`multigrid` keyword arguments (levels, blocks, nv, setup_iters, ...)."""
 
-    def __init__(self, nshifts: int, refinements: int = 3, **mg):
+    def __init__(self, nshifts: int, refinements: int = 3, refresh_every: int | None = None, **mg):
         if int(nshifts) < 0:
             raise ValueError(f"nshifts = {nshifts}: a number >= 0 of smallest shifts for multigrid")
+        if refresh_every is not None and (not isinstance(refresh_every, int) or refresh_every < 0):
+            raise ValueError(f"refresh_every = {refresh_every!r}: a number >= 0 of trajectories between refreshes of "
+                             "the near-null vectors (0: never refresh, only rebuild the coarse operators), or None "
+                             "(refresh on every new gauge field)")
         self.nshifts = int(nshifts)
         self.refinements = int(refinements)
+        self.refresh_every = refresh_every
         self.mg = dict(mg)
         self._base: dict = {}            # key of the operator family -> MultigridInverse (its subspace is kept)
         self._by_mass: dict = {}         # (key, mass) -> MultigridInverse sharing that subspace
@@ -46,7 +56,7 @@ class MultigridShifts:
     def _inverse(self, D, mass: float, key) -> MultigridInverse:
         base = self._base.get(key)
         if base is None or base.op.geom is not D.geom:
-            base = multigrid(**self.mg)(D.matrix(mass))
+            base = multigrid(**self.mg, refresh_every=self.refresh_every)(D.matrix(mass))
             self._base[key] = base
             self._by_mass = {k: v for k, v in self._by_mass.items() if k[0] != key}
             self._by_mass[(key, mass)] = base
@@ -64,6 +74,19 @@ class MultigridShifts:
             self._by_mass[(key, mass)] = inv
         return inv
 
+    def new_trajectory(self) -> None:
+        """A trajectory begins (the heat bath): counts towards ``refresh_every`` for every kept subspace."""
+        for base in self._base.values():
+            base.subspace.new_epoch()
+
+    def subspace_counts(self) -> dict:
+        """{"built", "refreshed", "updated", "rebuilt": how often, summed over the kept subspaces}."""
+        out = {"built": 0, "refreshed": 0, "updated": 0, "rebuilt": 0}
+        for base in self._base.values():
+            for k, v in base.subspace.counts.items():
+                out[k] += v
+        return out
+
     def solve_one(self, D, A, pole: float, b, tol: float, key=None):
         """(A + pole)^-1 b on the even sites by multigrid; returns (x_e, stats dict)."""
         geom = D.geom
@@ -75,7 +98,7 @@ class MultigridShifts:
         x = None
         r = b
         info = {"pole": pole, "mass": mp, "outer_iters": 0, "fine_applies": 0, "setup_fine_applies": 0,
-                "solves": 0, "setup": []}
+                "setup_time": 0.0, "solves": 0, "setup": []}
         for _ in range(1 + self.refinements):
             y, st = inv.solve(r / (2 * mp))
             y = project(y, geom, 0)
@@ -83,6 +106,7 @@ class MultigridShifts:
             info["outer_iters"] += st.iters
             info["fine_applies"] += st.fine_applies
             info["setup_fine_applies"] += st.setup_fine_applies
+            info["setup_time"] += st.setup_time
             info["solves"] += 1
             info["setup"].append(st.setup)
             r = b - (A(x) + pole * x)

@@ -128,7 +128,7 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
               refresh_iters: int = 10, smoother_steps=(0, 4), kcycle_tol: float = 0.05, kcycle_maxiter: int = 20,
               coarsest: str = "auto", coarsest_tol: float = 0.25, coarsest_maxiter: int = 100, nkrylov: int = 32,
               kd: bool = True, seed: int = 2024, raise_on_fail: bool = True, precision: str = "double",
-              subspace=None):
+              subspace=None, refresh_every: int | None = None):
     """``multigrid(tol, ...)(M)``: M^-1 for a :class:`solvers.StaggeredMatrix` M = 2m + D, as an operator
     (:class:`MultigridInverse`): ``x = inv(b)``, ``x, stats = inv.solve(b)``.
 
@@ -150,7 +150,9 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
     * ``kd=False``: aggregate M itself, without the Kahler-Dirac step (the negative control);
     * ``precision``: of the preconditioner, "double" or "single" (complex64 copies of X^-1, the near-null vectors,
       the coarse stencils and M's links; the outer GCR and the true residual stay double: :mod:`.precision`);
-    * ``subspace``: a :class:`Subspace` to share (near-null vectors of another mass: ``inv.subspace``).
+    * ``subspace``: a :class:`Subspace` to share (near-null vectors of another mass: ``inv.subspace``);
+    * ``refresh_every``: the new subspace's rule for new links (:class:`Subspace`: None refreshes the vectors on
+      every link update, N >= 1 every N epochs with thin updates between, 0 never).
     """
     params = MultigridParams(tol=tol, maxiter=maxiter, levels=levels, blocks=tuple(blocks),
                              nv=tuple(nv) if isinstance(nv, (tuple, list)) else (nv,),
@@ -162,6 +164,11 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
                              kcycle_tol=kcycle_tol, kcycle_maxiter=kcycle_maxiter, coarsest=coarsest,
                              coarsest_tol=coarsest_tol, coarsest_maxiter=coarsest_maxiter, nkrylov=nkrylov, kd=kd,
                              seed=seed, raise_on_fail=raise_on_fail, precision=precision)
+    if subspace is None:
+        return lambda M: MultigridInverse(M, params, refresh_every=refresh_every)
+    if refresh_every is not None:
+        raise MultigridError("refresh_every belongs to the subspace: give it where the subspace is made, not with "
+                             "subspace=")
     return lambda M: MultigridInverse(M, params, subspace)
 
 
@@ -175,8 +182,8 @@ class MultigridStats(SolverStats):
     seconds, split into compute_time, halo_time (coarse halo exchanges; halo_exchanges of them) and reduce_time
     (global reductions; reductions of them)), ``setup_time`` (this solve's share: the set-up, refresh or rebuild it triggered), ``solve_time``,
     ``fine_applies`` (applications of M during the solve, the K-cycle's included) and ``setup_fine_applies``
-    (fine-operator vector applications of the set-up it triggered), ``setup`` ("built", "refreshed", "rebuilt"
-    or "reused")."""
+    (fine-operator vector applications of the set-up it triggered), ``setup`` ("built", "refreshed", "updated",
+    "rebuilt" or "reused")."""
 
     levels: list = field(default_factory=list)
     setup_time: float = 0.0
@@ -215,16 +222,44 @@ class MultigridStats(SolverStats):
 
 class Subspace:
     """The near-null vectors and transfers of every aggregation level, shared by the hierarchies of several masses
-    of one operator D. Refreshed (a few CG iterations from the kept vectors, then re-orthonormalized) when D's links
-    change."""
+    of one operator D, and the rule that keeps them up to date when D's links change (docs/multigrid.md 6):
 
-    def __init__(self, params: MultigridParams):
+    * ``refresh_every = None`` (the default): every new set of links refreshes the vectors (``refresh_iters`` CG
+      iterations from the kept vectors, then re-orthonormalized; QUDA's refresh);
+    * ``refresh_every = N >= 1``: the vectors are refreshed on the first new links after N epochs (``new_epoch``:
+      RHMC calls it once per trajectory) have begun since they were built or last refreshed; other new links only
+      rebuild X^-1 and the coarse operators on the kept vectors and transfers (QUDA's thin update);
+    * ``refresh_every = 0``: never refreshed, thin updates only.
+
+    ``counts`` says how often each happened: "built", "refreshed", "updated" (thin) and "rebuilt" (another mass on
+    the same links and vectors)."""
+
+    def __init__(self, params: MultigridParams, refresh_every: int | None = None):
+        if refresh_every is not None and (not isinstance(refresh_every, (int, np.integer)) or refresh_every < 0):
+            raise MultigridError(f"refresh_every = {refresh_every!r}: a number >= 0 of epochs (trajectories) between "
+                                 "refreshes of the near-null vectors (0: never), or None (every link update)")
         self.params = params
+        self.refresh_every = refresh_every
+        self.epochs = 0             # epochs begun since the vectors were built or last refreshed
         self.vectors = []           # per aggregation level: the batch of (unnormalized) near-null vectors
         self.transfers = []         # per aggregation level: Transfer
         self.links = None           # the link blocks the vectors belong to
         self.stencil = None         # the full-lattice links of those blocks (FineStencil), shared by the masses
         self.version = 0
+        self.counts = {"built": 0, "refreshed": 0, "updated": 0, "rebuilt": 0}
+
+    def new_epoch(self) -> None:
+        """One more epoch (an RHMC trajectory) has begun: counts towards ``refresh_every``."""
+        self.epochs += 1
+
+    def on_new_links(self) -> str:
+        """What new links do to the vectors under the rule: "built" (none yet), "refreshed" or "updated"."""
+        if not self.vectors:
+            return "built"
+        every = self.refresh_every
+        if every is None or (every > 0 and self.epochs >= every):
+            return "refreshed"
+        return "updated"
 
 
 class Hierarchy:
@@ -269,11 +304,12 @@ class MultigridInverse(InverseOperator):
     """M^-1 by KD-preconditioned aggregation multigrid (made by :func:`multigrid`).
 
     ``inv.setup()`` builds (or refreshes) the hierarchy now; otherwise the first solve does. Each solve checks that
-    the links and mass are those of the hierarchy: new links refresh the near-null vectors (``refresh_iters``) and
-    rebuild X^-1 and the coarse operators. ``inv.with_mass(m)`` is the inverse for another mass on the same
+    the links and mass are those of the hierarchy: new links refresh the near-null vectors (``refresh_iters``; or
+    keep them, as the subspace's ``refresh_every`` rule says) and rebuild X^-1 and the coarse operators. ``inv.with_mass(m)`` is the inverse for another mass on the same
     near-null vectors. ``inv.hierarchy``: the levels' operators and transfers; ``inv.subspace``: the vectors."""
 
-    def __init__(self, M, params: MultigridParams, subspace: Subspace | None = None):
+    def __init__(self, M, params: MultigridParams, subspace: Subspace | None = None,
+                 refresh_every: int | None = None):
         if not isinstance(M, StaggeredMatrix):
             raise TypeError(f"multigrid takes the full-lattice StaggeredMatrix M = 2m + D (D.matrix(mass)), not "
                             f"{type(M).__name__}")
@@ -285,7 +321,7 @@ class MultigridInverse(InverseOperator):
         self.params = validate(params, M.geom, M.dslash.naik)
         super().__init__(M, f"multigrid (KD{'' if self.params.kd else ' off'}, {self.params.levels} levels)")
         self.hermitian = False
-        self.subspace = subspace if subspace is not None else Subspace(self.params)
+        self.subspace = subspace if subspace is not None else Subspace(self.params, refresh_every)
         if subspace is not None:
             self._check_compatible(subspace)
         self.hierarchy: Hierarchy | None = None
@@ -317,8 +353,8 @@ class MultigridInverse(InverseOperator):
         return self.op.dslash._store.links
 
     def setup(self):
-        """Bring the near-null vectors and the hierarchy up to date with the links and the mass. Returns
-        "built", "refreshed", "rebuilt" or "reused"."""
+        """Bring the near-null vectors and the hierarchy up to date with the links and the mass (the subspace's
+        rule, :class:`Subspace`). Returns "built", "refreshed", "updated", "rebuilt" or "reused"."""
         t0 = time.perf_counter()
         sub = self.subspace
         links = self._links()
@@ -330,24 +366,33 @@ class MultigridInverse(InverseOperator):
                 self._stencil = FineStencil(self.op)
             self._stencil_links = links
         if sub.links is not links:
-            what = "built" if not sub.vectors else "refreshed"
-            columns = self._make_subspace(fresh=not sub.vectors)
+            what = sub.on_new_links()
+            if what == "updated":
+                columns = self._make_hierarchy(new_links=True)
+            else:
+                columns = self._make_subspace(fresh=what == "built")
+                sub.epochs = 0
         elif self.hierarchy is None or self.hierarchy.version != sub.version:
             what = "rebuilt"
             columns = self._make_hierarchy()
         self.op.geom.backend.synchronize()
         if what != "reused":
+            sub.counts[what] += 1
             self._pending.append((what, time.perf_counter() - t0, columns))
         return what
 
-    def _make_hierarchy(self) -> int:
-        """X^-1 and the coarse operators on the subspace's transfers (links or mass changed). Returns the number
-        of fine-operator vector applications spent (the Galerkin probes)."""
+    def _make_hierarchy(self, new_links: bool = False) -> int:
+        """X^-1 and the coarse operators on the subspace's transfers (links or mass changed; ``new_links``: the
+        thin update, after which the kept vectors belong to these links). Returns the number of fine-operator
+        vector applications spent (the Galerkin probes)."""
         sub = self.subspace
         h = Hierarchy(self.op, self.params, self._stencil)
         for tr in sub.transfers:
             h.add_level(tr)
         h.factorize()
+        if new_links:
+            sub.links, sub.stencil = self._links(), self._stencil
+            sub.version += 1
         h.version = sub.version
         columns = h.counters[1].columns
         for c in h.counters:

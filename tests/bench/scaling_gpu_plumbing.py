@@ -1,7 +1,7 @@
 """Run the scaling worker's GPU operations (bench.scaling.ops: op_halo_gpu, op_dslash_gpu, op_cg_gpu, the
 device-event timing and phase split) on the CPU, under mpiexec: CuPy is the stand-in of tests/bench/fake_cupy (host
 clocks), the hop is the NumPy twin of solvers.staggered_dist_cuda.DistHop (its real pack / exchange / ghost layout
-through the CPU transport), and DslashRunner / DeviceCG are NumPy stand-ins with the same interface. Rank 0 prints
+through the CPU transport), DslashRunner is a NumPy stand-in with its interface, and the CG is the production solver (host-driven here). Rank 0 prints
 one JSON line.
 
     mpiexec -n 2 python tests/bench/scaling_gpu_plumbing.py shm
@@ -41,41 +41,8 @@ class Runner:
         return self.out
 
 
-class CG:
-    """DeviceCG's interface: CG on A = 4m^2 - D_eo D_oe with the two hops through ``self.hop``."""
-
-    def __init__(self, d, mass, b, parity=0, graph=False):
-        self.d, self.hop, self.m, self.b = d, d._hop_impl, mass, b
-        self.stream = cupy.cuda.Stream()
-        self.t, self.ap = np.zeros_like(b), np.zeros_like(b)
-        self.start()
-
-    def start(self):
-        self.x, self.r = np.zeros_like(self.b), self.b.copy()
-        self.p = self.r.copy()
-        self.rr = self.d.geom.sum((self.r.conj() * self.r).real)
-
-    def iterate(self, n=1):
-        g, s = self.d.geom, self.d._sign
-        for _ in range(n):
-            self.hop(self.p, 1, self.t, 0.0, None, s)
-            self.hop(self.t, 0, self.ap, 4 * self.m ** 2, self.p, -s)
-            a = self.rr / g.sum((self.p.conj() * self.ap).real)
-            self.x += a * self.p
-            self.r -= a * self.ap
-            new = g.sum((self.r.conj() * self.r).real)
-            self.p = self.r + new / self.rr * self.p
-            self.rr = new
-
-    def residual2(self):
-        return self.rr
-
-    def solution(self):
-        return self.x
-
-
 def main():
-    runners.DslashRunner, runners.DeviceCG = Runner, CG
+    runners.DslashRunner = Runner
     runners.close_graph_mode = lambda geom: None
     n = world().size
     grid = ProcessGrid((1, 1, 1, n), transport=sys.argv[1] if len(sys.argv) > 1 and n > 1 else None)

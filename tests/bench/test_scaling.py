@@ -272,7 +272,7 @@ def test_mps_is_started_for_the_study_recorded_and_stopped(tmp_path):
 @needs_mpi
 def test_gpu_operations_plumbing_on_the_cpu():
     """The worker's GPU operations driven on the CPU (tests/bench/scaling_gpu_plumbing.py: a stand-in CuPy with host
-    clocks, the NumPy twin of the distributed hop through shm, NumPy stand-ins of DslashRunner and DeviceCG): the
+    clocks, the NumPy twin of the distributed hop through shm, a NumPy stand-in of DslashRunner, the production CG): the
     halo check passes, the device-event samples and the eight-phase split come out per rank, and the answers equal
     the 1-rank run's to rounding."""
     script = str(ROOT / "tests" / "bench" / "scaling_gpu_plumbing.py")
@@ -366,6 +366,30 @@ def test_report_of_a_file_that_is_not_a_study(tmp_path, capsys):
     assert rc == 2 and "is not a results file of hmc scaling" in err
     rc, err = _cli(["report", str(tmp_path / "missing.h5")], capsys)
     assert rc == 2 and "no results file" in err
+
+
+def test_a_registered_transport_is_planned_checked_and_reported():
+    """The study asks comms.transport.registry: a host transport registered here (no other change) is accepted by
+    --transports, planned with a graph row when it can be captured, ordered after the built-ins, paired in the
+    stream-gated gain when no host drives it, and gets a row in the report's transport table."""
+    from bench.scaling.common import ScalingError, cpu_transports, transport_notes
+    from bench.scaling.plan import check_transports, graph_transports, plan
+    from bench.scaling.results import gain_pairs
+    from comms.transport import Capabilities, register, unregister
+
+    with pytest.raises(ScalingError, match="unknown transport 'test_gate'"):
+        check_transports(["mpi,test_gate"], graph=False)
+    register("test_gate", Capabilities(graph_capture=True, host_driven=False), "tests.no_such_module")
+    try:
+        assert check_transports(["mpi,test_gate"], graph=False) == ["mpi", "test_gate"]
+        assert "test_gate" in cpu_transports() and "test_gate" in graph_transports()
+        cfgs = plan([(8, 8, 8, 8)], [2], ["mpi", "test_gate"], graph=True)
+        assert [c.label for c in cfgs] == ["serial", "mpi", "test_gate", "test_gate+graph"]
+        assert ("mpi", "test_gate") in gain_pairs(["mpi", "test_gate"])
+        assert transport_notes("test_gate")["host_in_loop"] == "no" and transport_notes("test_gate")["device"] == "cpu"
+    finally:
+        unregister("test_gate")
+    assert "test_gate" not in graph_transports()
 
 
 def test_plan_lattices_and_launcher():

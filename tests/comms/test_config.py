@@ -138,6 +138,35 @@ def test_grid_and_geometry_take_their_settings_from_the_configuration():
     g.close()
 
 
+def test_from_environment_sees_every_change_and_is_kept_while_nothing_changes(monkeypatch):
+    """Library callers that pass no configuration call from_environment() per call: it is rebuilt only when the
+    environment (a setting or a launch fact) or the registered transports changed since the last call."""
+    from comms.transport import Capabilities, register, unregister
+
+    first = RunConfig.from_environment()
+    assert RunConfig.from_environment() is first and first == RunConfig.resolve()
+    other = "exact" if first.solver_sums == "fast" else "fast"
+    monkeypatch.setenv("HMC_SOLVER_SUMS", other)
+    assert RunConfig.from_environment().solver_sums == other
+    monkeypatch.setenv("HMC_SOLVER_SUMS", "kahan")
+    with pytest.raises(ConfigError, match="HMC_SOLVER_SUMS='kahan'"):
+        RunConfig.from_environment()
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "5")
+    monkeypatch.delenv("PMI_RANK", raising=False)
+    monkeypatch.setenv("HMC_SOLVER_SUMS", first.solver_sums)
+    assert RunConfig.from_environment().launch.rank == 5
+    monkeypatch.setenv("HMC_P2P_TRANSPORT", "cfg_cache_test")
+    with pytest.raises(ConfigError, match="unknown transport 'cfg_cache_test'"):
+        RunConfig.from_environment()
+    register("cfg_cache_test", Capabilities(), "tests.no_such_module")
+    try:
+        assert RunConfig.from_environment().transport == "cfg_cache_test"
+    finally:
+        unregister("cfg_cache_test")
+    with pytest.raises(ConfigError, match="unknown transport 'cfg_cache_test'"):
+        RunConfig.from_environment()
+
+
 def test_the_gpu_ordinal_follows_the_configuration_then_the_node_local_rank():
     assert RunConfig.resolve(env={"HMC_CUDA_DEVICE": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}).gpu_ordinal(8) == 3
     assert RunConfig.resolve(env={"OMPI_COMM_WORLD_LOCAL_RANK": "5"}).gpu_ordinal(4) == 1

@@ -77,15 +77,13 @@ def test_solve_out_files_and_check_round_trip(tmp_path, capsys):
 
 def test_color_vector_writer_matches_milc_file(tmp_path):
     """Writing MILC's source in single precision reproduces its binary record and QIO checksums."""
-    from lattice.io import lime, read_color_vector
+    from lattice.io import lime, read_color_vector, write_color_vector
     from lattice.io.scidac import read_field
-
-    from hmc.solve import write_color_vector
 
     path = fixture_path("ksvector.src.sample.l8")
     src = read_color_vector(path)
     out = tmp_path / "src.l8"
-    sums = write_color_vector(out, src, precision=32, info="source color vector field")
+    sums = write_color_vector(out, src, precision=32, record_xml="source color vector field")
     assert (sums["suma"], sums["sumb"]) == (0x18c175b6, 0xadc0f9ee)
     ours = {r.type: r for r in lime.scan(out)}
     theirs = {r.type: r for r in lime.scan(path)}

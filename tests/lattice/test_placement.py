@@ -35,9 +35,17 @@ CPU = fake_geom(gpu=False, ranks=2, parts=(False, False, False, True))
 
 def test_placement_of_each_case():
     assert [pl.placement_of(g) for g in (CPU, WHOLE, SUBGRID, DIST, THIN)] == [
-        Placement.ARRAY, Placement.WHOLE, Placement.SUBGRID, Placement.DISTRIBUTED, Placement.DISTRIBUTED]
+        Placement.ARRAY, Placement.WHOLE, Placement.DISTRIBUTED, Placement.DISTRIBUTED, Placement.DISTRIBUTED]
     forced = fake_geom(parts=(False, False, True, True))          # one rank, partitioned by force
     assert pl.placement_of(forced) is Placement.DISTRIBUTED
+
+
+def test_a_one_rank_sub_grid_is_distributed_and_holds_the_whole_lattice():
+    """The one rule: WHOLE only for a one-rank run with nothing partitioned; a one-rank sub-grid of a split grid is
+    DISTRIBUTED (its rank is part of a distributed run), and its local array is still the whole lattice."""
+    assert [p.value for p in Placement] == ["array", "whole", "distributed", "padded"]
+    assert pl.holds_whole_lattice(SUBGRID) and pl.holds_whole_lattice(WHOLE)
+    assert not pl.holds_whole_lattice(DIST) and not pl.holds_whole_lattice(THIN)
 
 
 def test_real_geometry_carries_its_placement():

@@ -1,0 +1,47 @@
+"""CUDA graphs captured from a stream through the driver: what the device-resident solvers
+(:mod:`solvers.krylov_graph`) and the benchmarks replay.
+
+Capture runs in relaxed mode (``CU_STREAM_CAPTURE_MODE_RELAXED``): the halo engine's stream memory operations and
+cross-stream events are captured as graph nodes, and host-side calls that are not stream work (CuPy's pool handing
+out an already allocated block, a kernel lookup) stay legal during capture. Everything a captured function touches
+must outlive the graph: the graph keeps raw device pointers.
+"""
+from __future__ import annotations
+
+from cuda.bindings import driver as drv
+
+from .cu import call
+
+
+class CapturedGraph:
+    """``fn()`` captured on the CuPy ``stream`` and instantiated; :meth:`launch` replays it on a stream. ``graph``
+    is the CUgraph (its nodes can be listed), ``exec`` the executable graph."""
+
+    def __init__(self, stream, fn):
+        call(drv.cuStreamBeginCapture, stream.ptr, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+        try:
+            with stream:
+                fn()
+        finally:
+            graph = call(drv.cuStreamEndCapture, stream.ptr)
+        self.graph = graph
+        self.exec = call(drv.cuGraphInstantiate, graph, 0)
+
+    def launch(self, stream) -> None:
+        call(drv.cuGraphLaunch, self.exec, stream.ptr)
+
+    def node_count(self) -> int:
+        return int(drv.cuGraphGetNodes(self.graph, 0)[-1])
+
+    def close(self) -> None:
+        """Destroy the graph now (also done when the object is collected)."""
+        if getattr(self, "exec", None) is not None:
+            drv.cuGraphExecDestroy(self.exec)
+            drv.cuGraphDestroy(self.graph)
+            self.exec = self.graph = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

@@ -1,0 +1,339 @@
+"""Device-resident Krylov iterations: the production CG (Chronopoulos-Gear steps of :class:`solvers.cg.CGInverse`)
+and multishift CG (:func:`solvers.multishift.multishift_cg`) on a GPU run whole iterations as replays of a CUDA
+graph, with every scalar in device memory and no host synchronisation inside an iteration (docs/architecture.md,
+"Device-resident solvers").
+
+One iteration on the device, all on the loop's stream:
+
+1. a one-thread kernel computes the step's scalars from the state vector (beta, p^dag A p, alpha; for the
+   multishift, Jegerlehner's zeta_{k+1}, alpha_i, beta_i of every shift) with the host code's operations in its
+   order (solvers/kernels/fused_blas.cu, compiled without contraction), so the iterates are bitwise those of the
+   host-driven fused path on one rank;
+2. the vector update kernel reads its coefficients from device memory;
+3. the operator writes A r into a persistent buffer (``op.apply_into``: the hop kernels, with their halo exchanges
+   through the stream-gated transport on a distributed lattice);
+4. the fused reduction (|r|^2, Re<r, A r>) writes this rank's pair into device memory; :class:`DeviceSums` sums the
+   pairs over the ranks through the halo engine (ring exchanges along each partitioned dimension, then the pairs
+   added in grid-coordinate order, x first: every rank gets the same bits); in the "exact" reduction mode each
+   rank's exact records (solvers/exact_sum_cuda.py) travel instead and are added as integers, so the sums are the
+   same bits for any decomposition;
+5. a one-thread kernel takes the new residual, counts the iteration and applies the solver's stop test; once it
+   holds (or on a breakdown) the state is *frozen*: every later kernel of the graph returns at once, and the
+   operator recomputes the same A r, so replays past the end change nothing.
+
+``solver_graph`` (HMC_SOLVER_GRAPH, default 8) iterations are captured in one graph; after each replay the state
+vector comes back to pinned host memory (one small copy and one event), where the host tests whether the solve
+stopped. A solve thus pays one host round trip per ``solver_graph`` iterations and at most ``solver_graph - 1``
+frozen iterations at its end. The true-residual checks, restarts and reliable updates stay on the host path.
+
+Where it runs (:func:`graph_iterations`): the fused GPU kernels serve the solve, the operator has ``apply_into``,
+and either the whole lattice is on one GPU or every halo link of the distributed lattice can be captured
+(``stream_gated``: the engine switches to binary flags, docs/halo-protocol.md "CUDA graphs"); elsewhere (the
+``event`` and ``mpi`` transports, CPU) the host-driven iteration runs.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from comms.base import CommsTimeout
+from lattice import cuda_source
+
+#: offsets in the state vector (the S_* names of solvers/kernels/fused_blas.cu)
+SLOT = {"g": 0, "d": 1, "g_old": 2, "alpha_old": 3, "beta": 4, "alpha": 5, "k": 6, "fresh": 7, "step_fresh": 8,
+        "stop": 9, "delta2": 10, "rmax2": 11, "maxiter": 12, "status": 13, "pap": 14, "res": 16}
+NSTATE = 24
+RUNNING, DONE, BREAKDOWN, NONFINITE = 0, 1, 2, 3
+
+
+_override = {"iters": None}        # set_solver_graph: iterations per graph for every geometry, or None
+
+
+def set_solver_graph(iters: int | None) -> int | None:
+    """Iterations per graph replay for every geometry (0: host-driven), or None to follow each geometry's
+    configuration (``solver_graph``) again; returns the previous override, to restore it with (tests, timings)."""
+    old = _override["iters"]
+    _override["iters"] = None if iters is None else max(0, int(iters))
+    return old
+
+
+def _all_links_capturable(engine) -> bool:
+    links = getattr(engine, "links", None) or {}
+    return bool(getattr(engine, "device_faces", False)) and all(
+        link.kind.capabilities.graph_capture for link in links.values())
+
+
+def graph_iterations(op, blas) -> int:
+    """Iterations per graph replay for a solve with ``op`` on the fused kernels ``blas``, or 0: the host-driven
+    iteration (module docstring). Collective on a distributed lattice (every rank answers the same)."""
+    geom = op.geom
+    iters = int(geom.config.solver_graph if _override["iters"] is None else _override["iters"])
+    if iters <= 0 or blas is None or not hasattr(blas, "cg_update_dev") or not hasattr(op, "apply_into"):
+        return 0
+    if blas.parity is None and getattr(op, "parity", None) in (0, 1):
+        return 0            # an even-odd operator on fields that do not vanish on the other parity
+    grid = geom.grid
+    if not any(grid.partitioned):
+        return iters if grid.comm.size == 1 else 0
+    ok = _all_links_capturable(grid.halo)
+    return iters if all(grid.active_comm.allgather(ok)) else 0
+
+
+class DeviceSums:
+    """The reduction pair (|a|^2, Re<a, w>) of one iteration summed over the ranks on the device, left in
+    ``st[res:res + 2]``; :meth:`reduce` runs on the current stream. Fast sums: the fused kernel's pair of each rank
+    (:attr:`local`) travels P - 1 steps around the ring along each partitioned dimension of extent P (halo-engine
+    exchanges of 16 bytes), then every rank adds the pairs in coordinate order; the dimensions are reduced x, y, z, t.
+    Exact sums (the "exact" reduction mode): each rank's exact records (solvers.exact_sum_cuda, 2 x 68 integers)
+    travel the same rings and are added as integers, so the result is the correctly rounded sum of every element's
+    products, the same bits for any decomposition; one rank rounds its own records in the reduction kernel."""
+
+    def __init__(self, geom, st, kernel, exact=False):
+        grid = geom.grid
+        cp = geom.xp
+        self.grid = grid                  # held, so that the loop cache's key (the grid's id) stays this grid's
+        self.st, self.kernel, self.exact, self.backend = st, kernel, bool(exact), geom.backend
+        self.dims, self.coords = tuple(grid.dims), tuple(grid.coords)
+        self.rdims = [mu for mu in range(4) if grid.partitioned[mu] and self.dims[mu] > 1]
+        self.engine = grid.halo if self.rdims else None
+        res = SLOT["res"]
+        self.result = st[res:res + 2]
+        if self.exact:
+            from .exact_sum_cuda import WIDTH, ExactReducer
+
+            self.reducer = ExactReducer(geom.backend)
+            shape, dtype = (2, WIDTH), np.int64
+            self.scratch = cp.zeros(2, dtype=np.float64)       # the fused kernel's pair, unused in this mode
+            self.rounded = cp.zeros(2, dtype=np.float64)
+            self.alone = cp.zeros(shape, dtype=dtype)
+        else:
+            shape, dtype = (2,), np.float64
+        self.vals = {mu: cp.zeros((self.dims[mu],) + shape, dtype=dtype) for mu in self.rdims}
+        self.local = self._own(self.rdims[0]) if self.rdims else (self.alone if self.exact else self.result)
+        if self.engine is not None:
+            self.engine.reserve(2 * int(np.prod(shape)) * 8)
+
+    def _own(self, mu):
+        return self.vals[mu][self.coords[mu]]
+
+    def reduce(self, blas, a, w, shift) -> None:
+        """w += shift a (when shift != 0), then the global (|a|^2, Re<a, w>) into ``st[res:res + 2]``."""
+        if not self.exact:
+            blas.norm2_redot_into(a, w, shift, self.local)
+        else:
+            if shift != 0.0:
+                blas.norm2_redot_into(a, w, shift, self.scratch)
+            self.reducer.norm2_redot(a, w, self.local, None if self.rdims else self.result)
+        self._ranks()
+
+    def _ranks(self):
+        from .exact_sum_cuda import round_records
+
+        for i, mu in enumerate(self.rdims):
+            P, c, v = self.dims[mu], self.coords[mu], self.vals[mu]
+            for s in range(1, P):
+                a, b = (c - s + 1) % P, (c - s) % P
+                self.engine.start({(mu, 1): v[a]}).finish({(mu, 0): v[b]})
+            last = i == len(self.rdims) - 1
+            if self.exact:
+                round_records(self.backend, v, self.result if last else self.rounded,
+                              None if last else self._own(self.rdims[i + 1]))
+            else:
+                self.kernel((1,), (1,), (v, np.int32(P), self.result if last else self._own(self.rdims[i + 1])))
+
+
+class GraphLoop:
+    """The device-resident iteration of one kind of solve on one local lattice: the state vector and the per-shift
+    arrays in one device block with a pinned host twin (one copy each way per upload and per replay), the loop
+    stream, the rank sums, and the captured graphs of ``iters`` iterations, kept per key (the addresses the graph
+    bakes in: fields, operator links and buffers, the base shift) for reuse by later solves (:data:`KEEP` of them,
+    least recently used dropped). Made once per (kind, lattice, precision, shift count) by :func:`loop_for`."""
+
+    KEEP = 8
+
+    def __init__(self, geom, iters: int, nshift: int = 0, real=np.float64, exact=False):
+        from collections import OrderedDict
+
+        import cupyx
+
+        from comms.cuda.graph import CapturedGraph
+
+        cp = geom.xp
+        self.cp, self.geom, self.iters, self.n = cp, geom, int(iters), int(nshift)
+        self._Graph = CapturedGraph
+        be = geom.backend
+        self.k = {name: cuda_source.function(be, "solvers", "fused_blas.cu", name)
+                  for name in ("cg_direction", "cg_close", "ms_direction_double", "ms_direction_single", "ms_close",
+                               "rank_sum")}
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        n = self.n
+        size = NSTATE + 5 * n                        # state, zeta, zeta_prev, relative shifts, p_i / x_i addresses
+        self.dev = cp.zeros(size, dtype=np.float64)
+        self.host = cupyx.empty_pinned((size,), dtype=np.float64)
+        self.st = self.dev[:NSTATE]
+        self.z, self.zp = self.dev[NSTATE:NSTATE + n], self.dev[NSTATE + n:NSTATE + 2 * n]
+        self.rel = self.dev[NSTATE + 2 * n:NSTATE + 3 * n]
+        table = self.dev[NSTATE + 3 * n:].view(np.uint64)
+        self.table = (table[:n], table[n:])
+        self.coef = cp.zeros(4 * n, dtype=real)
+        self.readback = NSTATE + 2 * n              # what comes back per replay: the state and the zetas
+        self.sums = DeviceSums(geom, self.st, self.k["rank_sum"], exact)
+        self.done = cp.cuda.Event(disable_timing=True)
+        self.joined = cp.cuda.Event(disable_timing=True)
+        self.graphs = OrderedDict()
+        self.replays = 0
+        self.capture_s = 0.0
+        self.captures = 0
+
+    def upload(self, z=(), zp=(), rel=(), ptrs=(), **values) -> None:
+        """The state vector from ``values`` (slot name -> number; the rest 0) and the per-shift arrays, in one copy
+        on the loop stream after the caller's stream has produced the fields."""
+        engine = self.sums.engine
+        if engine is not None and not engine.graph_mode:
+            engine.set_graph_mode(True)       # collective; binary flags serve uncaptured exchanges as well
+        host, n = self.host, self.n
+        host[:NSTATE] = 0.0
+        for name, v in values.items():
+            host[SLOT[name]] = float(v)
+        if n:
+            host[NSTATE:NSTATE + n], host[NSTATE + n:NSTATE + 2 * n] = z, zp
+            host[NSTATE + 2 * n:NSTATE + 3 * n] = rel
+            host[NSTATE + 3 * n:].view(np.uint64)[...] = ptrs
+        self.joined.record(self.cp.cuda.get_current_stream())
+        self.stream.wait_event(self.joined)
+        self.cp.cuda.runtime.memcpyAsync(self.dev.data.ptr, self.host.ctypes.data, self.dev.nbytes,
+                                         self.cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
+
+    def capture(self, key, body) -> None:
+        """The graph of ``iters`` calls of ``body`` for ``key``: a kept one, else captured now."""
+        graph = self.graphs.pop(key, None)
+        if graph is None:
+            t0 = time.perf_counter()
+            graph = self._Graph(self.stream, lambda: [body() for _ in range(self.iters)])
+            self.capture_s += time.perf_counter() - t0
+            self.captures += 1
+            while len(self.graphs) >= self.KEEP:
+                self.graphs.popitem(last=False)[1].close()
+        self.graphs[key] = graph
+        self.graph = graph
+
+    def run(self) -> np.ndarray:
+        """Replay until the state leaves RUNNING; returns the state and zetas (host copy). A replay that does not
+        finish within the communication timeout (a dead peer) raises CommsTimeout instead of waiting for ever."""
+        timeout = float(self.geom.config.comms_timeout)
+        status = SLOT["status"]
+        nbytes = 8 * self.readback
+        rt = self.cp.cuda.runtime
+        while True:
+            self.graph.launch(self.stream)
+            self.replays += 1
+            rt.memcpyAsync(self.host.ctypes.data, self.dev.data.ptr, nbytes, rt.memcpyDeviceToHost, self.stream.ptr)
+            self.done.record(self.stream)
+            deadline = time.perf_counter() + timeout
+            while not self.done.done:
+                if time.perf_counter() > deadline:
+                    raise CommsTimeout(f"a device-resident solver iteration did not finish within {timeout:g} s "
+                                       "(a peer rank stopped?): raise HMC_COMMS_TIMEOUT if the iterations are "
+                                       "that slow")
+            if self.host[status] != RUNNING:
+                return self.host[:self.readback].copy()
+
+    def counters(self) -> dict:
+        """Replays and captures so far (and the seconds the captures took), for the solver statistics."""
+        return {"graph_replays": self.replays, "graph_captures": self.captures, "graph_capture_s": self.capture_s}
+
+
+def loop_for(geom, kind: str, iters: int, real=np.float64, nshift: int = 0, exact=False) -> GraphLoop:
+    """The :class:`GraphLoop` of ``kind`` ("cg" or "multishift") for this local lattice, precision, shift count
+    and reduction mode, made once per backend and process grid."""
+    key = ("krylov_graph", kind, tuple(geom.local_dims), np.dtype(real).str, int(nshift), int(iters),
+           sum(geom.offset) & 1, id(geom.grid), bool(exact))
+    return geom.backend.kernel(key, lambda: GraphLoop(geom, iters, nshift, real, exact))
+
+
+def _ptrs(*arrays) -> tuple:
+    return tuple(a.data.ptr for a in arrays)
+
+
+def _counted(st, loop, before: dict) -> None:
+    """Add the loop's replays and captures since ``before`` to the solver statistics ``st``."""
+    for name, v in loop.counters().items():
+        st.extra[name] = st.extra.get(name, 0) + v - before[name]
+
+
+def cg_iterations(run, iters: int) -> None:
+    """Chronopoulos-Gear iterations of ``run`` (a :class:`solvers.cg._CGRun` on the fused GPU path) on the device
+    until its stop test holds; ``run``'s scalars, counters and fields are left as the host-driven steps leave them."""
+    xp, blas, A = run.xp, run.blas, run.Ai
+    loop = loop_for(run.geom, "cg", iters, blas.real, exact=blas.exact)
+    if run.ps is None:
+        run.ps, run.ss = xp.zeros_like(run.rs), xp.zeros_like(run.rs)
+    ps, ss, y, rs, ws = run.ps, run.ss, run.y, run.rs, run.ws
+    st, sums, kd, kc = loop.st, loop.sums, loop.k["cg_direction"], loop.k["cg_close"]
+
+    def body():
+        kd((1,), (1,), (st,))
+        blas.cg_update_dev(ps, ss, y, rs, ws, st)
+        A.apply_into(rs, ws)
+        sums.reduce(blas, rs, ws, 0.0)
+        kc((1,), (1,), (st,))
+
+    k0, before = run.k, loop.counters()
+    loop.upload(g=run.g, d=run.d, g_old=run.g_old, alpha_old=run.alpha_old, beta=run.beta, k=k0,
+                fresh=run.fresh, stop=run.stop, delta2=run.delta2, rmax2=run.rmax2, maxiter=run.inv.maxiter)
+    loop.capture(_ptrs(ps, ss, y, rs, ws) + A.graph_key() + (id(blas),), body)
+    out = loop.run()
+    _counted(run.st, loop, before)
+    S = SLOT
+    run.k = int(out[S["k"]])
+    done = run.k - k0
+    run.st.matvecs += done
+    run.flops += done * (A.flops + run.cg_flops_per_iteration())
+    run.g, run.d, run.g_old, run.alpha_old = (float(out[S[n]]) for n in ("g", "d", "g_old", "alpha_old"))
+    run.beta, run.rmax2 = float(out[S["beta"]]), float(out[S["rmax2"]])
+    run.fresh = bool(out[S["fresh"]])
+    status = int(out[S["status"]])
+    if status == BREAKDOWN:
+        run.breakdown(float(out[S["pap"]]))
+    if status == NONFINITE:
+        run.nonfinite()
+
+
+def multishift_iterations(run, iters: int) -> None:
+    """Every iteration of ``run`` (a :class:`solvers.multishift._MultishiftRun` on the fused GPU path, after
+    ``start``) on the device until the base shift converges or ``maxiter``; its scalars, zetas and counters are
+    left as the host-driven iterations leave them."""
+    blas, A, n = run.blas, run.A, run.n
+    loop = loop_for(run.geom, "multishift", iters, blas.real, n, exact=blas.exact)
+    single = blas.real == np.float32
+    kd = loop.k["ms_direction_single" if single else "ms_direction_double"]
+    kc, st, sums, z, zp, rel, coef, table = (loop.k["ms_close"], loop.st, loop.sums, loop.z, loop.zp, loop.rel,
+                                            loop.coef, loop.table)
+    s, r, w, s0 = run.s, run.r, run.w, run.s0
+    fields = [blas._f(a) for a in run.ps_i] + [blas._f(a) for a in run.xs]
+
+    def body():
+        kd((1,), (1,), (st, z, zp, rel, coef, np.int32(n)))
+        blas.ms_update_dev(s, r, w, table, coef, n, st)
+        A.apply_into(r, w)
+        sums.reduce(blas, r, w, s0)
+        kc((1,), (1,), (st,))
+
+    k0, before = run.k, loop.counters()
+    loop.upload(z=run.z, zp=run.z_prev, rel=run.rel, ptrs=_ptrs(*fields), g=run.g, d=run.d, g_old=run.g_old,
+                alpha_old=run.alpha_prev, k=k0, stop=run.stop, maxiter=run.inv.maxiter)
+    loop.capture(_ptrs(s, r, w) + (s0,) + A.graph_key() + (id(blas),), body)
+    out = loop.run()
+    _counted(run.st, loop, before)
+    S = SLOT
+    run.k = int(out[S["k"]])
+    run.matvecs += run.k - k0
+    run.g, run.d, run.g_old, run.alpha_prev = (float(out[S[n_]]) for n_ in ("g", "d", "g_old", "alpha_old"))
+    run.z = [float(v) for v in out[NSTATE:NSTATE + n]]
+    run.z_prev = [float(v) for v in out[NSTATE + n:NSTATE + 2 * n]]
+    status = int(out[S["status"]])
+    if status == BREAKDOWN:
+        run.breakdown(run.k, run.g, float(out[S["pap"]]))
+    if status == NONFINITE:
+        run.nonfinite()

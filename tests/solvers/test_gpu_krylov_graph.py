@@ -1,0 +1,96 @@
+"""The device-resident solver iterations (solvers.krylov_graph) on one GPU give the host-driven fused path's
+iterates bitwise: CG (Chronopoulos-Gear, double and single precision, with restarts), mixed-precision CG in its
+one-reduction form, the multishift CG in double and single precision; for any number of iterations per graph.
+Run on the device: pytest -m gpu."""
+import numpy as np
+import pytest
+
+from comms import ProcessGrid
+from comms.config import RunConfig
+from lattice import Geometry, get_backend
+from solvers import StaggeredDslash, cg, mixed_cg, multishift_cg, project
+
+from solver_testlib import random_field, random_links
+
+pytestmark = pytest.mark.gpu
+
+DIMS = (4, 4, 8, 8)
+
+
+def _dslash(iters, fat, long):
+    cfg = RunConfig(backend="cupy", solver_graph=iters)
+    geom = Geometry(DIMS, get_backend("cupy"), ProcessGrid((1, 1, 1, 1), config=cfg))
+    xp = geom.xp
+    return StaggeredDslash(geom, xp.asarray(fat), xp.asarray(long))
+
+
+@pytest.fixture(scope="module")
+def fields():
+    cpu = Geometry(DIMS, get_backend("numpy"))
+    fat, long = random_links(cpu, seed=7)
+    b = project(random_field(cpu, np.random.default_rng(3)), cpu, 0)
+    return fat, long, b
+
+
+def _solve(iters, fields, make, mass=0.05, dtype=np.complex128):
+    fat, long, b = fields
+    d = _dslash(iters, fat, long)
+    if dtype != np.complex128:
+        d = d.converted(dtype)
+    A = d.even_odd(mass).normal
+    out, st = make(A).solve(d.xp.asarray(b).astype(dtype))
+    return out, st
+
+
+def _same(a, b):
+    if isinstance(a, list):
+        return all(_same(u, v) for u, v in zip(a, b))
+    return bool((a == b).all()) and a.dtype == b.dtype
+
+
+SOLVERS = {
+    "cg": (lambda A: cg(1e-10, 3000)(A), np.complex128, 0.05),
+    "cg_light": (lambda A: cg(1e-12, 5000)(A), np.complex128, 0.005),
+    "cg_single": (lambda A: cg(1e-5, 3000)(A), np.complex64, 0.05),
+    "mixed_one_reduction": (lambda A: mixed_cg(1e-10, 3000, single_reduction=True)(A), np.complex128, 0.05),
+    "multishift": (lambda A: multishift_cg([0.0, 0.01, 0.3, 2.0], 1e-10, 3000)(A), np.complex128, 0.0),
+    "multishift_single": (lambda A: multishift_cg([0.001, 0.02, 0.5], 1e-5, 3000)(A), np.complex64, 0.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+@pytest.mark.parametrize("iters", [1, 3, 8])
+def test_graph_iterates_equal_host_driven(fields, name, iters):
+    make, dtype, mass = SOLVERS[name]
+    ref, sr = _solve(0, fields, make, mass, dtype)
+    got, sg = _solve(iters, fields, make, mass, dtype)
+    assert sr.extra["graph_iterations"] == 0 and sg.extra["graph_iterations"] == iters
+    assert sg.extra.get("graph_replays", 0) > 0
+    assert (sg.iters, sg.milc_iters, sg.matvecs, sg.converged) == (sr.iters, sr.milc_iters, sr.matvecs, sr.converged)
+    assert sg.residual == sr.residual and sg.true_residual == sr.true_residual
+    assert _same(got, ref)
+
+
+def test_graph_stops_at_maxiter_like_the_host(fields):
+    make = lambda A: cg(1e-14, 37, raise_on_fail=False)(A)  # noqa: E731
+    ref, sr = _solve(0, fields, make)
+    got, sg = _solve(8, fields, make)
+    assert not sg.converged and sg.iters == sr.iters == 37 and _same(got, ref)
+
+
+@pytest.mark.parametrize("name", ["cg", "cg_light", "multishift"])
+def test_exact_sums_graph_equals_host_driven(fields, name):
+    """The "exact" reduction mode: device-resident iterations with exact device sums (solvers.exact_sum_cuda)
+    against the host-driven fused path with the same exact sums: the same bits."""
+    from solvers import set_reductions
+
+    make, dtype, mass = SOLVERS[name]
+    old = set_reductions("exact")
+    try:
+        ref, sr = _solve(0, fields, make, mass, dtype)
+        got, sg = _solve(8, fields, make, mass, dtype)
+    finally:
+        set_reductions(old)
+    assert sg.extra["fused"] and sg.extra["graph_iterations"] == 8 and sg.extra.get("graph_replays", 0) > 0
+    assert (sg.iters, sg.matvecs, sg.residual) == (sr.iters, sr.matvecs, sr.residual)
+    assert _same(got, ref)
