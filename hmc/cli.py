@@ -15,6 +15,7 @@ from lattice.backend import BackendError
 from lattice.geometry import GeometryError
 
 from .deck import DeckError
+from .guard import EXIT_TERMINATED, Terminated
 from .integrators import IntegratorError
 from .progress import add_progress_arg, command_progress
 from .runfile import RunFileError
@@ -44,7 +45,9 @@ def _runtime_errors():
     from comms import CommsTimeout
     from solvers.cg import SolverConvergenceError
 
-    return (SolverConvergenceError, CommsTimeout)
+    from .guard import StorageError
+
+    return (SolverConvergenceError, CommsTimeout, StorageError)
 
 
 def _exit_code(e) -> int:
@@ -131,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run or resume the trajectories a run file describes")
     p.add_argument("runfile")
-    p.add_argument("--trajectories", type=_count(1),
+    p.add_argument("--trajectories", type=int,           # >= 1: hmc.run.run refuses others, for every caller
                    help="how many trajectories to run now, >= 1 (default: up to the deck's total)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -225,7 +228,8 @@ def _export(args) -> int:
 
 
 def main(argv=None) -> int:
-    """The ``hmc`` command: exit 0 on success, 1 when started work fails, 2 on bad input, 130 on Ctrl-C."""
+    """The ``hmc`` command: exit 0 on success, 1 when started work fails, 2 on bad input, 130 on Ctrl-C, 143 on
+    SIGTERM."""
     try:
         args = build_parser().parse_args(argv)
     except KeyboardInterrupt:
@@ -238,6 +242,8 @@ def main(argv=None) -> int:
         return 0
     except KeyboardInterrupt:
         return _interrupted(args)
+    except Terminated:
+        return _interrupted(args, "terminated (SIGTERM)", EXIT_TERMINATED)
     except _user_errors() as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         code = _exit_code(e)
@@ -260,14 +266,23 @@ def main(argv=None) -> int:
         os._exit(code)
 
 
-def _interrupted(args) -> int:
-    """Ctrl-C: one line, no traceback, exit 130. A run file keeps its last checkpoint (saves are atomic)."""
+def _interrupted(args, what: str = "interrupted", code: int = EXIT_INTERRUPTED) -> int:
+    """Ctrl-C (exit 130) or SIGTERM (exit 143): one line, no traceback. ``hmc run`` has abandoned the trajectory
+    under way and written the last complete one (hmc.guard); saves are atomic. Under mpiexec rank 0 speaks and no
+    rank waits in MPI_Finalize (a peer may be stuck in an exchange)."""
     command = f"hmc {args.command}" if args is not None else "hmc"
     note = ""
     if args is not None and args.command == "run":
-        note = f"; {args.runfile} keeps its last checkpoint: 'hmc run {args.runfile}' resumes"
-    print(f"{chr(10) if sys.stderr.isatty() else ''}{command}: interrupted{note}", file=sys.stderr, flush=True)
-    return EXIT_INTERRUPTED
+        note = f"; {args.runfile} keeps its last complete trajectory: 'hmc run {args.runfile}' resumes"
+    from comms import launched_size
+
+    several = launched_size() > 1
+    if not several or _rank() == 0:
+        print(f"{chr(10) if sys.stderr.isatty() else ''}{command}: {what}{note}", file=sys.stderr, flush=True)
+    if several:
+        sys.stdout.flush()
+        os._exit(code)
+    return code
 
 
 def _rank() -> int:

@@ -9,7 +9,7 @@ import numpy as np
 from lattice import CounterRNG, GaugeField, link_trace, plaquette, polyakov_loop
 
 from . import deck as deckmod
-from . import runfile
+from . import guard, runfile
 from .assemble import load_rationals, make_geometry, make_monomials, make_schedule, rationals_path, run_config
 from .integrators import IntegratorError
 from .kept_configs import keeps, write_kept
@@ -66,21 +66,24 @@ def init_run(deck_path: str | None, out: str, from_lattice: str | None = None, f
         d = deckmod.loads(text)
     else:
         d, text = deckmod.load(deck_path)
+    guard.check_not_folder(out, "-o ")
     if os.path.exists(out) and not force:
         raise runfile.RunFileError(f"{out} exists already: continue it with 'hmc run {out}', or pass --force to "
                                    "overwrite it")
     files = {**_run_files(d, deck_path, rationals), **(files or {})}
     config = run_config(text, _with_backend(settings, backend))
-    geom = make_geometry(d, config=config)
-    u, source = _starting_links(d, geom, from_lattice, ignore_checksum, force_reunitarize)
-    ss, st = plaquette(u)                    # collective: every rank has checked for an existing file by now
-    rng = make_rng(d["run"]["rng"], d["run"]["seed"], geom.dims)
-    state = runfile.RunState(d, text, geom.gather(u.site_major()), 0,   # the whole lattice on rank 0
-                             rng.state(), [], [], source, files, config, (ss, st))
-    if geom.grid.is_root:
-        runfile.save(out, state)
-        log(f"wrote {out}: {d['run']['name']}, lattice {'x'.join(map(str, d['lattice']['dims']))}, {source}, "
-            f"PLAQ: {ss:.10f} {st:.10f}")
+    with guard.locked(out, "hmc init"):      # a live 'hmc run' of this file refuses the overwrite
+        geom = make_geometry(d, config=config)
+        u, source = _starting_links(d, geom, from_lattice, ignore_checksum, force_reunitarize)
+        ss, st = plaquette(u)                # collective: every rank has checked for an existing file by now
+        rng = make_rng(d["run"]["rng"], d["run"]["seed"], geom.dims)
+        state = runfile.RunState(d, text, geom.gather(u.site_major()), 0,   # the whole lattice on rank 0
+                                 rng.state(), [], [], source, files, config, (ss, st))
+        if geom.grid.is_root:
+            guard.check_room(out, guard.checkpoint_bytes(state))
+            guard.save_checkpoint(out, state)
+            log(f"wrote {out}: {d['run']['name']}, lattice {'x'.join(map(str, d['lattice']['dims']))}, {source}, "
+                f"PLAQ: {ss:.10f} {st:.10f}")
     return state
 
 
@@ -168,22 +171,32 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
         log=print, settings: dict | None = None) -> runfile.RunState:
     """Run (or resume) the trajectories the run file describes; checkpoint atomically as the deck says. The run
     configuration comes from ``settings`` (the command line's), the stored deck and the environment, as at
-    ``hmc init``; the run file records the one of the run that wrote it."""
+    ``hmc init``; the run file records the one of the run that wrote it. The run holds the file's lock
+    (:mod:`hmc.guard`: a second writer is refused); SIGTERM and Ctrl-C abandon the trajectory under way and leave
+    the last complete one in the file."""
     if trajectories is not None and trajectories < 1:
         raise deckmod.DeckError(f"--trajectories {trajectories}: give a positive number of trajectories to run now "
                                 f"(or leave it out to run up to the deck's total)")
+    guard.check_not_folder(path, "")
+    with guard.locked(path, "hmc run", warn=log), guard.terminate_as_exception():
+        return _run_locked(path, trajectories, backend, show_progress, log, settings)
+
+
+def _run_locked(path, trajectories, backend, show_progress, log, settings) -> runfile.RunState:
     state = runfile.load(path)
     d = state.deck
     state.config = run_config(state.deck_text, _with_backend(settings, backend))
     geom = make_geometry(d, config=state.config)
     root = geom.grid.is_root
+    remaining = d["run"]["trajectories"] - state.trajectory if trajectories is None else trajectories
+    if root and remaining > 0:                # before the work: room for the checkpoint it ends with
+        guard.check_room(path, guard.checkpoint_bytes(state, remaining))
     monomials = make_monomials(d, state.files)
     fermions = [m for m in monomials if m.kind == "fermion"]
     schedule = make_schedule(d, monomials)
     expm = link_exponential(d["integrator"]["link_exponential"])
     rng = rng_from_state(d["run"]["rng"], state.rng, geom.dims)
     u = GaugeField.from_site_major(geom, geom.local_part(state.links))     # every rank read the file: keep its sites
-    remaining = d["run"]["trajectories"] - state.trajectory if trajectories is None else trajectories
     if remaining <= 0:
         if root:
             log(f"{path}: all {state.trajectory} trajectories of the deck are done; run more with "
@@ -206,19 +219,17 @@ def run(path: str, trajectories: int | None = None, backend: str | None = None, 
         log(f"integrator {d['integrator']['scheme']} steps {d['integrator']['steps']} tau {d['integrator']['tau']}: "
             f"{len(schedule)} operations")
     bar = Progress(remaining, "trajectories", enabled=root and show_progress)
-    every = d["run"]["checkpoint_every"]
-    unsaved = {}                             # links and generator state of a trajectory not yet checkpointed
+    pending = {}                             # "snapshot": the last complete trajectory not yet in the file
     try:
-        _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm, remaining, every, bar, log,
-                      unsaved)
-    except IntegratorError as e:
-        # a trajectory that cannot be integrated (e.g. a solver that did not converge): the run file keeps the last
-        # good trajectory; those completed since the last checkpoint are written first
-        if unsaved:
-            state.links, state.rng, state.plaquette = unsaved["links"], unsaved["rng"], unsaved["plaquette"]
-            if root:
-                runfile.save(path, state)
-        if root:
+        _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm, remaining, bar, log, pending)
+    except (IntegratorError, KeyboardInterrupt, guard.Terminated) as e:
+        # a trajectory that cannot be integrated (e.g. a solver that did not converge), SIGTERM or Ctrl-C: the
+        # trajectory under way is abandoned; the last complete one is written if it is not in the file yet
+        with guard.signals_deferred():
+            if "snapshot" in pending:
+                _checkpoint(path, state, pending, root)
+            guard.discard_own_temporary(path)
+        if root and isinstance(e, IntegratorError):
             log(f"STOPPED in trajectory {state.trajectory + 1}: {e}; {path} keeps trajectory {state.trajectory}")
         raise
     if root:
@@ -262,18 +273,33 @@ def _trajectory_lines(d, res, monomials, fermions, row, u, previous, measured) -
     return out
 
 
-def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm, remaining, every, bar, log,
-                  unsaved):
-    """The trajectory loop of :func:`run`; ``unsaved`` gets the links and generator state of the last trajectory
-    done since the last checkpoint (empty right after one)."""
+def _checkpoint(path, state, pending, root) -> None:
+    """Write the pending snapshot (a complete trajectory: its count, history, links, generator state, plaquette)
+    into ``state`` and, on rank 0, the run file; it stays pending until the save has returned."""
+    snap = pending["snapshot"]
+    state.trajectory, state.history = snap["trajectory"], list(snap["history"])
+    state.links, state.rng, state.plaquette = snap["links"], snap["rng"], snap["plaquette"]
+    if root:
+        guard.save_checkpoint(path, state)
+    if pending.get("snapshot") is snap:
+        del pending["snapshot"]
+
+
+def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm, remaining, bar, log, pending):
+    """The trajectory loop of :func:`run`. After each trajectory ``pending["snapshot"]`` holds it whole, stored in
+    one step, so a signal between any two statements finds either the trajectory before or this one complete; it
+    is written every ``checkpoint_every`` trajectories and at the end."""
     d = state.deck
     root = geom.grid.is_root
+    every = d["run"]["checkpoint_every"]
     pbp = None
     if d.get("fermions", {}).get("pbp_masses"):              # PBP after each trajectory (hmc.measure)
         from .measure import PBPMeasurement
 
         pbp = PBPMeasurement(d)
     milc = d.get("milc")
+    history = list(state.history)
+    start = state.trajectory                  # state.trajectory itself moves at the checkpoints
     for i in range(remaining):
         if d["integrator"]["reversibility_check"]:
             probe_rng = copy_rng(rng)
@@ -284,21 +310,23 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
             if root:
                 log(f"REVERSIBILITY: max|dU| = {rev['links']:.3e} max|dP| = {rev['momenta']:.3e} "
                     f"dH = {rev['dH']:+.3e}")
-        if milc and root and state.trajectory == milc["warms"]:
+        traj = start + i + 1
+        if milc and root and traj - 1 == milc["warms"]:
             log("WARMUPS COMPLETED")
-        warmup = state.trajectory < d["run"]["warmups"]
+        warmup = traj <= d["run"]["warmups"]
         u, res = hmc_trajectory(u, rng, monomials, schedule, expm, d["integrator"]["reunitarize"],
                                 metropolis=d["run"]["metropolis"] and not warmup)
-        previous = _last_action(state.history)
-        state.trajectory += 1
-        row = _history_row(state.trajectory, res, u, geom, warmup, fermions)
-        measured = _measured(d, state.trajectory)
+        previous = _last_action(history)
+        row = _history_row(traj, res, u, geom, warmup, fermions)
+        measured = _measured(d, traj)
         pbp_out = (pbp.measure(u, rng) if measured else (pbp.empty_row(), [])) if pbp is not None else ({}, [])
         row.update(pbp_out[0])
-        state.history.append(row)
-        if keeps(d, state.trajectory):                     # collective: every rank passes its links
-            write_kept(path, u, state.trajectory, d["run"]["name"])
+        if keeps(d, traj):                                 # collective: every rank passes its links
+            write_kept(path, u, traj, d["run"]["name"])
         lines = _trajectory_lines(d, res, monomials, fermions, row, u, previous, measured) + pbp_out[1]
+        history = history + [row]
+        pending["snapshot"] = {"trajectory": traj, "history": history, "links": geom.gather(u.site_major()),
+                               "rng": rng.state(), "plaquette": (row["plaq_ss"], row["plaq_st"])}
         if root:
             for line in lines:
                 log(line)
@@ -306,12 +334,4 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
                 log(summary_line(row))
         bar.update(i + 1, f"dH {row['dH']:+.2e}")
         if (i + 1) % every == 0 or i + 1 == remaining:
-            state.links = geom.gather(u.site_major())      # collective: the whole lattice on rank 0
-            state.rng = rng.state()
-            state.plaquette = (row["plaq_ss"], row["plaq_st"])
-            unsaved.clear()
-            if root:
-                runfile.save(path, state)
-        else:                                              # kept in case a later trajectory fails
-            unsaved.update(links=geom.gather(u.site_major()), rng=rng.state(),
-                           plaquette=(row["plaq_ss"], row["plaq_st"]))
+            _checkpoint(path, state, pending, root)

@@ -29,6 +29,7 @@ from lattice.io.common import durable_replace, remove_stale_temporaries, tempora
 
 from . import deck as deckmod
 from . import runfile_schema as schema
+from .runfile_open import DamagedHDF5, open_checked
 
 FORMAT = "hisq-hmc run file"
 #: 2: self-describing (attributes on every dataset, one dataset per history column of a fixed dtype, /gauge
@@ -60,21 +61,42 @@ def links_digest(links: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(links).tobytes()).hexdigest()
 
 
+#: libver of every save: version-2 superblock and object headers, whose checksums libhdf5 verifies before parsing
+LIBVER = ("v108", "latest")
+
+
+def _fixed(text: str) -> np.ndarray:
+    """A fixed-length UTF-8 string (HDF5 keeps variable-length ones in the global heap, which has no checksum:
+    hmc.runfile_open)."""
+    data = text.encode()
+    return np.array(data, dtype=h5py.string_dtype("utf-8", max(1, len(data))))
+
+
+def _attr(obj, name: str, value) -> None:
+    obj.attrs[name] = _fixed(value) if isinstance(value, str) else value
+
+
+def _text(value) -> str:
+    """A string attribute as text: fixed-length ones read back as bytes, the variable-length ones of older files
+    as str."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _describe(obj, description: str, units: str = "") -> None:
-    obj.attrs["description"] = description
+    _attr(obj, "description", description)
     if units:
-        obj.attrs["units"] = units
+        _attr(obj, "units", units)
 
 
 def _write_history(h, rows: list[dict]) -> None:
     """One dataset per column (``columns``: their order), each with its schema dtype, units and description."""
-    h.attrs["description"] = ("one entry per trajectory of the run, in order; the datasets are the columns (their "
-                              "order in attribute 'columns'), each with its units and description")
+    _describe(h, ("one entry per trajectory of the run, in order; the datasets are the columns (their "
+                              "order in attribute 'columns'), each with its units and description"))
     if not rows:
-        h.attrs["columns"] = ""
+        _attr(h, "columns", "")
         return
     cols = schema.history_columns(rows)
-    h.attrs["columns"] = ",".join(cols)
+    _attr(h, "columns", ",".join(cols))
     for name, values in cols.items():
         _, units, description = schema.history_column(name)
         _describe(h.create_dataset(name, data=values), description, units)
@@ -85,7 +107,7 @@ def _read_history(f, version: int, path: str) -> list[dict]:
     if version == 1:                   # one compound dataset, a column's dtype that of its first value
         rows = _dataset(f, "history/rows", path) if "rows" in h else None
         return [] if rows is None else [{n: r[n].item() for n in rows.dtype.names} for r in rows]
-    names = [n for n in str(h.attrs["columns"]).split(",") if n]
+    names = [n for n in _text(h.attrs["columns"]).split(",") if n]
     cols = {n: _dataset(f, f"history/{n}", path) for n in names}
     ntraj = len(cols[names[0]]) if names else 0
     return [{n: cols[n][i].item() for n in names} for i in range(ntraj)]
@@ -112,41 +134,41 @@ def save(path, state: RunState) -> None:
     remove_stale_temporaries(path)
     tmp = temporary_name(path)
     try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["format"] = FORMAT
+        with h5py.File(tmp, "w", libver=LIBVER) as f:
+            _attr(f, "format", FORMAT)
             f.attrs["format_version"] = FORMAT_VERSION
             f.attrs["trajectory"] = state.trajectory
-            f.attrs["source"] = state.source
-            f.attrs["description"] = ("an HMC run of hisq-hmc: its deck (/params), current configuration (/gauge), "
+            _attr(f, "source", state.source)
+            _describe(f, ("an HMC run of hisq-hmc: its deck (/params), current configuration (/gauge), "
                                       "generator state (/rng), history (/history) and halo transports (/comms); "
-                                      "schema: docs/runfile.md")
+                                      "schema: docs/runfile.md"))
             par = f.create_group("params")
-            par.attrs["deck_json"] = json.dumps(state.deck, sort_keys=True)
+            _attr(par, "deck_json", json.dumps(state.deck, sort_keys=True))
             _describe(par, "the run's parameters: attribute deck_json is the validated deck (every key, defaults "
                            "filled), as JSON")
-            _describe(par.create_dataset("deck_toml", data=state.deck_text),
+            _describe(par.create_dataset("deck_toml", data=_fixed(state.deck_text)),
                       schema.DATASET_DESCRIPTIONS["params/deck_toml"], "text (UTF-8 TOML)")
             if state.files:
                 fg = par.create_group("files")
                 for name, text in state.files.items():
-                    _describe(fg.create_dataset(name, data=text), schema.DATASET_DESCRIPTIONS["params/files"],
+                    _describe(fg.create_dataset(name, data=_fixed(text)), schema.DATASET_DESCRIPTIONS["params/files"],
                               "text")
             _write_gauge(f, state)
             f.flush()
             _maybe_fault("half", state.config)
             r = f.create_group("rng")
             r.attrs["seed"] = state.rng.get("seed", 0)
-            r.attrs["counters_json"] = json.dumps(state.rng.get("counters", {}), sort_keys=True)
+            _attr(r, "counters_json", json.dumps(state.rng.get("counters", {}), sort_keys=True))
             _describe(r, schema.DATASET_DESCRIPTIONS["rng"])
             if "milc" in state.rng:
                 _write_state(r.create_group("milc"), state.rng["milc"])
             _write_history(f.create_group("history"), state.history)
             c = f.create_group("comms")
-            c.attrs["table_json"] = json.dumps(state.comms)
+            _attr(c, "table_json", json.dumps(state.comms))
             if state.config is not None:
                 cg = f.create_group("config")
                 for name, value in state.config.to_record().items():
-                    cg.attrs[name] = json.dumps(value)
+                    _attr(cg, name, json.dumps(value))
                 _describe(cg, "the run configuration of the hmc run that wrote the file (comms.config.RunConfig): "
                               "one attribute per setting, its value as JSON; docs/configuration.md")
             _describe(c, "attribute table_json: the halo transport of every link between ranks, as resolved by the "
@@ -166,10 +188,10 @@ def _write_gauge(f, state: RunState) -> None:
     g = f.create_group("gauge")
     links = g.create_dataset("links", data=state.links)
     for k, v in schema.LINKS_ATTRS.items():
-        links.attrs[k] = v
+        _attr(links, k, v)
     nt, nz, ny, nx = state.links.shape[:4]
     links.attrs["dims"] = np.array([nx, ny, nz, nt], dtype=np.int64)
-    g.attrs["sha256"] = links_digest(state.links)
+    _attr(g, "sha256", links_digest(state.links))
     g.attrs["trajectory"] = state.trajectory
     g.attrs["plaquette"] = (ss + st) / 6.0
     g.attrs["plaquette_ss"], g.attrs["plaquette_st"] = ss, st
@@ -193,6 +215,17 @@ def _file_version(f, path) -> int:
     return version
 
 
+def open_file(path) -> h5py.File:
+    """The run file opened for reading, in a way that cannot hang in libhdf5 (:mod:`hmc.runfile_open`)."""
+    try:
+        return open_checked(path)
+    except DamagedHDF5 as e:
+        raise RunFileError(f"{path} {e}: start from an earlier copy, or a new run with 'hmc init'") from None
+    except OSError:
+        raise RunFileError(f"{path} is not an HDF5 run file (truncated or foreign): create a new one with "
+                           "'hmc init'") from None
+
+
 def load(path) -> RunState:
     """Read and check a run file; any inconsistency is a one-line RunFileError naming the file. The temporary
     file of a save killed midway (its process dead) is removed first."""
@@ -200,20 +233,15 @@ def load(path) -> RunState:
     remove_stale_temporaries(path)
     if not os.path.exists(path):
         raise RunFileError(f"run file {path} does not exist: create it with 'hmc init DECK.toml -o {path}'")
-    try:
-        f = h5py.File(path, "r")
-    except OSError:
-        raise RunFileError(f"{path} is not an HDF5 run file (truncated or foreign): create a new one with "
-                           "'hmc init'") from None
-    with f:
+    with open_file(path) as f:
         try:
-            if f.attrs.get("format") != FORMAT:
+            if _text(f.attrs.get("format", "")) != FORMAT:
                 raise RunFileError(f"{path} is an HDF5 file but not a hisq-hmc run file: create one with 'hmc init'")
             version = _file_version(f, path)
             deck_text = _dataset(f, "params/deck_toml", path).decode()
             stored = json.loads(f["params"].attrs["deck_json"])
             links = _dataset(f, "gauge/links", path)
-            digest = f["gauge"].attrs["sha256"]
+            digest = _text(f["gauge"].attrs["sha256"])
             traj = int(f.attrs["trajectory"])
             rng = {"seed": int(f["rng"].attrs["seed"]), "counters": json.loads(f["rng"].attrs["counters_json"])}
             if "milc" in f["rng"]:
@@ -224,7 +252,7 @@ def load(path) -> RunState:
             plaq = tuple(float(f["gauge"].attrs[k]) for k in ("plaquette_ss", "plaquette_st")
                          if k in f["gauge"].attrs)
             comms = json.loads(f["comms"].attrs["table_json"])
-            source = str(f.attrs.get("source", ""))
+            source = _text(f.attrs.get("source", ""))
             record = ({k: json.loads(v) for k, v in f["config"].attrs.items() if k != "description"}
                       if "config" in f else None)
         except RunFileError:
@@ -297,7 +325,7 @@ def _write_state(group, st: dict) -> None:
         if isinstance(v, np.ndarray):
             _describe(group.create_dataset(k, data=v), schema.DATASET_DESCRIPTIONS["rng/milc"], "1")
         else:
-            group.attrs[k] = v
+            _attr(group, k, v)
 
 
 def _read_state(group) -> dict:

@@ -326,6 +326,9 @@ def solve_field_mg(D, mass, b, operator, tol, maxiter, mg):
 def _check_out_args(args) -> None:
     if args.out is not None and not args.out:
         raise SolveError("--out needs a file name")
+    if args.out and os.path.isdir(args.out):
+        raise SolveError(f"--out {args.out} is a folder: name the file to write in it, e.g. "
+                         f"{os.path.join(args.out, 'solution.npy')}")
     if args.ksprop and (not args.out or args.out.endswith(".npy")):
         raise SolveError("--ksprop writes a USQCD KS propagator: give --out FILE (not .npy)")
     if args.ksprop and args.check and not is_ksprop_file(args.check):

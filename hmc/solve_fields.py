@@ -21,6 +21,8 @@ def read_vector(path, geom, what: str, color: int = 0):
     path = os.fspath(path)
     if not os.path.exists(path):
         raise SolveError(f"{path}: no such file ({what})")
+    if os.path.isdir(path):
+        raise SolveError(f"{path} is a folder, not a {what} file: name the SciDAC or .npy file in it")
     if path.endswith(".npy"):
         try:
             a = np.load(path, allow_pickle=False)

@@ -26,16 +26,22 @@ def plaquettes(u_mu, dims_axis):
     return ss, st
 
 
+def text(value):
+    """A string attribute: fixed-length strings (this hmc's files) read back as bytes, variable-length ones (older
+    files) as str (docs/runfile.md)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def read(path):
     with h5py.File(path, "r") as f:
-        assert f.attrs["format"] == "hisq-hmc run file"
+        assert text(f.attrs["format"]) == "hisq-hmc run file"
         version = int(f.attrs.get("format_version", 1))
         assert version <= 2, version
         ds = f["gauge/links"]
-        axes = ds.attrs["axis_order"].split(",")
-        directions = ds.attrs["direction_order"].split(",")
-        dims = dict(zip(ds.attrs["dims_order"].split(","), (int(n) for n in ds.attrs["dims"])))
-        assert ds.attrs["boundary_conditions"].split(",") == ["periodic"] * 4
+        axes = text(ds.attrs["axis_order"]).split(",")
+        directions = text(ds.attrs["direction_order"]).split(",")
+        dims = dict(zip(text(ds.attrs["dims_order"]).split(","), (int(n) for n in ds.attrs["dims"])))
+        assert text(ds.attrs["boundary_conditions"]).split(",") == ["periodic"] * 4
         links = ds[()]
         for ax, n in zip(axes, links.shape):
             if ax in dims:
@@ -48,7 +54,7 @@ def read(path):
         ss, st = plaquettes(u_mu, {mu: site_axes.index(d) for mu, d in enumerate("xyzt")})
         g = f["gauge"].attrs
         h = f["history"]
-        columns = [c for c in h.attrs["columns"].split(",") if c]
+        columns = [c for c in text(h.attrs["columns"]).split(",") if c]
         undescribed = []
         f.visititems(lambda name, obj: undescribed.append(name) if "description" not in obj.attrs or (
             isinstance(obj, h5py.Dataset) and "units" not in obj.attrs) else None)

@@ -64,7 +64,7 @@ def _as_version_1(path):
     with h5py.File(path, "a") as f:
         del f.attrs["format_version"]
         h = f["history"]
-        names = [c for c in h.attrs["columns"].split(",") if c]
+        names = [c for c in h.attrs["columns"].decode().split(",") if c]      # fixed-length: bytes
         cols = {n: h[n][()] for n in names}
         for n in names:
             del h[n]

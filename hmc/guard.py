@@ -1,0 +1,266 @@
+"""What keeps a run file safe while hmc writes it (docs/faults-kill-suite.md):
+
+* one writer at a time: :class:`RunLock`, an exclusive ``flock`` on ``RUN.h5.lock`` beside the run file, held by
+  ``hmc run`` for the whole run and by ``hmc init`` while it writes; the kernel drops it when its owner dies
+  however it dies (kill -9 included), so a lock never outlives its process. Readers (``hmc info``) take no lock;
+  the saves are atomic, so they always read a complete file;
+* the failures found before the work: a folder that cannot be written (the lock file is the probe) and a file
+  system without room for one checkpoint (:func:`check_room`);
+* a failed write (full file system, quota, I/O error) in one line naming the file, the bytes needed and the free
+  space, saying that the previous run file is intact (:func:`save_checkpoint`);
+* SIGTERM during ``hmc run`` ends it like Ctrl-C: the trajectory under way is abandoned, the last complete one is
+  written (:func:`terminate_as_exception`), exit 143 (128 + SIGTERM, what batch systems expect), Ctrl-C 130.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import gc
+import os
+import shutil
+import signal
+import socket
+import time
+from contextlib import contextmanager
+
+from . import runfile
+
+LOCK_SUFFIX = ".lock"
+EXIT_TERMINATED = 128 + signal.SIGTERM
+#: a save failed inside libhdf5 (hmc.__main__ then skips the interpreter's teardown, which can crash in it)
+failed_hdf5_write = False
+
+
+class StorageError(runfile.RunFileError):
+    """The file system refused a run file (read-only, full, failing): a runtime failure, exit 1."""
+
+
+class RunLocked(runfile.RunFileError):
+    """Another live process holds the run file's lock: exit 2, nothing touched."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a BaseException like KeyboardInterrupt: no ``except Exception`` swallows it)."""
+
+
+def _folder(path: str) -> str:
+    return os.path.dirname(os.path.abspath(path)) or "/"
+
+
+def _why(e: OSError) -> str:
+    return os.strerror(e.errno) if e.errno else str(e).splitlines()[0]
+
+
+def check_not_folder(path: str, option: str) -> None:
+    """A run file named by a folder (``-o DIR``, ``hmc run DIR``) is refused before anything else."""
+    if os.path.isdir(path):
+        raise runfile.RunFileError(f"{option}{path} is a folder, not a run file: name a file in it, e.g. "
+                                   f"{os.path.join(path, 'run.h5')}")
+
+
+class RunLock:
+    """An exclusive lock on ``path``: ``flock`` of ``path.lock`` (created if absent, its lines PID, host, command and
+    start time, for the message of a refused second writer, removed on release). Creating it is also the check that
+    the folder can be written. A file system without locks (ENOLCK, ENOTSUP) runs unlocked, with a warning."""
+
+    def __init__(self, path: str, command: str, warn=None):
+        self.path = os.fspath(path)
+        self.lock_path = self.path + LOCK_SUFFIX
+        self.command = command
+        self.warn = warn
+        self.fd = None
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def acquire(self) -> None:
+        while True:
+            try:
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                fix = ("copy the run file to a folder you can write and run it there" if self.command == "hmc run"
+                       else "write it into a folder you can write")
+                raise StorageError(f"cannot write in the folder {_folder(self.path)} of {self.path} ({_why(e)}): "
+                                   f"{fix}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = self._owner(fd)
+                os.close(fd)
+                raise RunLocked(f"{self.path} is in use by {owner} (lock {self.lock_path}): wait for that run to "
+                                "end, or stop it, then try again") from None
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in (errno.ENOLCK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
+                if self.warn:
+                    self.warn(f"warning: the file system of {self.path} has no locks ({_why(e)}): nothing stops a "
+                              "second hmc from writing it")
+                return
+            if self._still_named(fd):
+                break
+            os.close(fd)                   # its previous owner removed it between our open and flock: again
+        self.fd = fd
+        text = f"{os.getpid()}\n{socket.gethostname()}\n{self.command}\n{time.strftime('%Y-%m-%dT%H:%M:%S')}\n"
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, text.encode())
+        except OSError:                    # a full file system: the lock holds all the same, its owner unnamed
+            pass
+
+    def _still_named(self, fd) -> bool:
+        try:
+            return os.fstat(fd).st_ino == os.stat(self.lock_path).st_ino
+        except FileNotFoundError:
+            return False
+
+    def _owner(self, fd) -> str:
+        try:
+            pid, host, command, since = os.pread(fd, 4096, 0).decode().splitlines()[:4]
+            return f"'{command}' (PID {pid} on host {host}, since {since})"
+        except (OSError, ValueError, UnicodeDecodeError):
+            return "another process (its PID and host unrecorded)"
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.lock_path)      # while still holding it: a waiting opener sees the name gone and retries
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+
+@contextmanager
+def locked(path: str, command: str, warn=None):
+    """The run file's lock on rank 0 of an MPI job (one writer per job), its outcome shared by every rank, so a
+    refusal is the same one-line error on all of them."""
+    from comms import world
+
+    comm = world()
+    lock, err = None, None
+    if comm.rank == 0:
+        lock = RunLock(path, command, warn)
+        try:
+            lock.acquire()
+        except runfile.RunFileError as e:
+            err = (type(e).__name__, str(e))
+    err = comm.bcast(err, root=0)
+    if err is not None:
+        raise {"StorageError": StorageError, "RunLocked": RunLocked}.get(err[0], runfile.RunFileError)(err[1])
+    try:
+        yield lock
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def checkpoint_bytes(state: runfile.RunState, more_rows: int = 0) -> int:
+    """About the size of the run file of ``state`` (plus ``more_rows`` history rows): links, texts, history, and
+    64 KiB for HDF5's metadata and the attributes."""
+    rows = len(state.history) + more_rows
+    cols = max((len(state.history[0]) if state.history else 40), 40)
+    texts = len(state.deck_text.encode()) + sum(len(t.encode()) for t in state.files.values())
+    return int(state.links.nbytes + texts + 8 * rows * cols + 65536)
+
+
+def check_room(path: str, needed: int) -> None:
+    """Refuse before the work when the folder of ``path`` has less than ``needed`` bytes free (a save writes the
+    new file beside the old one)."""
+    free = shutil.disk_usage(_folder(path)).free
+    if free < needed:
+        raise StorageError(f"no room for a checkpoint of {path}: it needs about {needed} bytes, {_folder(path)} "
+                           f"has {free} free: free some space, or run from a copy elsewhere")
+
+
+def _previous(path: str) -> str:
+    """What remains of ``path`` after a failed save: the save renames only a complete file, so the old one."""
+    if not os.path.exists(path):
+        return f"{path} was not written"
+    try:
+        with runfile.open_file(path) as f:
+            traj = int(f.attrs["trajectory"])
+        return f"the previous {path} is intact (trajectory {traj}; 'hmc run {path}' resumes it)"
+    except Exception:                      # what we can say without reading it whole
+        return f"the previous {path} is untouched"
+
+
+def _attempt_save(path, state):
+    """runfile.save; the OSError or RuntimeError (libhdf5 reports some failed writes so, on closing) it raised, its
+    traceback dropped, or None. libhdf5's complaints about the objects of a failed file, printed to stderr as they
+    are freed, are silenced."""
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        try:
+            runfile.save(path, state)
+        except (OSError, RuntimeError) as e:
+            global failed_hdf5_write
+            failed_hdf5_write = True
+            e.__traceback__ = None
+            failure = e
+        else:
+            return None
+        gc.collect()
+        return failure
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def save_checkpoint(path: str, state: runfile.RunState) -> None:
+    """:func:`hmc.runfile.save`, a failed write (ENOSPC, EDQUOT, EIO, ...) turned into one StorageError line."""
+    e = _attempt_save(path, state)
+    if e is not None:
+        needed = checkpoint_bytes(state)
+        try:
+            free = shutil.disk_usage(_folder(path)).free
+        except OSError:
+            free = None
+        why = _why(e) if isinstance(e, OSError) and e.errno else (
+            os.strerror(errno.ENOSPC) if free is not None and free < needed else str(e).splitlines()[0])
+        has = f"{free} bytes free" if free is not None else "its free space unknown"
+        raise StorageError(f"writing {path} failed ({why}): a checkpoint needs about {needed} bytes, "
+                           f"{_folder(path)} has {has}; {_previous(path)}") from None
+
+
+def discard_own_temporary(path: str) -> None:
+    """Remove this process's ``PATH.tmp.PID`` (runfile.save's name for the file it writes) after an interrupted
+    save: a signal that lands in the save's own cleanup can leave it, and no one else writes it."""
+    try:
+        os.unlink(f"{os.fspath(path)}.tmp.{os.getpid()}")
+    except OSError:
+        pass
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextmanager
+def terminate_as_exception():
+    """SIGTERM raises :class:`Terminated` in the main thread while the block runs (SIGINT already raises
+    KeyboardInterrupt), so ``hmc run`` can end at a clean point instead of dying mid-write."""
+    old = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextmanager
+def signals_deferred():
+    """SIGINT and SIGTERM ignored while the block runs: the last save after an interruption is not itself cut."""
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
