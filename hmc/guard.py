@@ -19,6 +19,7 @@ import gc
 import os
 import shutil
 import signal
+import sys
 import socket
 import time
 from contextlib import contextmanager
@@ -249,10 +250,18 @@ def terminate_as_exception():
     """SIGTERM raises :class:`Terminated` in the main thread while the block runs (SIGINT already raises
     KeyboardInterrupt), so ``hmc run`` can end at a clean point instead of dying mid-write."""
     old = signal.signal(signal.SIGTERM, _raise_terminated)
+    old_hook = sys.unraisablehook
+
+    def hook(u):                 # a SIGTERM landing in a GC callback: Python swallows it; print no traceback
+        if not isinstance(u.exc_value, Terminated):
+            old_hook(u)
+
+    sys.unraisablehook = hook
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+        sys.unraisablehook = old_hook
 
 
 @contextmanager
