@@ -1,6 +1,6 @@
 """Timing and graph runners of the distributed GPU hop (:class:`solvers.staggered_dist_cuda.DistHop`): the full D
 on its own stream (``DslashRunner``), the production CG's time per iteration (``cg_iteration_seconds``), CUDA-graph
-capture (``Graph``),
+capture (``_capture``: comms.cuda.graph),
 device-event timing (``device_time``), the graph-mode switch of the halo engine and the split of a captured hop
 (``graph_split``). Used by ``hmc bench dslash --grid ...`` and the scaling worker; the API is described in the
 docstring of :mod:`solvers.staggered_dist_cuda`. GPU only (CuPy, cuda.bindings)."""
@@ -69,64 +69,42 @@ def close_graph_mode(geom):
     set_graph_mode(geom, False)
 
 
-class Graph:
-    """``fn()`` captured on ``stream`` through the driver (relaxed mode) and instantiated; ``launch(stream)``
-    replays it. Keeps the CUgraph, so the memory-operation nodes can be listed (:meth:`memop_nodes`) and their
-    parameters set per replay (docs/halo-protocol.md option 2, measured by :func:`memop_update_cost`)."""
-
-    def __init__(self, stream, fn):
-        from cuda.bindings import driver as drv
-
-        from comms.cuda.cu import call
-
-        self._drv, self._call = drv, call
-        call(drv.cuStreamBeginCapture, stream.ptr, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
-        try:
-            with stream:
-                fn()
-        finally:
-            graph = call(drv.cuStreamEndCapture, stream.ptr)
-        self.graph = graph
-        self.exec = call(drv.cuGraphInstantiate, graph, 0)
-
-    def launch(self, stream):
-        self._call(self._drv.cuGraphLaunch, self.exec, stream.ptr)
-
-    def memop_nodes(self) -> list:
-        """(node, params) of every batch-memory-operation node (the captured cuStreamWaitValue64 and
-        cuStreamWriteValue64)."""
-        drv, call = self._drv, self._call
-        res = drv.cuGraphGetNodes(self.graph, 0)
-        n = int(res[-1])
-        nodes = call(drv.cuGraphGetNodes, self.graph, n)
-        nodes = nodes[0] if isinstance(nodes, tuple) else nodes
-        out = []
-        for node in nodes or []:
-            if call(drv.cuGraphNodeGetType, node) == drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_BATCH_MEM_OP:
-                out.append((node, call(drv.cuGraphBatchMemOpNodeGetParams, node)))
-        return out
-
-    def __del__(self):
-        try:
-            self._drv.cuGraphExecDestroy(self.exec)
-            self._drv.cuGraphDestroy(self.graph)
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-
 def _capture(stream, fn):
-    return Graph(stream, fn)
+    """``fn()`` captured on ``stream`` (:class:`comms.cuda.graph.CapturedGraph`, the solvers' capture too)."""
+    from comms.cuda.graph import CapturedGraph
+
+    return CapturedGraph(stream, fn)
 
 
-def memop_update_cost(graph: Graph, stream, reps: int = 200, comm=None) -> dict:
+def memop_nodes(graph) -> list:
+    """(node, params) of every batch-memory-operation node (the captured cuStreamWaitValue64 and
+    cuStreamWriteValue64) of a :class:`comms.cuda.graph.CapturedGraph`."""
+    from cuda.bindings import driver as drv
+
+    from comms.cuda.cu import call
+
+    n = graph.node_count()
+    nodes = call(drv.cuGraphGetNodes, graph.graph, n)
+    nodes = nodes[0] if isinstance(nodes, tuple) else nodes
+    out = []
+    for node in nodes or []:
+        if call(drv.cuGraphNodeGetType, node) == drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_BATCH_MEM_OP:
+            out.append((node, call(drv.cuGraphBatchMemOpNodeGetParams, node)))
+    return out
+
+
+def memop_update_cost(graph, stream, reps: int = 200, comm=None) -> dict:
     """docs/halo-protocol.md option 2 against option 1: replays of ``graph`` as they are (binary flags: nothing to update) and
     with every memory-operation node's parameters set before each replay (cuGraphExecBatchMemOpNodeSetParams,
     what monotonic counters need; the same values are set again, so the answer stays right: the cost is what is
     measured). Host and wall microseconds per replay, device microseconds per replay, the node count."""
     import cupy as cp
 
-    drv, call = graph._drv, graph._call
-    nodes = graph.memop_nodes()
+    from cuda.bindings import driver as drv
+
+    from comms.cuda.cu import call
+
+    nodes = memop_nodes(graph)
     out = {"memop_nodes": len(nodes)}
     for name, update in (("flags", False), ("set_params", True)):
         stream.synchronize()
@@ -220,7 +198,7 @@ def graph_split(dslash, psi, reps: int = 100) -> dict:
         with stream:
             fn()                                   # uncaptured warm-up
         stream.synchronize()
-        graph = Graph(stream, fn)
+        graph = _capture(stream, fn)
         res[name + "_us"] = 1e6 * device_time(partial(graph.launch, stream), reps, stream, comm) / 2
     return res
 

@@ -258,15 +258,21 @@ extern "C" __global__ void cg_direction(double *st) {
 }
 
 /* after the reduction: the next g, d; the stop test of _CGRun.true_residual_due */
-extern "C" __global__ void cg_close(double *st) {
-    if (FROZEN(st)) return;
+/* what every iteration's close does: count it, keep g and alpha as the old ones, take the reduction's pair;
+   false (status 3) when the new |r|^2 is not finite */
+__device__ bool close_step(double *st) {
     st[S_K] += 1.0;
     st[S_G_OLD] = st[S_G];
     st[S_ALPHA_OLD] = st[S_ALPHA];
-    const double g = st[S_RES], d = st[S_RES + 1];
-    st[S_G] = g;
-    st[S_D] = d;
-    if (!isfinite(g)) { st[S_STATUS] = 3.0; return; }
+    st[S_G] = st[S_RES];
+    st[S_D] = st[S_RES + 1];
+    if (!isfinite(st[S_G])) { st[S_STATUS] = 3.0; return false; }
+    return true;
+}
+
+extern "C" __global__ void cg_close(double *st) {
+    if (FROZEN(st) || !close_step(st)) return;
+    const double g = st[S_G];
     st[S_RMAX2] = fmax(st[S_RMAX2], g);
     if (g <= st[S_STOP] || g < st[S_DELTA2] * st[S_RMAX2] || st[S_K] >= st[S_MAXITER]) st[S_STATUS] = 1.0;
 }
@@ -318,14 +324,8 @@ extern "C" __global__ void ms_direction_single(double *st, double *z, double *zp
 
 /* after the reduction: the next g, d; the loop test of MultishiftInverse._solve (g > stop and k < maxiter) */
 extern "C" __global__ void ms_close(double *st) {
-    if (FROZEN(st)) return;
-    st[S_K] += 1.0;
-    st[S_G_OLD] = st[S_G];
-    st[S_ALPHA_OLD] = st[S_ALPHA];
-    const double g = st[S_RES], d = st[S_RES + 1];
-    st[S_G] = g;
-    st[S_D] = d;
-    if (!isfinite(g)) { st[S_STATUS] = 3.0; return; }
+    if (FROZEN(st) || !close_step(st)) return;
+    const double g = st[S_G];
     if (!(g > st[S_STOP] && st[S_K] < st[S_MAXITER])) st[S_STATUS] = 1.0;
 }
 
