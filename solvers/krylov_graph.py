@@ -34,6 +34,7 @@ and either the whole lattice is on one GPU or every halo link of the distributed
 from __future__ import annotations
 
 import time
+import weakref
 
 import numpy as np
 
@@ -47,6 +48,7 @@ NSTATE = 24
 RUNNING, DONE, BREAKDOWN, NONFINITE = 0, 1, 2, 3
 
 
+_capturable_everywhere = weakref.WeakKeyDictionary()   # halo engine -> every rank's links capture
 _override = {"iters": None}        # set_solver_graph: iterations per graph for every geometry, or None
 
 
@@ -76,8 +78,10 @@ def graph_iterations(op, blas) -> int:
     grid = geom.grid
     if not any(grid.partitioned):
         return iters if grid.comm.size == 1 else 0
-    ok = _all_links_capturable(grid.halo)
-    return iters if all(grid.active_comm.allgather(ok)) else 0
+    engine = grid.halo
+    if engine not in _capturable_everywhere:     # links are fixed when the engine is made: ask the ranks once
+        _capturable_everywhere[engine] = all(grid.active_comm.allgather(_all_links_capturable(engine)))
+    return iters if _capturable_everywhere[engine] else 0
 
 
 class DeviceSums:

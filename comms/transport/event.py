@@ -22,6 +22,14 @@ DOORBELL_TAG = 760
 CREDIT_TAG = 780
 
 
+
+def _await_doorbell(engine, req, buf, expected: int, timeout_text, what: str):
+    """Wait (bounded: the engine's timeout, ``timeout_text()`` in the error) for the MPI message ``req`` into
+    ``buf``, and check that it carries ``expected``: a credit or doorbell out of order is a protocol error."""
+    engine._wait_request(req, timeout_text)
+    if int(buf[0]) != expected:
+        raise CommsError(f"rank {engine.world_rank}: {what} is {int(buf[0])}, expected {expected}")
+
 class Event(GpuTransport):
     name = "event"
 
@@ -82,13 +90,10 @@ class Event(GpuTransport):
         if req is None:                 # drained already (push without reset): only the device-side wait
             call(drv.cuStreamWaitEvent, stream_ptr, link.ev_done_peer[b], 0)
             return
-        engine._wait_req(req, lambda: (
+        _await_doorbell(engine, req, buf, need, lambda: (
             f"rank {engine.world_rank}: rank {link.peer_world} has not freed halo buffer {b} on link "
             f"{link_name(dim, d)} (event) after {engine.timeout:g} s (HMC_COMMS_TIMEOUT): need credit {need}; "
-            f"{engine._counter_text()}"))
-        if int(buf[0]) != need:
-            raise CommsError(f"rank {engine.world_rank}: credit {int(buf[0])} from rank {link.peer_world} on link "
-                             f"{link_name(dim, d)}, expected {need}")
+            f"{engine._counter_text()}"), f"credit from rank {link.peer_world} on link {link_name(dim, d)}")
         call(drv.cuStreamWaitEvent, stream_ptr, link.ev_done_peer[b], 0)
 
     def signal(self, engine, ex, link, dim, d, b, msg, stream_ptr):
@@ -104,13 +109,10 @@ class Event(GpuTransport):
 
     def wait_arrival(self, engine, ex, link, dim, side, expected, req, view, stream_ptr):
         """The host waits for the doorbell, then the stream waits on the peer's data event."""
-        engine._wait_request(req, lambda: (
+        _await_doorbell(engine, req, view, expected, lambda: (
             f"rank {engine.world_rank}: no doorbell from rank {link.peer_world} on link "
             f"{link_name(dim, side)} (event) after {engine.timeout:g} s (HMC_COMMS_TIMEOUT): waiting "
-            f"for message {expected}; {engine._counter_text()}"))
-        if int(view[0]) != expected:
-            raise CommsError(f"rank {engine.world_rank}: doorbell {int(view[0])} on link "
-                             f"{link_name(dim, side)}, expected {expected}")
+            f"for message {expected}; {engine._counter_text()}"), f"doorbell on link {link_name(dim, side)}")
         call(drv.cuStreamWaitEvent, stream_ptr, link.ev_data_peer[ex.buffer], 0)
 
     def return_credit(self, engine, link, dim, side, b, expected, stream_ptr):

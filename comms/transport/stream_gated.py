@@ -11,7 +11,7 @@ from __future__ import annotations
 from cuda.bindings import driver as drv
 
 from ..base import CommsError
-from ..cuda.cu import WAIT_EQ, WAIT_FLUSH, WAIT_GEQ, WRITE_DEFAULT, call
+from ..cuda.cu import WAIT_FLUSH, WAIT_GEQ, WRITE_DEFAULT, call, wait_and_reset
 from ..cuda.segment import ack_slot, ackf_slot, notice, sig_slot, sigf_slot
 from .gpu import GpuTransport
 from .registry import lookup
@@ -66,9 +66,7 @@ class StreamGated(GpuTransport):
     def wait_credit(self, engine, link, dim, d, b, stream_ptr):
         need = engine.state.last_sent[dim][d][b]
         if engine.graph_mode:
-            slot = engine.seg.ptr + 8 * ackf_slot(b, dim, d)
-            call(drv.cuStreamWaitValue64, stream_ptr, slot, 1, WAIT_EQ)
-            call(drv.cuStreamWriteValue64, stream_ptr, slot, 0, WRITE_DEFAULT)
+            wait_and_reset(stream_ptr, engine.seg.ptr + 8 * ackf_slot(b, dim, d))
         elif need:
             call(drv.cuStreamWaitValue64, stream_ptr, engine.seg.ptr + 8 * ack_slot(dim, d, b), need, WAIT_GEQ)
 
@@ -81,12 +79,11 @@ class StreamGated(GpuTransport):
                  WRITE_DEFAULT)
 
     def wait_arrival(self, engine, ex, link, dim, side, expected, req, view, stream_ptr):
-        """The wait on the own signal slot (graph mode: EQ 1 on the flag, then its reset on the same stream)."""
+        """The wait on the own signal slot (graph mode: EQ 1 on the flag, then its reset, one batch of memory
+        operations)."""
         own = engine.seg.ptr
         if engine.graph_mode:
-            slot = own + 8 * sigf_slot(ex.buffer, dim, side)
-            call(drv.cuStreamWaitValue64, stream_ptr, slot, 1, WAIT_EQ)
-            call(drv.cuStreamWriteValue64, stream_ptr, slot, 0, WRITE_DEFAULT)
+            wait_and_reset(stream_ptr, own + 8 * sigf_slot(ex.buffer, dim, side))
         else:
             call(drv.cuStreamWaitValue64, stream_ptr, own + 8 * sig_slot(dim, side), expected, engine.wait_flags)
 
