@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from comms.transport import registry
+
 
 def add_parsers(sub) -> None:
     from .scaling.cli import add_parser as add_scaling
@@ -34,8 +36,8 @@ def _add_gauge(bsub):
 def _add_halo(bsub):
     b = bsub.add_parser("halo", help="halo latency and bandwidth per transport and face size (run under mpiexec)")
     b.add_argument("--transport", dest="bench_transport", default="mpi,shm",
-                   help="transports to measure, comma-separated: mpi,shm (CPU) or mpi,event,stream_gated (GPU, "
-                        "faces on the device); default mpi,shm")
+                   help=f"transports to measure, comma-separated: {registry.described()}, the GPU ones with their "
+                        "faces on the device; default mpi,shm")
     b.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16], metavar="L",
                    help="face sizes: L^3 sites (default: 2 4 8 16)")
     b.add_argument("--element", choices=("matrix", "vector"), default="matrix",
@@ -55,7 +57,7 @@ def _add_dslash(bsub):
     b.add_argument("--json", action="store_true")
     b.add_argument("--local", type=int, nargs="+", metavar="L", help="distributed: local volumes L^4 per rank")
     b.add_argument("--transports", help="distributed: transports, comma-separated (default: --transport, else "
-                                        "mpi,event,stream_gated)")
+                                        "mpi and every GPU transport)")
     b.add_argument("--graph", action="store_true", help="distributed: also the graph-captured stream-gated D and CG "
                                                         "iteration")
     b.add_argument("--reps", type=int, default=100, help="distributed: calls per timing block")

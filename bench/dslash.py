@@ -117,7 +117,8 @@ def bench_dslash_dist(args) -> dict:
     per-replay memop updates (docs/halo-protocol.md option 2) and the phase split of an uncaptured hop."""
     from comms import ProcessGrid
     from comms.grid import choose_grid, world
-    from comms.halo import check_transport_name
+    from comms.halo import FALLBACK, check_transport_name
+    from comms.transport.registry import with_capabilities
 
     from .dslash_dist_cuda import close_graph_mode
 
@@ -127,7 +128,8 @@ def bench_dslash_dist(args) -> dict:
                          "--backend cupy on a machine with a GPU")
     comm = world()
     config = getattr(args, "run_config", None)
-    text = getattr(args, "transports", None) or (config and config.transport) or "mpi,event,stream_gated"
+    text = (getattr(args, "transports", None) or (config and config.transport)
+            or ",".join((FALLBACK,) + with_capabilities(gpu_buffers=True)))
     transports = [t.strip() for t in text.split(",") if t.strip()]
     for t in transports:
         check_transport_name(t)
@@ -157,10 +159,12 @@ def bench_dslash_dist(args) -> dict:
 
 
 def _dist_rows(args, geom, gd: tuple, L: int, tr: str, reps: int) -> list:
-    """The rows of one (local volume, transport): uncaptured, and with ``--graph`` on stream_gated the graph replays
-    with parallel and serial receive chains."""
+    """The rows of one (local volume, transport): uncaptured, and with ``--graph`` on a capturing transport
+    (stream_gated) the graph replays with parallel and serial receive chains."""
     from solvers import StaggeredDslash
     from solvers.staggered_dist_cuda import PhaseProfile
+
+    from comms.transport import registry
 
     from .dslash_dist_cuda import DslashRunner, cg_iteration_seconds, graph_split, memop_update_cost
 
@@ -173,7 +177,7 @@ def _dist_rows(args, geom, gd: tuple, L: int, tr: str, reps: int) -> list:
     psi = g[..., 0] + 1j * g[..., 1]
     hop = d._hop_impl
     modes = [(False, None)]
-    if getattr(args, "graph", False) and tr == "stream_gated":
+    if getattr(args, "graph", False) and registry.lookup(tr).capabilities.graph_capture:
         modes += [(True, True), (True, False)]
     eng = grid.halo
     for graph, par in modes:

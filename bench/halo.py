@@ -50,8 +50,8 @@ def bench_halo(transports=("mpi", "shm"), sizes=(2, 4, 8, 16), element="matrix",
 
     The transports are measured interleaved (loop of transport 1, loop of transport 2, ... ``repeats`` times) so
     that they see the same machine load; a time is the median of the per-exchange times."""
-    from comms.halo import GPU_TRANSPORTS
-    if any(t in GPU_TRANSPORTS for t in transports):      # GPU transports hook: device faces (bench/halo_cuda.py)
+    from comms.transport.registry import with_capabilities
+    if any(t in with_capabilities(gpu_buffers=True) for t in transports):      # GPU transports hook: device faces (bench/halo_cuda.py)
         from .halo_cuda import bench_halo as gpu_bench_halo
         return gpu_bench_halo(tuple(transports), tuple(sizes), element)
     comm = world()

@@ -54,10 +54,13 @@ import time
 
 import numpy as np
 
-from comms.halo import FALLBACK, GPU_TRANSPORTS
+from comms.halo import FALLBACK
+from comms.transport.registry import with_capabilities
 
-#: what this bench measures: the GPU engine with every link on mpi, and each registered GPU transport
-MEASURED = (FALLBACK,) + GPU_TRANSPORTS
+
+def measured() -> tuple:
+    """What this bench measures: the GPU engine with every link on mpi, and each registered GPU transport."""
+    return (FALLBACK,) + with_capabilities(gpu_buffers=True)
 ELEMENTS = {"vector": ((3,), 48), "matrix": ((3, 3), 144)}
 
 
@@ -90,7 +93,7 @@ def _loop(eng, face, dest, back, reps, round_trip, cp):
     return cp.cuda.get_elapsed_time(e0, e1) * 1e-3, t_host, t_wall
 
 
-def bench_halo(transports=MEASURED, sizes=(2, 4, 8, 16, 32), element="vector",
+def bench_halo(transports=None, sizes=(2, 4, 8, 16, 32), element="vector",
                reps=200, repeats=7, graph=False, graph_reps=500, config=None):
     """Rows of one-way and round-trip times per transport and face size (module docstring); ``config``: the run
     configuration of the grids (default: from the environment)."""
@@ -101,9 +104,11 @@ def bench_halo(transports=MEASURED, sizes=(2, 4, 8, 16, 32), element="vector",
 
     from comms.grid import CommsError
 
-    bad = [t for t in transports if t not in MEASURED]
+    known = measured()
+    transports = known if transports is None else transports
+    bad = [t for t in transports if t not in known]
     if bad:
-        raise CommsError(f"the GPU halo bench measures {', '.join(MEASURED)}, not {', '.join(bad)} (measure "
+        raise CommsError(f"the GPU halo bench measures {', '.join(known)}, not {', '.join(bad)} (measure "
                          "the CPU transports in a separate run)")
     MPI = mpi()
     comm = world()
@@ -255,7 +260,7 @@ def format_rows(rows, mps_line="") -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.halo_cuda")
-    ap.add_argument("--transport", default=",".join(MEASURED))
+    ap.add_argument("--transport", default=",".join(measured()))
     ap.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16, 32])
     ap.add_argument("--element", choices=list(ELEMENTS), default="vector")
     ap.add_argument("--reps", type=int, default=200)

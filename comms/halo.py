@@ -31,8 +31,6 @@ from .transport.host import TAG_BASE
 
 FALLBACK = "mpi"                 # the transport of a link that cannot be peer-to-peer (and the reference)
 HOST_DEFAULT = "shm"             # the peer-to-peer transport of host faces when none is asked for
-#: the registered transports with device buffers (the GPU engine's), for callers that list them
-GPU_TRANSPORTS = tuple(n for n in registry.names() if registry.lookup(n).capabilities.gpu_buffers)
 
 
 def format_table(rows: list, title: str = "") -> str:

@@ -34,12 +34,10 @@ TRANSPORT_TABLE = {
 
 
 def transports_with(**capabilities) -> tuple:
-    """The registered transports (comms.transport.registry, in registration order) whose capabilities have the
-    values given, e.g. ``transports_with(gpu_buffers=True)``: the GPU engine's."""
+    """The registered transports whose capabilities have the values given (comms.transport.registry)."""
     from comms.transport import registry
 
-    return tuple(n for n in registry.names()
-                 if all(getattr(registry.lookup(n).capabilities, k) == v for k, v in capabilities.items()))
+    return registry.with_capabilities(**capabilities)
 
 
 def cpu_transports() -> tuple:

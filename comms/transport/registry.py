@@ -81,6 +81,14 @@ def lookup(name: str) -> Entry:
         raise KeyError(f"unknown transport {name!r}: use one of {', '.join(_ENTRIES)}") from None
 
 
+def with_capabilities(**capabilities) -> tuple:
+    """The registered names (in registration order) whose capabilities have the values given, e.g.
+    ``with_capabilities(gpu_buffers=True)``: the GPU engine's transports, asked when needed (a transport registered
+    later is included)."""
+    return tuple(n for n, e in _ENTRIES.items()
+                 if all(getattr(e.capabilities, k) == v for k, v in capabilities.items()))
+
+
 def described() -> str:
     """'mpi, shm (CPU) or event, stream_gated (GPU)': the registered names by kind of buffer, for messages."""
     cpu = [n for n, e in _ENTRIES.items() if not e.capabilities.gpu_buffers]
