@@ -9,7 +9,8 @@
 * a failed write (full file system, quota, I/O error) in one line naming the file, the bytes needed and the free
   space, saying that the previous run file is intact (:func:`save_checkpoint`);
 * SIGTERM during ``hmc run`` ends it like Ctrl-C: the trajectory under way is abandoned, the last complete one is
-  written (:func:`terminate_as_exception`), exit 143 (128 + SIGTERM, what batch systems expect), Ctrl-C 130.
+  written (:func:`terminate_as_exception`), exit 143 (128 + SIGTERM, what batch systems expect), Ctrl-C 130; one
+  that Python swallowed (it landed in a GC callback) ends the run at the next safe point (:func:`stop_if_signalled`).
 """
 from __future__ import annotations
 
@@ -241,27 +242,54 @@ def discard_own_temporary(path: str) -> None:
         pass
 
 
+#: the stop signals received while :func:`terminate_as_exception` listens, in order (their handler records them
+#: before it raises: an exception raised inside a GC or weakref callback is swallowed by Python)
+_received: list[int] = []
+
+
 def _raise_terminated(signum, frame):
+    _received.append(signum)
     raise Terminated()
+
+
+def _raise_interrupted(signum, frame):
+    _received.append(signum)
+    raise KeyboardInterrupt()
+
+
+def stop_if_signalled() -> None:
+    """At a safe point of ``hmc run`` (before and after every trajectory): raise the exception of a SIGTERM
+    (:class:`Terminated`) or SIGINT (KeyboardInterrupt) that arrived meanwhile. The handlers raise it at once, but
+    Python swallows an exception raised inside a GC or weakref callback (it reaches ``sys.unraisablehook`` and the
+    interrupted code goes on), so the signal is also recorded and acted on here: the run ends before its next
+    trajectory, the last complete one written, instead of running on to its end."""
+    if _received:
+        raise Terminated() if _received[0] == signal.SIGTERM else KeyboardInterrupt()
 
 
 @contextmanager
 def terminate_as_exception():
-    """SIGTERM raises :class:`Terminated` in the main thread while the block runs (SIGINT already raises
-    KeyboardInterrupt), so ``hmc run`` can end at a clean point instead of dying mid-write."""
-    old = signal.signal(signal.SIGTERM, _raise_terminated)
+    """SIGTERM raises :class:`Terminated` in the main thread while the block runs and SIGINT KeyboardInterrupt (as
+    Python's own handler does), both recorded for :func:`stop_if_signalled`, so ``hmc run`` can end at a clean
+    point instead of dying mid-write."""
+    _received.clear()
+    old = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_terminated)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:    # not when Ctrl-C is ignored (nohup, &)
+        old[signal.SIGINT] = signal.signal(signal.SIGINT, _raise_interrupted)
     old_hook = sys.unraisablehook
 
-    def hook(u):                 # a SIGTERM landing in a GC callback: Python swallows it; print no traceback
-        if not isinstance(u.exc_value, Terminated):
+    def hook(u):                 # a signal landing in a GC callback: swallowed, acted on later; print no traceback
+        if not isinstance(u.exc_value, (Terminated, KeyboardInterrupt)):
             old_hook(u)
 
     sys.unraisablehook = hook
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, h in old.items():
+            signal.signal(s, h)
         sys.unraisablehook = old_hook
+        _received.clear()
 
 
 @contextmanager

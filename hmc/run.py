@@ -288,7 +288,8 @@ def _checkpoint(path, state, pending, root) -> None:
 def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm, remaining, bar, log, pending):
     """The trajectory loop of :func:`run`. After each trajectory ``pending["snapshot"]`` holds it whole, stored in
     one step, so a signal between any two statements finds either the trajectory before or this one complete; it
-    is written every ``checkpoint_every`` trajectories and at the end."""
+    is written every ``checkpoint_every`` trajectories and at the end. A stop signal is also acted on before every
+    trajectory and after the last (:func:`hmc.guard.stop_if_signalled`)."""
     d = state.deck
     root = geom.grid.is_root
     every = d["run"]["checkpoint_every"]
@@ -301,6 +302,7 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
     history = list(state.history)
     start = state.trajectory                  # state.trajectory itself moves at the checkpoints
     for i in range(remaining):
+        guard.stop_if_signalled()             # a SIGTERM/SIGINT whose exception Python swallowed (a GC callback)
         if d["integrator"]["reversibility_check"]:
             probe_rng = copy_rng(rng)
             p = draw_momenta(geom, probe_rng)
@@ -335,3 +337,4 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
         bar.update(i + 1, f"dH {row['dH']:+.2e}")
         if (i + 1) % every == 0 or i + 1 == remaining:
             _checkpoint(path, state, pending, root)
+    guard.stop_if_signalled()
