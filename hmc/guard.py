@@ -221,16 +221,40 @@ def save_checkpoint(path: str, state: runfile.RunState) -> None:
     """:func:`hmc.runfile.save`, a failed write (ENOSPC, EDQUOT, EIO, ...) turned into one StorageError line."""
     e = _attempt_save(path, state)
     if e is not None:
-        needed = checkpoint_bytes(state)
-        try:
-            free = shutil.disk_usage(_folder(path)).free
-        except OSError:
-            free = None
-        why = _why(e) if isinstance(e, OSError) and e.errno else (
-            os.strerror(errno.ENOSPC) if free is not None and free < needed else str(e).splitlines()[0])
-        has = f"{free} bytes free" if free is not None else "its free space unknown"
-        raise StorageError(f"writing {path} failed ({why}): a checkpoint needs about {needed} bytes, "
-                           f"{_folder(path)} has {has}; {_previous(path)}") from None
+        reason = _storage_failure(path, path, e, checkpoint_bytes(state), "a checkpoint")
+        raise StorageError(f"{reason}; {_previous(path)}") from None
+
+
+def _storage_failure(what: str, path: str, e: Exception, needed: int, subject: str = "it") -> str:
+    """The one-line reason of a failed write of ``path``: ``writing WHAT failed (why): SUBJECT needs about N bytes,
+    FOLDER has F bytes free``."""
+    try:
+        free = shutil.disk_usage(_folder(path)).free
+    except OSError:
+        free = None
+    why = _why(e) if isinstance(e, OSError) and e.errno else (
+        os.strerror(errno.ENOSPC) if free is not None and free < needed else str(e).splitlines()[0])
+    has = f"{free} bytes free" if free is not None else "its free space unknown"
+    return f"writing {what} failed ({why}): {subject} needs about {needed} bytes, {_folder(path)} has {has}"
+
+
+def save_kept(run_path: str, u, trajectory: int, name: str, recorded: int) -> None:
+    """Write trajectory ``trajectory``'s kept configuration (:func:`hmc.kept_configs.write_kept`, collective: an
+    atomic, durable write through ``PATH.tmp.PID`` as the run file's), a failed write turned into one StorageError
+    line on every rank; ``recorded``: the trajectory the run file holds, which stays intact."""
+    from lattice.io import GaugeFileError
+
+    from .kept_configs import kept_path, write_kept
+
+    out = kept_path(run_path, trajectory)
+    try:
+        write_kept(run_path, u, trajectory, name)
+    except (OSError, GaugeFileError) as e:       # GaugeFileError: rank 0's OSError, as the other ranks hear it
+        e.__traceback__ = None
+        needed = u.geom.volume * 4 * 9 * 16 + 8192     # the 64-bit links and the LIME records around them
+        raise StorageError(f"{_storage_failure(f'the kept configuration {out}', out, e, needed)}; {out} was not "
+                           f"written and {run_path} keeps trajectory {recorded} intact ('hmc run {run_path}' resumes "
+                           "it)") from None
 
 
 def discard_own_temporary(path: str) -> None:

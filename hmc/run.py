@@ -12,7 +12,7 @@ from . import deck as deckmod
 from . import guard, runfile
 from .assemble import load_rationals, make_geometry, make_monomials, make_schedule, rationals_path, run_config
 from .integrators import IntegratorError
-from .kept_configs import keeps, write_kept
+from .kept_configs import keeps
 from .progress import Progress
 from .rngs import copy_rng, draw_momenta, make_rng, rng_from_state
 from .trajectory import hmc_trajectory, link_exponential, reversibility_check
@@ -324,7 +324,7 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
         pbp_out = (pbp.measure(u, rng) if measured else (pbp.empty_row(), [])) if pbp is not None else ({}, [])
         row.update(pbp_out[0])
         if keeps(d, traj):                                 # collective: every rank passes its links
-            write_kept(path, u, traj, d["run"]["name"])
+            guard.save_kept(path, u, traj, d["run"]["name"], state.trajectory)
         lines = _trajectory_lines(d, res, monomials, fermions, row, u, previous, measured) + pbp_out[1]
         history = history + [row]
         pending["snapshot"] = {"trajectory": traj, "history": history, "links": geom.gather(u.site_major()),
