@@ -152,6 +152,8 @@ def locked(path: str, command: str, warn=None):
             lock.acquire()
         except runfile.RunFileError as e:
             err = (type(e).__name__, str(e))
+        if err is None and lock.fd is not None:
+            discard_killed_saves(path)
     err = comm.bcast(err, root=0)
     if err is not None:
         raise {"StorageError": StorageError, "RunLocked": RunLocked}.get(err[0], runfile.RunFileError)(err[1])
@@ -160,6 +162,35 @@ def locked(path: str, command: str, warn=None):
     finally:
         if lock is not None:
             lock.release()
+
+
+def discard_killed_saves(path: str) -> list[str]:
+    """Remove the temporary files that saves of the run file ``path`` and of its kept configurations left
+    (``PATH.tmp.PID``, ``STEM.trajN.ildg.tmp.PID``: a run killed in a save, e.g. by the launcher's SIGKILL), whatever
+    their PID; the names removed. Called by the holder of the run file's lock, the only writer, so none of them is
+    a save under way (``lattice.io.common.remove_stale_temporaries``, which readers use, keeps those whose PID is
+    alive: a PID reused since, or on another host of a shared file system, kept such a file forever)."""
+    from .kept_configs import kept_path
+
+    path = os.path.abspath(os.fspath(path))
+    folder = os.path.dirname(path)
+    kept = os.path.basename(kept_path(path, 0))[:-len("0.ildg")]        # RUN.traj
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        stem, _, pid = name.rpartition(".tmp.")
+        ours = stem == os.path.basename(path) or (stem.startswith(kept) and stem.endswith(".ildg")
+                                                  and stem[len(kept):-len(".ildg")].isdigit())
+        if ours and pid.isdigit() and int(pid) != os.getpid():
+            try:
+                os.unlink(os.path.join(folder, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
 
 
 def checkpoint_bytes(state: runfile.RunState, more_rows: int = 0) -> int:
