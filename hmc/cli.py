@@ -357,7 +357,7 @@ def _dispatch(args) -> int:
             from .milc.runner import check_milc
 
             return 1 if check_milc(args.milc, args.references, args.search, args.out_dir, args.backend,
-                                   args.test_out, launch=args.launch) else 0
+                                   args.test_out, launch=args.launch, show_progress=not args.no_progress) else 0
         return _check(args)
     if args.command in ("solve", "spectrum"):
         from . import solve, spectrum

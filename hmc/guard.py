@@ -9,7 +9,8 @@
 * a failed write (full file system, quota, I/O error) in one line naming the file, the bytes needed and the free
   space, saying that the previous run file is intact (:func:`save_checkpoint`);
 * SIGTERM during ``hmc run`` ends it like Ctrl-C: the trajectory under way is abandoned, the last complete one is
-  written (:func:`terminate_as_exception`), exit 143 (128 + SIGTERM, what batch systems expect), Ctrl-C 130.
+  written (:func:`terminate_as_exception`), exit 143 (128 + SIGTERM, what batch systems expect), Ctrl-C 130; one
+  that Python swallowed (it landed in a GC callback) ends the run at the next safe point (:func:`stop_if_signalled`).
 """
 from __future__ import annotations
 
@@ -151,6 +152,8 @@ def locked(path: str, command: str, warn=None):
             lock.acquire()
         except runfile.RunFileError as e:
             err = (type(e).__name__, str(e))
+        if err is None and lock.fd is not None:
+            discard_killed_saves(path)
     err = comm.bcast(err, root=0)
     if err is not None:
         raise {"StorageError": StorageError, "RunLocked": RunLocked}.get(err[0], runfile.RunFileError)(err[1])
@@ -159,6 +162,35 @@ def locked(path: str, command: str, warn=None):
     finally:
         if lock is not None:
             lock.release()
+
+
+def discard_killed_saves(path: str) -> list[str]:
+    """Remove the temporary files that saves of the run file ``path`` and of its kept configurations left
+    (``PATH.tmp.PID``, ``STEM.trajN.ildg.tmp.PID``: a run killed in a save, e.g. by the launcher's SIGKILL), whatever
+    their PID; the names removed. Called by the holder of the run file's lock, the only writer, so none of them is
+    a save under way (``lattice.io.common.remove_stale_temporaries``, which readers use, keeps those whose PID is
+    alive: a PID reused since, or on another host of a shared file system, kept such a file forever)."""
+    from .kept_configs import kept_path
+
+    path = os.path.abspath(os.fspath(path))
+    folder = os.path.dirname(path)
+    kept = os.path.basename(kept_path(path, 0))[:-len("0.ildg")]        # RUN.traj
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        stem, _, pid = name.rpartition(".tmp.")
+        ours = stem == os.path.basename(path) or (stem.startswith(kept) and stem.endswith(".ildg")
+                                                  and stem[len(kept):-len(".ildg")].isdigit())
+        if ours and pid.isdigit() and int(pid) != os.getpid():
+            try:
+                os.unlink(os.path.join(folder, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
 
 
 def checkpoint_bytes(state: runfile.RunState, more_rows: int = 0) -> int:
@@ -220,16 +252,40 @@ def save_checkpoint(path: str, state: runfile.RunState) -> None:
     """:func:`hmc.runfile.save`, a failed write (ENOSPC, EDQUOT, EIO, ...) turned into one StorageError line."""
     e = _attempt_save(path, state)
     if e is not None:
-        needed = checkpoint_bytes(state)
-        try:
-            free = shutil.disk_usage(_folder(path)).free
-        except OSError:
-            free = None
-        why = _why(e) if isinstance(e, OSError) and e.errno else (
-            os.strerror(errno.ENOSPC) if free is not None and free < needed else str(e).splitlines()[0])
-        has = f"{free} bytes free" if free is not None else "its free space unknown"
-        raise StorageError(f"writing {path} failed ({why}): a checkpoint needs about {needed} bytes, "
-                           f"{_folder(path)} has {has}; {_previous(path)}") from None
+        reason = _storage_failure(path, path, e, checkpoint_bytes(state), "a checkpoint")
+        raise StorageError(f"{reason}; {_previous(path)}") from None
+
+
+def _storage_failure(what: str, path: str, e: Exception, needed: int, subject: str = "it") -> str:
+    """The one-line reason of a failed write of ``path``: ``writing WHAT failed (why): SUBJECT needs about N bytes,
+    FOLDER has F bytes free``."""
+    try:
+        free = shutil.disk_usage(_folder(path)).free
+    except OSError:
+        free = None
+    why = _why(e) if isinstance(e, OSError) and e.errno else (
+        os.strerror(errno.ENOSPC) if free is not None and free < needed else str(e).splitlines()[0])
+    has = f"{free} bytes free" if free is not None else "its free space unknown"
+    return f"writing {what} failed ({why}): {subject} needs about {needed} bytes, {_folder(path)} has {has}"
+
+
+def save_kept(run_path: str, u, trajectory: int, name: str, recorded: int) -> None:
+    """Write trajectory ``trajectory``'s kept configuration (:func:`hmc.kept_configs.write_kept`, collective: an
+    atomic, durable write through ``PATH.tmp.PID`` as the run file's), a failed write turned into one StorageError
+    line on every rank; ``recorded``: the trajectory the run file holds, which stays intact."""
+    from lattice.io import GaugeFileError
+
+    from .kept_configs import kept_path, write_kept
+
+    out = kept_path(run_path, trajectory)
+    try:
+        write_kept(run_path, u, trajectory, name)
+    except (OSError, GaugeFileError) as e:       # GaugeFileError: rank 0's OSError, as the other ranks hear it
+        e.__traceback__ = None
+        needed = u.geom.volume * 4 * 9 * 16 + 8192     # the 64-bit links and the LIME records around them
+        raise StorageError(f"{_storage_failure(f'the kept configuration {out}', out, e, needed)}; {out} was not "
+                           f"written and {run_path} keeps trajectory {recorded} intact ('hmc run {run_path}' resumes "
+                           "it)") from None
 
 
 def discard_own_temporary(path: str) -> None:
@@ -241,27 +297,54 @@ def discard_own_temporary(path: str) -> None:
         pass
 
 
+#: the stop signals received while :func:`terminate_as_exception` listens, in order (their handler records them
+#: before it raises: an exception raised inside a GC or weakref callback is swallowed by Python)
+_received: list[int] = []
+
+
 def _raise_terminated(signum, frame):
+    _received.append(signum)
     raise Terminated()
+
+
+def _raise_interrupted(signum, frame):
+    _received.append(signum)
+    raise KeyboardInterrupt()
+
+
+def stop_if_signalled() -> None:
+    """At a safe point of ``hmc run`` (before and after every trajectory): raise the exception of a SIGTERM
+    (:class:`Terminated`) or SIGINT (KeyboardInterrupt) that arrived meanwhile. The handlers raise it at once, but
+    Python swallows an exception raised inside a GC or weakref callback (it reaches ``sys.unraisablehook`` and the
+    interrupted code goes on), so the signal is also recorded and acted on here: the run ends before its next
+    trajectory, the last complete one written, instead of running on to its end."""
+    if _received:
+        raise Terminated() if _received[0] == signal.SIGTERM else KeyboardInterrupt()
 
 
 @contextmanager
 def terminate_as_exception():
-    """SIGTERM raises :class:`Terminated` in the main thread while the block runs (SIGINT already raises
-    KeyboardInterrupt), so ``hmc run`` can end at a clean point instead of dying mid-write."""
-    old = signal.signal(signal.SIGTERM, _raise_terminated)
+    """SIGTERM raises :class:`Terminated` in the main thread while the block runs and SIGINT KeyboardInterrupt (as
+    Python's own handler does), both recorded for :func:`stop_if_signalled`, so ``hmc run`` can end at a clean
+    point instead of dying mid-write."""
+    _received.clear()
+    old = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_terminated)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:    # not when Ctrl-C is ignored (nohup, &)
+        old[signal.SIGINT] = signal.signal(signal.SIGINT, _raise_interrupted)
     old_hook = sys.unraisablehook
 
-    def hook(u):                 # a SIGTERM landing in a GC callback: Python swallows it; print no traceback
-        if not isinstance(u.exc_value, Terminated):
+    def hook(u):                 # a signal landing in a GC callback: swallowed, acted on later; print no traceback
+        if not isinstance(u.exc_value, (Terminated, KeyboardInterrupt)):
             old_hook(u)
 
     sys.unraisablehook = hook
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, h in old.items():
+            signal.signal(s, h)
         sys.unraisablehook = old_hook
+        _received.clear()
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from . import deck as deckmod
 from . import guard, runfile
 from .assemble import load_rationals, make_geometry, make_monomials, make_schedule, rationals_path, run_config
 from .integrators import IntegratorError
-from .kept_configs import keeps, write_kept
+from .kept_configs import keeps
 from .progress import Progress
 from .rngs import copy_rng, draw_momenta, make_rng, rng_from_state
 from .trajectory import hmc_trajectory, link_exponential, reversibility_check
@@ -288,7 +288,8 @@ def _checkpoint(path, state, pending, root) -> None:
 def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm, remaining, bar, log, pending):
     """The trajectory loop of :func:`run`. After each trajectory ``pending["snapshot"]`` holds it whole, stored in
     one step, so a signal between any two statements finds either the trajectory before or this one complete; it
-    is written every ``checkpoint_every`` trajectories and at the end."""
+    is written every ``checkpoint_every`` trajectories and at the end. A stop signal is also acted on before every
+    trajectory and after the last (:func:`hmc.guard.stop_if_signalled`)."""
     d = state.deck
     root = geom.grid.is_root
     every = d["run"]["checkpoint_every"]
@@ -301,6 +302,7 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
     history = list(state.history)
     start = state.trajectory                  # state.trajectory itself moves at the checkpoints
     for i in range(remaining):
+        guard.stop_if_signalled()             # a SIGTERM/SIGINT whose exception Python swallowed (a GC callback)
         if d["integrator"]["reversibility_check"]:
             probe_rng = copy_rng(rng)
             p = draw_momenta(geom, probe_rng)
@@ -322,7 +324,7 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
         pbp_out = (pbp.measure(u, rng) if measured else (pbp.empty_row(), [])) if pbp is not None else ({}, [])
         row.update(pbp_out[0])
         if keeps(d, traj):                                 # collective: every rank passes its links
-            write_kept(path, u, traj, d["run"]["name"])
+            guard.save_kept(path, u, traj, d["run"]["name"], state.trajectory)
         lines = _trajectory_lines(d, res, monomials, fermions, row, u, previous, measured) + pbp_out[1]
         history = history + [row]
         pending["snapshot"] = {"trajectory": traj, "history": history, "links": geom.gather(u.site_major()),
@@ -335,3 +337,4 @@ def _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm
         bar.update(i + 1, f"dH {row['dH']:+.2e}")
         if (i + 1) % every == 0 or i + 1 == remaining:
             _checkpoint(path, state, pending, root)
+    guard.stop_if_signalled()

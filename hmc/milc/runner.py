@@ -112,11 +112,14 @@ def _run_case(case, folder: Path, work: Path, search, backend, launch=None) -> t
 
 
 def check_milc(folder, names=(), search=(), out_dir=None, backend=None, test_out=None, log=print,
-               launch: str | None = None) -> int:
+               launch: str | None = None, show_progress: bool = True) -> int:
     """``hmc check --milc DIR [CASE ...]``: run (or, with ``test_out``, take that output of one case), compare with
     MILC's sample output under its errtol file, print the table and what failed; the number of failed cases.
     ``launch``: the command that starts each run, as MILC's LAUNCH (e.g. ``mpiexec -n 2``; --grid and --transport
-    reach the runs through the environment)."""
+    reach the runs through the environment). Progress (one step per case) goes to stderr on rank 0 unless
+    ``show_progress`` is off (hmc.progress)."""
+    from ..progress import command_progress
+
     folder = Path(folder)
     cases = select_cases(compare.read_checklist(folder), names)
     if test_out is not None and len(cases) != 1:
@@ -130,8 +133,10 @@ def check_milc(folder, names=(), search=(), out_dir=None, backend=None, test_out
         work = Path(out_dir or ".")
         work.mkdir(parents=True, exist_ok=True)
     rows, failed = [], 0
+    bar = command_progress(len(cases), "hmc check --milc", show_progress)
     try:
         for case in cases:
+            bar.update(len(rows), case.prefix)
             sample, errtol = (folder / f"{case.prefix}.{ext}" for ext in ("sample-out", "errtol"))
             secs = None
             try:
@@ -152,7 +157,9 @@ def check_milc(folder, names=(), search=(), out_dir=None, backend=None, test_out
                 + (f", {secs[0]:.1f} s wall, {secs[1]:.1f} s CPU" if secs else ""))
             for line in compare.failure_report(case.prefix, c):
                 log("  " + line)
+        bar.update(len(rows), "compared")
     finally:
+        bar.close()
         if tmp is not None:
             tmp.cleanup()
     log(compare.format_table(rows))

@@ -16,11 +16,12 @@ import numpy as np
 
 from . import lime, milc, nersc, openqcd, physical, scidac, scidac_write
 from .common import KNOWN_FORMATS, GaugeFileError, atomic_write, fail
-from .scidac import is_ksprop, read_color_matrices, read_color_vector, read_field, read_ksprop
+from .scidac import (is_ksprop, read_color_matrices, read_color_vector, read_field, read_ksprop,
+                     read_ksprop_pairs)
 
 __all__ = ["read_gauge", "gauge_from_site_major", "write_gauge", "detect_format", "read_site_major", "GaugeFileError",
-           "read_field", "read_color_vector", "read_color_matrices", "read_ksprop", "is_ksprop", "write_color_vector",
-           "write_color_matrices", "write_ksprop", "FORMATS"]
+           "read_field", "read_color_vector", "read_color_matrices", "read_ksprop", "read_ksprop_pairs", "is_ksprop",
+           "write_color_vector", "write_color_matrices", "write_ksprop", "write_ksprop_pairs", "FORMATS"]
 
 FORMATS = ("milc", "nersc", "ildg", "scidac", "openqcd")
 _READERS = {"milc-v5": milc.read, "milc-1996": milc.read_1996, "nersc": nersc.read, "lime": scidac.read_gauge,
@@ -182,11 +183,20 @@ def write_color_matrices(path, a, precision: int = 64, file_xml: str = "", recor
 
 
 def write_ksprop(path, solutions, source=None, precision: int = 64, info: str = "", source_info: str = "",
-                 record_info: str = "") -> dict:
+                 record_info: str = "", source_slice: int | None = None) -> dict:
     """Write a USQCD KS propagator (3 source colours, MILC's C1V3 file type) atomically:
-    :func:`lattice.io.scidac_write.write_ksprop`."""
+    :func:`lattice.io.scidac_write.write_ksprop` (``source_slice``: the source on that time slice only, a
+    hypercube record)."""
     return _write(path, scidac_write.write_ksprop, solutions, source, precision=precision, info=info,
-                  source_info=source_info, record_info=record_info)
+                  source_info=source_info, record_info=record_info, source_slice=source_slice)
+
+
+def write_ksprop_pairs(path, sources, solutions, precision: int = 64, info: str = "", source_info: str = "",
+                       record_info: str = "", source_slice: int | None = None) -> dict:
+    """Write a USQCD KS propagator of source-sink pairs (colour-vector or scalar sources) atomically:
+    :func:`lattice.io.scidac_write.write_ksprop_pairs`."""
+    return _write(path, scidac_write.write_ksprop_pairs, sources, solutions, precision=precision, info=info,
+                  source_info=source_info, record_info=record_info, source_slice=source_slice)
 
 
 def _write(path, writer, *args, **options) -> dict:

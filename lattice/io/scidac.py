@@ -12,7 +12,9 @@ specification (ildg-format record, namespace http://www.lqcd.org/ildg, schema fi
   of (re, im), big-endian.
 
 The usqcdInfo plaquette and link trace of a gauge record (lattice.io.usqcd_info) are checked when present.
-The writers are in scidac_write.py; :func:`read_ksprop` reads a USQCD KS propagator (its layout is there).
+The writers are in scidac_write.py; :func:`read_ksprop` reads a USQCD KS propagator of three colours and
+:func:`read_ksprop_pairs` one of source-sink pairs (their layouts are there). Hypercube records (QIO's recordtype 2,
+e.g. a source on one time slice) are read into the whole lattice, zero outside (:func:`_hypercube`).
 
 Arrays are returned in MILC's site order: (nt, nz, ny, nx, datacount, 3, 3) for colour matrices and
 (nt, nz, ny, nx, datacount, 3) for colour vectors, complex128.
@@ -26,7 +28,9 @@ import numpy as np
 
 from . import lime, usqcd_info
 from .common import check_dims, checksum_error, dims_str, fail, scidac_checksum
-from .scidac_write import KSPROP_C1V3
+from .scidac_write import KSPROP_C1V3, KSPROP_CV_PAIRS, KSPROP_VV_PAIRS, hypercube_checksum, hypercube_ranks
+
+KSPROP_PAIRS = (KSPROP_VV_PAIRS, KSPROP_CV_PAIRS)
 
 BINARY_TYPES = ("ildg-binary-data", "scidac-binary-data")
 
@@ -110,15 +114,36 @@ def _layout(path, records, binrec, before):
     except (KeyError, ValueError):
         raise fail(path, "SciDAC file lacks the dims, precision, typesize or datacount in its private XML",
                    "the file is damaged") from None
-    if sr.get("recordtype", "0") != "0" or sr.get("globaldata", "0") != "0":
-        raise fail(path, f"SciDAC record {sr.get('datatype', '')!r} is a global or hypercube (time-slice) record, "
-                         "not a field on the whole lattice", "write the field on the whole lattice (QIO_FIELD)")
+    meta["hypercube"] = _hypercube(path, sr, dims)
     if typesize % (2 * nbytes):
         raise fail(path, f"SciDAC typesize {typesize} does not fit precision {sr['precision']}", "the file is damaged")
     if typesize <= 0 or count <= 0 or colors < 0 or (colors == 0 and typesize != 2 * nbytes):
         raise fail(path, f"SciDAC private record XML gives typesize {typesize}, datacount {count}, colors {colors}: "
                          "each must be positive", "the file is damaged")
     return dims, nbytes, typesize // (2 * nbytes), count, colors, sr.get("datatype", ""), "scidac", meta
+
+
+def _hypercube(path, sr: dict, dims) -> tuple | None:
+    """The sites of a record: None for a field on the whole lattice (QIO's recordtype 0, QIO_FIELD), else the
+    inclusive bounds (lower, upper), each (x, y, z, t), of a hypercube record (recordtype 2, QIO_HYPER: QIO 2's
+    private record XML gives ``<recordtype>``, ``<spacetime>``, ``<hyperlower>`` and ``<hyperupper>``; older QIO
+    writes ``<globaldata>`` 0 or 1 in place of recordtype). Global records (1) are refused."""
+    kind = sr.get("recordtype", sr.get("globaldata", "0"))
+    what = f"SciDAC record {sr.get('datatype', '')!r}"
+    if kind == "0":
+        return None
+    if kind != "2":
+        raise fail(path, f"{what} is a global record (recordtype {kind!r}), not a lattice field",
+                   "only fields on the whole lattice (recordtype 0) and hypercube records (2) are read")
+    try:
+        lower, upper = (tuple(int(v) for v in sr[k].split()) for k in ("hyperlower", "hyperupper"))
+    except (KeyError, ValueError):
+        raise fail(path, f"{what} is a hypercube record without readable hyperlower and hyperupper bounds",
+                   "the file is damaged") from None
+    if len(lower) != 4 or len(upper) != 4 or not all(0 <= lo <= up < n for lo, up, n in zip(lower, upper, dims)):
+        raise fail(path, f"{what} is a hypercube record with bounds {lower} .. {upper} outside the "
+                         f"{dims_str(dims)} lattice", "the file is damaged")
+    return lower, upper
 
 
 def read_field(path, ignore_checksum: bool = False, index: int = 0):
@@ -135,17 +160,21 @@ def _read_record(path: str, records, index: int, ignore_checksum: bool):
     """:func:`read_field` of the scanned ``records``."""
     binrec, before, after = _describe(path, records, index)
     dims, nbytes, ncomplex, count, colors, datatype, fmt, meta = _layout(path, records, binrec, before)
-    nx, ny, nz, nt = dims
+    cube = meta.get("hypercube")
+    lower, upper = cube or ((0, 0, 0, 0), tuple(n - 1 for n in dims))
+    nx, ny, nz, nt = (up - lo + 1 for lo, up in zip(lower, upper))      # the extents of the stored sites
     volume = nx * ny * nz * nt
     site_bytes = ncomplex * 2 * nbytes * count
     if binrec.length != volume * site_bytes:
+        where = f"a {dims_str(dims)} lattice" if cube is None else f"the hypercube {lower} .. {upper}"
         raise fail(path, f"{binrec.type} record holds {binrec.length} bytes, expected {volume * site_bytes} "
-                         f"for a {dims_str(dims)} lattice of {count} x {ncomplex} complex values per site",
+                         f"for {where} of {count} x {ncomplex} complex values per site",
                    "the file is damaged or its XML metadata is wrong")
     raw = lime.read_data(path, binrec)
     sums = {"expected": None, "computed": None, "ok": None}
     cks = after("scidac-checksum")
-    ca, cb = scidac_checksum(raw, site_bytes)
+    ca, cb = (scidac_checksum(raw, site_bytes) if cube is None else
+              hypercube_checksum(raw, site_bytes, hypercube_ranks(dims, lower, upper)))
     sums["computed"] = {"suma": ca, "sumb": cb}
     if cks is not None:
         x = xml_fields(lime.read_data(path, cks))
@@ -161,8 +190,13 @@ def _read_record(path: str, records, index: int, ignore_checksum: bool):
     elem = (colors, colors) if ncomplex == colors * colors else (ncomplex,)
     a = (np.frombuffer(raw, dtype=f">f{nbytes}").astype(np.float64).view(np.complex128)
          .reshape((nt, nz, ny, nx, count) + elem))
+    if cube is not None:                       # the whole lattice, zero outside the hypercube
+        whole = np.zeros(tuple(dims[::-1]) + a.shape[4:], dtype=np.complex128)
+        whole[tuple(slice(lo, up + 1) for lo, up in zip(lower[::-1], upper[::-1]))] = a
+        a = whole
     info = {"format": fmt, "path": path, "dims": dims, "precision": 8 * nbytes, "endian": "big",
             "datatype": datatype, "datacount": count, "checksums": sums, "header": meta,
+            "hypercube": None if cube is None else {"lower": lower, "upper": upper},
             "records": [r.type for r in records]}
     return a, info
 
@@ -170,6 +204,10 @@ def _read_record(path: str, records, index: int, ignore_checksum: bool):
 def read_gauge(path, ignore_checksum: bool = False):
     """An ILDG or SciDAC gauge field: (site-major (nt, nz, ny, nx, 4, 3, 3) complex128 array, info)."""
     a, info = read_field(path, ignore_checksum)
+    if info["hypercube"] is not None:
+        raise fail(path, f"{info['format']} file holds a hypercube record (sites {info['hypercube']['lower']} .. "
+                         f"{info['hypercube']['upper']}), not a gauge field on the whole lattice",
+                   "read it with lattice.io.read_field")
     if a.shape[4:] != (4, 3, 3):
         raise fail(path, f"{info['format']} file holds a {info['datatype'] or 'field'} ({info['datacount']} x "
                          f"{a.shape[5:]} values per site), not a gauge field",
@@ -212,11 +250,12 @@ def read_ksprop(path, ignore_checksum: bool = False):
     file-XML fields (type, info), per record the checksums, and the record XML fields."""
     path = os.fspath(path)
     records = lime.scan(path)
-    user_file = lime.find(records, "scidac-file-xml")
-    file_fields = xml_fields(lime.read_data(path, user_file)) if user_file is not None else {}
+    file_fields = _ksprop_file_fields(path, records)
     if file_fields.get("type") != KSPROP_C1V3:
+        fix = ("read it with read_ksprop_pairs" if file_fields.get("type") in KSPROP_PAIRS else
+               "read a colour vector with read_color_vector")
         raise fail(path, f"is not a USQCD KS propagator of type {KSPROP_C1V3} (file XML type "
-                         f"{file_fields.get('type')!r})", "read a colour vector with read_color_vector")
+                         f"{file_fields.get('type')!r})", fix)
     source, solutions, fields = None, {}, []
     for index in range(sum(r.type in BINARY_TYPES for r in records)):
         a, info = _read_record(path, records, index, ignore_checksum)
@@ -237,6 +276,44 @@ def read_ksprop(path, ignore_checksum: bool = False):
         "format": "usqcd-ksprop", "path": path, "type": KSPROP_C1V3, "dims": info["dims"],
         "precision": info["precision"], "file_xml": file_fields, "fields": fields,
         "records": [r.type for r in records]}
+
+
+def read_ksprop_pairs(path, ignore_checksum: bool = False):
+    """A USQCD KS propagator of source-sink pairs (``USQCD_ColorVector_Source_Sink_Pairs`` or
+    ``USQCD_ColorVector_ScalarSource_Sink_Pairs``, written by :func:`lattice.io.scidac_write.write_ksprop_pairs`):
+    (sources, solutions, info). sources: (n, nt, nz, ny, nx, 3) colour vectors or (n, nt, nz, ny, nx) complex
+    scalars (a source written on one time slice, a hypercube record, is zero elsewhere); solutions: (n, nt, nz, ny,
+    nx, 3), in the file's order, each after its source; info: dims, precision, type, file-XML fields and per record
+    the checksums and record XML fields."""
+    path = os.fspath(path)
+    records = lime.scan(path)
+    file_fields = _ksprop_file_fields(path, records)
+    kind = file_fields.get("type")
+    if kind not in KSPROP_PAIRS:
+        raise fail(path, f"is not a USQCD KS propagator of source-sink pairs (file XML type {kind!r}; "
+                         f"{' or '.join(KSPROP_PAIRS)} are)", "read a three-colour propagator with read_ksprop")
+    source_value = (1, 3) if kind == KSPROP_VV_PAIRS else (1, 1)
+    n = sum(r.type in BINARY_TYPES for r in records)
+    if n == 0 or n % 2:
+        raise fail(path, f"holds {n} fields, not source-solution pairs", "the file is incomplete: write it again")
+    out, fields = {"sources": [], "solutions": []}, []
+    for index in range(n):
+        a, info = _read_record(path, records, index, ignore_checksum)
+        fields.append({"datatype": info["datatype"], "checksums": info["checksums"], "hypercube": info["hypercube"],
+                       "record_xml": xml_fields(info["header"].get("record_xml", "").encode())})
+        what, want = ("sources", source_value) if index % 2 == 0 else ("solutions", (1, 3))
+        if a.shape[4:] != want:
+            raise fail(path, f"field {index} ({info['datatype']}) is not the {what[:-1]} of pair {index // 2} of a "
+                             f"{kind}", "the file is damaged or of another propagator type")
+        out[what].append(a[..., 0, 0] if want == (1, 1) else a[..., 0, :])
+    return np.stack(out["sources"]), np.stack(out["solutions"]), {
+        "format": "usqcd-ksprop", "path": path, "type": kind, "dims": info["dims"], "precision": info["precision"],
+        "file_xml": file_fields, "fields": fields, "records": [r.type for r in records]}
+
+
+def _ksprop_file_fields(path, records) -> dict:
+    user_file = lime.find(records, "scidac-file-xml")
+    return xml_fields(lime.read_data(path, user_file)) if user_file is not None else {}
 
 
 def is_ksprop(path) -> bool:

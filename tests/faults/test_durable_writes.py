@@ -97,3 +97,25 @@ def test_checkpoint_killed_midway_leaves_a_temporary_that_the_next_run_removes(t
 
     assert run(str(path), show_progress=False, log=lambda *a: None).trajectory == 2
     assert sorted(os.listdir(tmp_path)) == ["d.toml", "run.h5"]
+
+
+def test_run_removes_every_temporary_of_its_files_under_its_lock(tmp_path):
+    """A temporary that a killed save left whose PID is alive again (reused since, or a process of another host on a
+    shared file system) is kept by readers, but removed by 'hmc run', which holds the run file's lock and so is its
+    only writer (hmc.guard.discard_killed_saves): the run file's and its kept configurations' own, nothing else."""
+    from hmc.cli import main
+
+    path = tmp_path / "run.h5"
+    deck = tmp_path / "d.toml"
+    deck.write_text(QUICK)
+    assert main(["init", str(deck), "-o", str(path)]) == 0
+    live = os.getppid()
+    theirs = [tmp_path / f"run.h5.tmp.{live}", tmp_path / f"run.traj2.ildg.tmp.{live}"]
+    others = [tmp_path / f"other.h5.tmp.{live}", tmp_path / "run.h5.tmp.notapid",
+              tmp_path / f"run.trajx.ildg.tmp.{live}"]
+    for p in theirs + others:
+        p.write_bytes(b"half a checkpoint")
+    assert main(["info", str(path)]) == 0
+    assert all(p.exists() for p in theirs + others)      # a reader leaves a live PID's file alone
+    assert main(["run", str(path), "--trajectories", "1", "--no-progress"]) == 0
+    assert not any(p.exists() for p in theirs) and all(p.exists() for p in others)

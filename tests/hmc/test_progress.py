@@ -126,3 +126,16 @@ def test_check_reports_progress(capsys, monkeypatch):
     main(["check", smallest])
     drawn = lines(capsys.readouterr().err)
     assert len(drawn) == 1 and drawn[0]["label"] == "hmc check" and drawn[0]["n"] == drawn[0]["N"] == "1"
+
+
+def test_check_milc_reports_progress(capsys, monkeypatch):
+    """hmc check --milc: one step per case (here a case compared with its own sample output: --test-out)."""
+    folder = fixture_path("ks_imp_rhmc")
+    case = "su3_leapfrog.1"
+    argv = ["check", "--milc", str(folder), case, "--test-out", str(folder / f"{case}.sample-out")]
+    monkeypatch.setattr(progress, "AFTER", 0.0)
+    assert main(argv) == 0
+    drawn = lines(capsys.readouterr().err)
+    assert len(drawn) == 1 and drawn[0]["label"] == "hmc check --milc" and drawn[0]["n"] == drawn[0]["N"] == "1"
+    assert main(argv + ["--no-progress"]) == 0
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,74 @@
+"""A SIGTERM or SIGINT that lands while a GC / weakref callback runs: Python swallows the exception its handler
+raises there (it goes to sys.unraisablehook and the interrupted code goes on), so hmc.guard records the signal and
+'hmc run' acts on it before its next trajectory (hmc.guard.stop_if_signalled): exit 143 (130), the trajectory
+that was complete written, nothing left behind, and the resumed run bitwise equal to an uninterrupted one."""
+import gc
+import os
+import signal
+import time
+import weakref
+
+import pytest
+
+import hmc.run
+from hmc.cli import main
+from hmc.guard import Terminated
+from hmc.runfile import load
+from tests.faults.killing import fingerprint, leftovers, one_line, tiny_deck
+
+TRAJ, AT = 4, 2          # the signal arrives in a GC callback right after trajectory AT of TRAJ
+
+
+class _Cycle:
+    """An object only the cyclic garbage collector frees: its finalizer runs inside gc.collect()."""
+
+    def __init__(self):
+        self.me = self
+
+
+def _signal_in_gc_callback(sig, swallowed: list) -> None:
+    """Send ``sig`` to this process from a weakref.finalize callback that gc.collect() runs, and wait there until
+    the handler's exception has been raised inside the callback (``swallowed`` records it)."""
+    def callback():
+        try:
+            os.kill(os.getpid(), sig)
+            for _ in range(200):          # the handler runs at the first check of the sleep below
+                time.sleep(0.005)
+        except (Terminated, KeyboardInterrupt) as e:
+            swallowed.append(type(e).__name__)
+            raise                          # what Python then swallows
+    obj = _Cycle()
+    weakref.finalize(obj, callback)
+    del obj
+    gc.collect()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+def test_signal_swallowed_in_gc_callback_stops_before_the_next_trajectory(monkeypatch, tmp_path, capsys, sig, code,
+                                                                          word):
+    deck = tiny_deck(str(tmp_path), trajectories=TRAJ)
+    ref, run = str(tmp_path / "ref.h5"), str(tmp_path / "run.h5")
+    assert main(["init", deck, "-o", ref]) == 0 and main(["init", deck, "-o", run]) == 0
+    assert main(["run", ref, "--no-progress"]) == 0
+    real, calls, swallowed = hmc.run.hmc_trajectory, [], []
+
+    def trajectory(*a, **k):
+        calls.append(1)
+        out = real(*a, **k)
+        if len(calls) == AT:
+            _signal_in_gc_callback(sig, swallowed)
+        return out
+
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        m.setattr(hmc.run, "hmc_trajectory", trajectory)
+        rc = main(["run", run, "--no-progress"])
+    err = capsys.readouterr().err
+    assert swallowed == [Terminated.__name__ if sig == signal.SIGTERM else "KeyboardInterrupt"]
+    assert rc == code, err
+    assert len(calls) == AT                      # no trajectory started after the signal
+    assert word in one_line(err) and "Exception ignored" not in err
+    assert load(run).trajectory == AT and leftovers(str(tmp_path)) == []
+    assert main(["run", run, "--no-progress"]) == 0
+    assert fingerprint(run) == fingerprint(ref)
