@@ -1,0 +1,75 @@
+"""MILC's Coulomb / Landau gauge fixing (lattice.gauge_fix): a gauge transformation of the links that leaves
+gauge-invariant observables alone, raises the functional at every step and ends at its stationary point; MILC's
+own numbers on its sample lattice are tests/hmc/test_milc_spectrum.py's."""
+import numpy as np
+import pytest
+
+from lattice import CounterRNG, GaugeField, Geometry, plaquette, polyakov_loop, su3
+from lattice.gauge import random_gauge_transformation
+from lattice.gauge_fix import GaugeFixError, coulomb_divergence, gauge_fix, gauge_fix_functional
+
+
+def smooth_field(geom, seed=3, width=0.4):
+    """Links exp(width P) with Gaussian algebra elements P: far from a pure gauge, but not a hot start."""
+    w = np.random.default_rng(seed).normal(size=(4,) + geom.shape + (8,))
+    return GaugeField(geom, su3.expm_su3(width * su3.algebra_from_coefficients(w)))
+
+
+@pytest.fixture(scope="module")
+def scrambled():
+    geom = Geometry((4, 4, 4, 4))
+    u = smooth_field(geom)
+    return u, u.gauge_transform(random_gauge_transformation(geom, CounterRNG(5)))
+
+
+@pytest.mark.parametrize("gauge_dir", [3, None])
+def test_gauge_fix_is_a_gauge_transformation(scrambled, gauge_dir):
+    _, u = scrambled
+    v, res, g = gauge_fix(u, gauge_dir, 1.8, 300, 1e-12, track=True)
+    assert res.converged and res.step >= 1
+    assert np.allclose(plaquette(v), plaquette(u), rtol=0, atol=1e-12)
+    assert abs(polyakov_loop(v) - polyakov_loop(u)) < 1e-12
+    assert np.abs(v.links - u.gauge_transform(g).links).max() < 1e-12
+    assert su3.unitarity_violation(v.links) < 1e-13
+    assert gauge_fix_functional(v, gauge_dir) > gauge_fix_functional(u, gauge_dir) + 0.3
+
+
+@pytest.mark.parametrize("gauge_dir", [3, None])
+def test_functional_rises_every_step_to_a_stationary_point(scrambled, gauge_dir):
+    _, u = scrambled
+    v, res, _ = gauge_fix(u, gauge_dir, 1.8, 300, 1e-12)
+    steps = np.diff(res.history)
+    assert (steps > -1e-14).all(), steps.min()
+    assert res.history[-1] == pytest.approx(res.action) and abs(res.delta) < 1e-12
+    assert coulomb_divergence(u, gauge_dir) > 0.1
+    assert coulomb_divergence(v, gauge_dir) < 1e-4
+
+
+def test_pure_gauge_is_fixed_to_unit_links():
+    """A gauge transformation of the unit field reaches the functional's maximum 1 (Landau gauge)."""
+    geom = Geometry((4, 4, 4, 4))
+    u = GaugeField.unit(geom).gauge_transform(random_gauge_transformation(geom, CounterRNG(11)))
+    v, res, _ = gauge_fix(u, None, 1.8, 500, 1e-13)
+    assert gauge_fix_functional(u, None) < 0.1
+    assert gauge_fix_functional(v, None) == pytest.approx(1.0, abs=1e-10)
+
+
+def test_gauge_copies_agree_on_invariants(scrambled):
+    """Fixing U and a gauge transform of U gives fields of the same functional and the same invariants (both
+    reach the one maximum the smooth field has near its start)."""
+    u0, u = scrambled
+    a, ra, _ = gauge_fix(u0, 3, 1.8, 300, 1e-13)
+    b, rb, _ = gauge_fix(u, 3, 1.8, 300, 1e-13)
+    assert ra.action == pytest.approx(rb.action, abs=1e-10)
+    assert np.allclose(plaquette(a), plaquette(b), rtol=0, atol=1e-12)
+
+
+def test_milc_line_and_errors(scrambled):
+    _, u = scrambled
+    _, res, _ = gauge_fix(u, 3, 1.8, 1, 1e-6)
+    assert res.step == 1 and not res.converged and res.delta == 0.0      # MILC: no delta after a single step
+    assert res.milc_line().startswith("GFIX: Ended at step 1. Av gf action ")
+    for kw, word in ((dict(gauge_dir=4), "gauge_dir"), (dict(omega=2.5), "over-relaxation"),
+                     (dict(max_steps=0), "max_steps")):
+        with pytest.raises(GaugeFixError, match=word):
+            gauge_fix(u, **kw)
