@@ -112,7 +112,9 @@ class PBPMeasurement:
     """The PBP measurements of ``hmc run`` after each trajectory (deck ``[fermions] pbp_masses``, ``npbp_reps``,
     ``pbp_error``; ``[multigrid] pbp = true`` solves them by multigrid, keeping the near-null vectors across
     masses and trajectories and refreshing them after each gauge update). Light quarks: HISQ links with Naik
-    epsilon 0, the fermions' time boundary condition."""
+    epsilon 0, the fermions' time boundary condition. With ``[milc] spectrum_request`` (su3_spectrum_hisq) the
+    links are first fixed to Coulomb gauge as MILC's spectrum build does (:mod:`hmc.milc.spectrum`), and the
+    measurement prints its GFIX line and a note for the correlators it does not compute."""
 
     def __init__(self, deck: dict):
         f = deck["fermions"]
@@ -123,6 +125,7 @@ class PBPMeasurement:
         self.maxiter = int(f.get("pbp_maxiter", 10000))
         self.action, self.u0, self.time_bc = f["action"], float(f["u0"]), f["time_bc"]
         self.group = f["unitarization_group"]
+        self.spectrum = tuple(deck.get("milc", {}).get("spectrum_request", ()))
         mg = deck.get("multigrid")
         self.mg = None
         if mg and mg.get("pbp"):
@@ -164,6 +167,12 @@ class PBPMeasurement:
 
     def measure(self, u, rng) -> tuple[dict, list[str]]:
         """(history columns pbp{i}_re_even, ... per mass i (averaged over the sources), MILC's lines)."""
+        head, tail = [], []
+        if self.spectrum:
+            from .milc.spectrum import coulomb_fix, skipped_line
+
+            u, gfix = coulomb_fix(u)
+            head, tail = [gfix], [skipped_line(self.spectrum)]
         D = self._dslash(u)
         results, row = [], {}
         for i, m in enumerate(self.masses):
@@ -176,4 +185,4 @@ class PBPMeasurement:
             for key in ("re_even", "re_odd", "im_even", "im_odd", "faction"):
                 row[f"pbp{i}_{key}"] = sum(r[key] for r in rs) / len(rs)
             row[f"pbp{i}_iters"] = sum(sum(r["iters"]) for r in rs)
-        return row, pbp_lines(results, self.reps)
+        return row, head + pbp_lines(results, self.reps) + tail
