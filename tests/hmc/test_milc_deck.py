@@ -8,6 +8,7 @@ from conftest import FIXTURES, ROOT
 from hmc import deck as deckmod
 from hmc.milc.builds import BUILDS, build_for
 from hmc.milc.deck import MilcDeckError, parse, project_deck, read
+from milc_folders import rationals_into
 
 MILC_TEST = FIXTURES / "ks_imp_rhmc"
 SEARCH = [str(FIXTURES)]
@@ -60,8 +61,7 @@ forget
 def files(tmp_path):
     """A deck folder with a rational-function file beside the deck and the lattice in a separate search folder."""
     (tmp_path / "decks").mkdir()
-    rationals = ROOT / "runs" / "rationals" / "rationals.su3_rhmc_hisq"
-    (tmp_path / "decks" / "rationals.test").write_text(rationals.read_text())
+    rationals_into(tmp_path / "decks", "rationals.test")
     (tmp_path / "lats").mkdir()
     (tmp_path / "lats" / "lat.test").write_text("x")
     return tmp_path

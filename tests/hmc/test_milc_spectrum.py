@@ -13,23 +13,15 @@ from hmc.milc.runner import check_milc
 from hmc.monomials import GaugeMonomial
 from hmc.trajectory import hmc_trajectory
 from lattice import CounterRNG, GaugeField, Geometry
+from milc_folders import checklist_folder
 
-MILC_TEST = FIXTURES / "ks_imp_rhmc"
 CASE = "su3_spectrum_hisq"
-CHECKLIST = "".join(f"exec {CASE}  {p}  -  -  WARMUPS RUNNING 'SELECT=PBP|DG|PLAQ|ACTION|delta|G_LOOP'\n"
-                    for p in (1, 2))
 
 
 @pytest.fixture(scope="module")
 def spectrum_run(tmp_path_factory):
-    if not (MILC_TEST / f"{CASE}.2.sample-in").exists():
-        pytest.skip(f"MILC's test folder {MILC_TEST} is absent (the shared fixtures folder ../shared/fixtures/milc/)")
     tmp = tmp_path_factory.mktemp("spectrum")
-    folder = tmp / "test"
-    folder.mkdir()
-    (folder / "checklist").write_text(CHECKLIST)
-    for p in list(MILC_TEST.glob(f"{CASE}.*")) + list(MILC_TEST.glob("rationals.*")):
-        (folder / p.name).symlink_to(p)
+    folder = checklist_folder(tmp / "test", CASE, "-", "WARMUPS")
     lines = []
     failed = check_milc(folder, [], search=[FIXTURES], out_dir=tmp / "out", log=lines.append)
     return failed, lines, tmp / "out"
