@@ -114,7 +114,8 @@ class PBPMeasurement:
     masses and trajectories and refreshing them after each gauge update). Light quarks: HISQ links with Naik
     epsilon 0, the fermions' time boundary condition. With ``[milc] spectrum_request`` (su3_spectrum_hisq) the
     links are first fixed to Coulomb gauge as MILC's spectrum build does (:mod:`hmc.milc.spectrum`), and the
-    measurement prints its GFIX line and a note for the correlators it does not compute."""
+    measurement prints its GFIX line, MILC's hvy_pot after each mass and a note for the correlators it does not
+    compute."""
 
     def __init__(self, deck: dict):
         f = deck["fermions"]
@@ -167,22 +168,21 @@ class PBPMeasurement:
 
     def measure(self, u, rng) -> tuple[dict, list[str]]:
         """(history columns pbp{i}_re_even, ... per mass i (averaged over the sources), MILC's lines)."""
-        head, tail = [], []
+        lines, per_mass, tail = [], [], []
         if self.spectrum:
-            from .milc.spectrum import coulomb_fix, skipped_line
+            from .milc.spectrum import spectrum_measurement
 
-            u, gfix = coulomb_fix(u)
-            head, tail = [gfix], [skipped_line(self.spectrum)]
+            u, lines, per_mass, tail = spectrum_measurement(u, self.spectrum)
         D = self._dslash(u)
-        results, row = [], {}
+        row = {}
         for i, m in enumerate(self.masses):
             rs = []
             for _ in range(self.reps):
                 g = pbp_source(u.geom, rng)
                 rs.append(pbp(D, m, g, self.tols[i], self._inverse(D, m) if self.mg is not None else None,
                               self.maxiter))
-            results += rs
+            lines += pbp_lines(rs, self.reps) + per_mass
             for key in ("re_even", "re_odd", "im_even", "im_odd", "faction"):
                 row[f"pbp{i}_{key}"] = sum(r[key] for r in rs) / len(rs)
             row[f"pbp{i}_iters"] = sum(sum(r["iters"]) for r in rs)
-        return row, head + pbp_lines(results, self.reps) + tail
+        return row, lines + tail
