@@ -46,6 +46,10 @@ class Key:
     choices: tuple = ()
 
 
+# the spectrum requests of MILC's su3_spectrum_hisq (ks_imp_rhmc/control.c); hmc.milc.spectrum says what is done
+SPECTRUM_REQUESTS = ("spectrum", "spectrum_point", "nl_spectrum", "spectrum_mom", "spectrum_nlpi2", "spectrum_nd",
+                     "spectrum_singlets", "spectrum_hybrids", "hvy_pot")
+
 SCHEMA = {
     "run": {
         "name": Key(str, "hmc run"),
@@ -76,7 +80,8 @@ SCHEMA = {
     },
     "integrator": {
         "scheme": Key(str, "omelyan", None, "", ("leapfrog", "omelyan", "3g1f", "milc_leapfrog", "milc_omelyan")),
-        "steps": Key(int, 10, _positive, "a positive integer (even for omelyan, milc_omelyan and 3g1f)"),
+        "steps": Key(int, 10, _nonneg, "an integer >= 0 (even for omelyan, milc_omelyan and 3g1f; 0: trajectories "
+                     "without molecular dynamics, MILC's steps_per_trajectory 0, tau unused)"),
         "tau": Key((int, float), 1.0, _positive, "a positive finite trajectory length"),
         "inner_scheme": Key(str, "", None, "", ("", "leapfrog", "omelyan")),
         "inner_steps": Key(int, 1, _positive, "a positive integer"),
@@ -138,6 +143,10 @@ SCHEMA = {
                                  "trajectories after the warms"),
         # MILC's PRECISION 1 build prints PLAQ with %f and the G_LOOP averages with %e; the arithmetic here stays double
         "precision": Key(int, 2, None, "", (1, 2)),
+        # su3_spectrum_hisq (hmc.milc.spectrum): Coulomb gauge fixing before the PBP measurements
+        "spectrum_request": Key(list, [], lambda v: all(r in SPECTRUM_REQUESTS for r in v),
+                                "a list of MILC's spectrum requests: "
+                                + ", ".join(f'"{r}"' for r in SPECTRUM_REQUESTS)),
     },
     # optional: Kahler-Dirac multigrid (solvers.multigrid) for the light pseudofermion's smallest shifts
     "multigrid": {

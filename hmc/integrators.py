@@ -50,8 +50,8 @@ class Level:
     def __post_init__(self):
         if self.scheme not in SCHEMES:
             raise IntegratorError(f"unknown integrator {self.scheme!r}: use one of {', '.join(SCHEMES)}")
-        if not isinstance(self.steps, int) or self.steps < 1:
-            raise IntegratorError(f"integrator steps must be a positive integer, got {self.steps!r}")
+        if not isinstance(self.steps, int) or self.steps < 0:
+            raise IntegratorError(f"integrator steps must be an integer >= 0, got {self.steps!r}")
         if self.scheme in ("omelyan", "3g1f", "milc_omelyan") and self.steps % 2:
             raise IntegratorError(f"{self.scheme} integrates two steps per cycle: steps must be even, "
                                   f"got {self.steps}")
@@ -106,6 +106,8 @@ def build_schedule(levels: list[Level], tau: float, reunitarize: bool = False) -
     ``reunitarize``, ``("R", 0.0)`` closes every cycle of the outer level (module docstring)."""
     if not levels:
         raise IntegratorError("an integrator needs at least one level")
+    if levels[0].steps == 0:            # MILC's steps_per_trajectory 0: the action measured twice, no MD
+        return []
     if levels[0].scheme == "3g1f":
         if len(levels) != 2:
             raise IntegratorError("3g1f is a two-level scheme: give the fermion monomials on the first level and "

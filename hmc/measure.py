@@ -112,7 +112,10 @@ class PBPMeasurement:
     """The PBP measurements of ``hmc run`` after each trajectory (deck ``[fermions] pbp_masses``, ``npbp_reps``,
     ``pbp_error``; ``[multigrid] pbp = true`` solves them by multigrid, keeping the near-null vectors across
     masses and trajectories and refreshing them after each gauge update). Light quarks: HISQ links with Naik
-    epsilon 0, the fermions' time boundary condition."""
+    epsilon 0, the fermions' time boundary condition. With ``[milc] spectrum_request`` (su3_spectrum_hisq) the
+    links are first fixed to Coulomb gauge as MILC's spectrum build does (:mod:`hmc.milc.spectrum`), and the
+    measurement prints its GFIX line, MILC's hvy_pot after each mass and a note for the correlators it does not
+    compute."""
 
     def __init__(self, deck: dict):
         f = deck["fermions"]
@@ -123,6 +126,7 @@ class PBPMeasurement:
         self.maxiter = int(f.get("pbp_maxiter", 10000))
         self.action, self.u0, self.time_bc = f["action"], float(f["u0"]), f["time_bc"]
         self.group = f["unitarization_group"]
+        self.spectrum = tuple(deck.get("milc", {}).get("spectrum_request", ()))
         mg = deck.get("multigrid")
         self.mg = None
         if mg and mg.get("pbp"):
@@ -164,16 +168,21 @@ class PBPMeasurement:
 
     def measure(self, u, rng) -> tuple[dict, list[str]]:
         """(history columns pbp{i}_re_even, ... per mass i (averaged over the sources), MILC's lines)."""
+        lines, per_mass, tail = [], [], []
+        if self.spectrum:
+            from .milc.spectrum import spectrum_measurement
+
+            u, lines, per_mass, tail = spectrum_measurement(u, self.spectrum)
         D = self._dslash(u)
-        results, row = [], {}
+        row = {}
         for i, m in enumerate(self.masses):
             rs = []
             for _ in range(self.reps):
                 g = pbp_source(u.geom, rng)
                 rs.append(pbp(D, m, g, self.tols[i], self._inverse(D, m) if self.mg is not None else None,
                               self.maxiter))
-            results += rs
+            lines += pbp_lines(rs, self.reps) + per_mass
             for key in ("re_even", "re_odd", "im_even", "im_odd", "faction"):
                 row[f"pbp{i}_{key}"] = sum(r[key] for r in rs) / len(rs)
             row[f"pbp{i}_iters"] = sum(sum(r["iters"]) for r in rs)
-        return row, pbp_lines(results, self.reps)
+        return row, lines + tail

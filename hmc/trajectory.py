@@ -116,7 +116,8 @@ def hmc_trajectory(u: GaugeField, rng, monomials, schedule, expm=su3.expm_su3, r
 
     The momenta are drawn before the monomials refresh their auxiliary fields: MILC's order (``ranmom``, then the
     pseudofermion heat bath), which matters for its per-site generators (:mod:`hmc.rngs`). ``reunitarize``: the
-    links are re-unitarized at the end, unless the schedule does it itself (``("R", 0)`` operations)."""
+    links are re-unitarized at the end, unless the schedule does it itself (``("R", 0)`` operations) or is empty
+    (no molecular dynamics: the links are the start's, and dH = 0 exactly)."""
     t0 = time.perf_counter()
     p = draw_momenta(u.geom, rng)
     for m in monomials:
@@ -125,7 +126,7 @@ def hmc_trajectory(u: GaugeField, rng, monomials, schedule, expm=su3.expm_su3, r
     v = u.copy()
     monitors = []
     timers = molecular_dynamics(v, p, schedule, monomials, expm, monitors=monitors)
-    if reunitarize and not any(op[0] == "R" for op in schedule):
+    if reunitarize and schedule and not any(op[0] == "R" for op in schedule):
         v.reunitarize()
     end = measured_action(v, p, monomials)
     xr = rng.global_uniform("metropolis")

@@ -19,8 +19,12 @@ depends on earlier values and on the build (:mod:`hmc.milc.builds`):
 A word where another key is due is a one-line error naming it, its line and the key MILC reads there. The
 translation (:func:`project_deck`) refuses, with the key and its line, what the project does not do: prompts,
 saving a lattice, a second input set, PBP masses with a Naik epsilon or a relative residual, different iteration
-limits per phase, su3_spectrum_hisq's spectrum requests. MILC's precision flags (``cgprec_md_fa_gr``, ``prec_ff``,
-``prec_pbp``) choose single-precision solves in MILC; the project solves in double precision and ignores them.
+limits per phase. su3_spectrum_hisq's block becomes PBP at the sea masses (one source each,
+``error_for_propagator``) after MILC's Coulomb gauge fixing, with its ``spectrum_request`` in ``[milc]``
+(:mod:`hmc.milc.spectrum`). ``steps_per_trajectory 0`` is a trajectory without molecular dynamics
+(``[integrator] steps = 0``: the action measured twice, dH = 0). MILC's precision flags (``cgprec_md_fa_gr``,
+``prec_ff``, ``prec_pbp``) choose single-precision solves in MILC; the project solves in double precision and
+ignores them.
 ``max_cg_prop`` x (``max_cg_prop_restarts`` + 1) bounds the PBP solves (MILC's restarted CG). The rational
 functions are MILC's file as MILC reads it: approximations as coarse as the file states are allowed
 (``max_rational_error``), each still checked against its own stated error.
@@ -33,7 +37,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .. import deck as deckmod
-from ..deck import DeckError
+from ..deck import SPECTRUM_REQUESTS, DeckError
 from .builds import Build, build_for
 
 
@@ -229,6 +233,25 @@ def _pbp_section(d: MilcDeck) -> dict:
             "pbp_maxiter": d["max_cg_prop"] * (max(restarts, 0) + 1)}
 
 
+def parse_requests(text: str, where: str) -> list[str]:
+    """su3_spectrum_hisq's requests: the names in MILC's comma-separated ``spectrum_request`` word (MILC matches
+    ``,name,`` in it); an unknown one is a one-line error naming it."""
+    names = [w for w in text.split(",") if w]
+    bad = [w for w in names if w not in SPECTRUM_REQUESTS]
+    if bad or not names:
+        raise MilcDeckError(f"{where}: spectrum_request {text}: unknown request {', '.join(bad) or '(none given)'}: "
+                            f"MILC's su3_spectrum_hisq knows {', '.join(SPECTRUM_REQUESTS)}")
+    return names
+
+
+def _spectrum_pbp(d: MilcDeck) -> dict:
+    """[fermions] PBP keys of su3_spectrum_hisq: every sea mass, one source, ``error_for_propagator``."""
+    e = d.entry("error_for_propagator")
+    _check(d, e, e.value > 0, "must be a positive residual")
+    return {"pbp_masses": list(d["dyn_mass"]), "npbp_reps": 1, "pbp_error": [e.value] * len(d["dyn_mass"]),
+            "pbp_maxiter": d["max_cg_prop"] * (max(d["max_cg_prop_restarts"], 0) + 1)}
+
+
 def _stated_error(d: MilcDeck, path: str) -> float:
     """The largest error MILC's rational-function file states for its approximations (0 if none). MILC takes the file
     as it is: the translation allows approximations as coarse as the file says (hmc init still checks each one
@@ -249,14 +272,11 @@ def project_deck(d: MilcDeck, search=(), precision: int = 2) -> dict:
     precision, whose output formats the run prints."""
     b = d.build
     _check(d, d.entry("prompt"), d["prompt"] == 0, "only 0 (no prompts) is supported")
-    if b.spectrum:
-        raise d.error(d.entry("spectrum_request"), "su3_spectrum_hisq's spectrum measurements are not supported by "
-                      "hmc milc (hmc spectrum measures the pion correlator of a stored lattice)")
     _check(d, d.save, d.save.key == "forget", "saving the lattice is not supported: use 'forget' (the run file "
            "keeps the configuration)")
     _check(d, d.start, d.start.key != "continue", "'continue' needs a lattice in memory: use fresh or reload_serial")
     steps, warms, trajecs = d.entry("steps_per_trajectory"), d.entry("warms"), d.entry("trajecs")
-    _check(d, steps, steps.value >= 1, "at least one step per trajectory is needed")
+    _check(d, steps, steps.value >= 0, "must be >= 0 (0: a trajectory without molecular dynamics)")
     _check(d, warms, warms.value >= 0, "must be >= 0")
     _check(d, trajecs, trajecs.value >= 0 and warms.value + trajecs.value >= 1, "warms + trajecs must be >= 1")
     _check(d, d.entry("traj_between_meas"), d["traj_between_meas"] >= 1, "must be >= 1")
@@ -265,11 +285,16 @@ def project_deck(d: MilcDeck, search=(), precision: int = 2) -> dict:
         raise d.error(d.pseudofermions[0]["max_multicg_md_fa_gr"], "hmc takes one multishift iteration limit for "
                       f"all phases and pseudofermions, but the deck gives {sorted(limits)}")
     start = "cold" if d.start.key == "fresh" else resolve(d, d.start, search)
+    spectrum = {}
+    if b.spectrum:
+        e = d.entry("spectrum_request")
+        spectrum["spectrum_request"] = parse_requests(e.value, f"{d.source}: line {e.line}")
     eps = d["microcanonical_time_step"]
     fermions = {"action": b.fermion, "rationals": resolve(d, d.entry("load_rhmc_params"), search),
                 "dyn_mass": d["dyn_mass"], "dyn_flavors": d["dyn_flavors"],
                 "cgresid_md_fa_gr": [pf["cgresid_md_fa_gr"].value for pf in d.pseudofermions],
-                "max_multicg": limits.pop() if limits else 2500, **_pbp_section(d)}
+                "max_multicg": limits.pop() if limits else 2500, **(_spectrum_pbp(d) if b.spectrum else
+                                                                     _pbp_section(d))}
     stated = _stated_error(d, fermions["rationals"])
     if stated > deckmod.SCHEMA["fermions"]["max_rational_error"].default:
         fermions["max_rational_error"] = stated
@@ -285,10 +310,10 @@ def project_deck(d: MilcDeck, search=(), precision: int = 2) -> dict:
         "gauge": {"action": "symanzik", "beta": d["beta"], "u0": d["u0"], "quark_loops": b.quark_loops,
                   "nf": sum(d["dyn_flavors"])},
         "fermions": fermions,
-        "integrator": {"scheme": b.scheme, "steps": steps.value, "tau": steps.value * eps,
+        "integrator": {"scheme": b.scheme, "steps": steps.value, **({"tau": steps.value * eps} if steps.value else {}),
                        "link_exponential": "taylor8", "reunitarize": "cycle"},
         "milc": {"build": b.name, "warms": warms.value, "traj_between_meas": d["traj_between_meas"],
-                 "precision": precision},
+                 "precision": precision, **spectrum},
     }
 
 

@@ -8,6 +8,7 @@ from conftest import FIXTURES, ROOT
 from hmc import deck as deckmod
 from hmc.milc.builds import BUILDS, build_for
 from hmc.milc.deck import MilcDeckError, parse, project_deck, read
+from milc_folders import rationals_into
 
 MILC_TEST = FIXTURES / "ks_imp_rhmc"
 SEARCH = [str(FIXTURES)]
@@ -60,8 +61,7 @@ forget
 def files(tmp_path):
     """A deck folder with a rational-function file beside the deck and the lattice in a separate search folder."""
     (tmp_path / "decks").mkdir()
-    rationals = ROOT / "runs" / "rationals" / "rationals.su3_rhmc_hisq"
-    (tmp_path / "decks" / "rationals.test").write_text(rationals.read_text())
+    rationals_into(tmp_path / "decks", "rationals.test")
     (tmp_path / "lats").mkdir()
     (tmp_path / "lats" / "lat.test").write_text("x")
     return tmp_path
@@ -115,7 +115,7 @@ def test_unsupported_values(files):
                    files, "line 35: rel_error_for_propagator 0.1")
     one_line_error(DECK.replace("naik_term_epsilon 0\nerror_for_propagator 1e-8",
                                 "naik_term_epsilon -0.1\nerror_for_propagator 1e-8"), files, "line 37")
-    one_line_error(DECK.replace("steps_per_trajectory 10", "steps_per_trajectory 0"), files, "line 19")
+    one_line_error(DECK.replace("steps_per_trajectory 10", "steps_per_trajectory -1"), files, "line 19")
     one_line_error(DECK.replace("cgprec_md_fa_gr  2 2 2\nprec_ff", "cgprec_md_fa_gr  2 2 2\nprec_ff").replace(
         "max_multicg_md_fa_gr  2500  2500  2500\ncgprec_md_fa_gr  2 2 2\nprec_ff",
         "max_multicg_md_fa_gr  2500  1000  2500\ncgprec_md_fa_gr  2 2 2\nprec_ff"), files, "one multishift")
@@ -162,14 +162,16 @@ def sample_decks():
 @pytest.mark.parametrize("path", sample_decks(), ids=lambda p: p.name)
 def test_every_sample_deck(path):
     """Every sample deck reads in MILC's order; its translation validates where the build's physics is in the
-    schema (an integrator or fermion variant still missing fails validation naming the key), and
-    su3_spectrum_hisq's spectrum requests are refused naming the key and its line."""
+    schema (an integrator or fermion variant still missing fails validation naming the key); su3_spectrum_hisq's
+    requests land in [milc] with PBP at its sea masses."""
     build = build_for(None, path.name)
-    if build.spectrum:
-        with pytest.raises(MilcDeckError, match="line 37: spectrum_request"):
-            read(str(path), search=SEARCH)
-        return
     d, toml, _ = read(str(path), search=SEARCH)
+    if build.spectrum:
+        ours = deckmod.loads(toml)
+        assert ours["milc"]["spectrum_request"] == ["spectrum", "nl_spectrum", "spectrum_mom", "spectrum_nlpi2",
+                                                    "hvy_pot"]
+        assert ours["fermions"]["pbp_masses"] == d["dyn_mass"] and ours["fermions"]["npbp_reps"] == 1
+        assert ours["integrator"]["steps"] == 0 and ours["run"]["metropolis"] is False
     raw = tomllib.loads(toml)
     assert raw["run"]["seed"] == d["iseed"] and raw["fermions"]["action"] == build.fermion
     assert len(raw["fermions"]["cgresid_md_fa_gr"]) == d["n_pseudo"] == len(d.pseudofermions)
@@ -193,3 +195,46 @@ def test_sample_deck_matches_hand_written_twin():
     for key in ("action", "dyn_mass", "dyn_flavors", "cgresid_md_fa_gr", "max_multicg", "multishift"):
         assert ours["fermions"][key] == twin["fermions"][key]
     assert ours["run"]["start"].endswith("lat.sample.l6666.hisq")
+
+
+SPECTRUM_BLOCK = """prec_ff 2
+error_for_propagator 1e-8
+max_cg_prop 500
+max_cg_prop_restarts 5
+spectrum_request spectrum,hvy_pot
+source_start 0
+source_inc 2
+n_sources 1
+reload_serial ../lattices/lat.test
+forget
+"""
+
+
+def spectrum_deck(requests="spectrum,hvy_pot", steps=0):
+    head = DECK[: DECK.index("prec_ff 2")].replace("steps_per_trajectory 10", f"steps_per_trajectory {steps}")
+    return head + SPECTRUM_BLOCK.replace("spectrum,hvy_pot", requests)
+
+
+def test_spectrum_deck_translation(files):
+    """su3_spectrum_hisq: steps_per_trajectory 0 is a trajectory without MD (no tau), RHMD; PBP at every sea mass
+    with error_for_propagator and MILC's restarted-CG bound; the requests in [milc]."""
+    raw = translate(spectrum_deck(), files, "su3_spectrum_hisq")
+    assert raw["integrator"]["steps"] == 0 and "tau" not in raw["integrator"]
+    assert raw["run"]["metropolis"] is False and raw["run"]["rng"] == "milc_old"
+    f = raw["fermions"]
+    assert f["pbp_masses"] == [0.0018, 0.018] and f["pbp_error"] == [1e-8, 1e-8] and f["npbp_reps"] == 1
+    assert f["pbp_maxiter"] == 3000
+    assert raw["milc"]["spectrum_request"] == ["spectrum", "hvy_pot"]
+    ours = deckmod.validate(raw)
+    assert ours["integrator"]["steps"] == 0
+    assert translate(spectrum_deck(steps=4), files, "su3_spectrum_hisq")["integrator"]["tau"] == pytest.approx(0.08)
+
+
+def test_spectrum_deck_errors(files):
+    msg = one_line_error(spectrum_deck("spectrum,glueballs"), files, "line 30: spectrum_request spectrum,glueballs",
+                         build="su3_spectrum_hisq")
+    assert "unknown request glueballs" in msg and "hvy_pot" in msg
+    one_line_error(spectrum_deck(","), files, "(none given)", build="su3_spectrum_hisq")
+    with pytest.raises(deckmod.DeckError, match="spectrum_request"):
+        deckmod.validate({**translate(spectrum_deck(), files, "su3_spectrum_hisq"),
+                          "milc": {"spectrum_request": ["glueballs"]}})

@@ -6,23 +6,13 @@ import pytest
 
 from conftest import FIXTURES
 from hmc.milc.runner import check_milc
+from milc_folders import MILC_TEST, checklist_folder
 
-MILC_TEST = FIXTURES / "ks_imp_rhmc"
 CASE = "su3_rhmc_hisq_su3.f2111"
-CHECKLIST = "".join(f"exec su3_rhmc_hisq_su3  {p}  -  f2111  delta RUNNING 'SELECT=PBP|DG|PLAQ|ACTION|delta|G_LOOP'\n"
-                    for p in (1, 2))
 
 
 def test_milc_su3_rhmc_hisq_su3_f2111(tmp_path):
-    if not (MILC_TEST / f"{CASE}.2.sample-in").exists():
-        pytest.skip(f"MILC's test folder {MILC_TEST} is absent (the shared fixtures folder ../shared/fixtures/milc/)")
-    folder = tmp_path / "test"
-    folder.mkdir()
-    (folder / "checklist").write_text(CHECKLIST)
-    for p in MILC_TEST.glob(f"{CASE}.*"):
-        (folder / p.name).symlink_to(p)
-    for p in MILC_TEST.glob("rationals.*"):
-        (folder / p.name).symlink_to(p)
+    folder = checklist_folder(tmp_path / "test", "su3_rhmc_hisq_su3", "f2111", "delta")
     lines = []
     failed = check_milc(folder, [], search=[FIXTURES], out_dir=tmp_path / "out", log=lines.append)
     assert failed == 0, "\n".join(lines)

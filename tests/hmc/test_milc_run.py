@@ -1,13 +1,12 @@
 """``hmc milc`` and ``hmc init --milc`` on a small MILC deck (4^4 cold start, the project's rational functions):
 MILC's lines in MILC's order, the run file (the MILC deck kept in it, resumed), RHMD's CHECK line."""
 import re
-import shutil
 
 import pytest
 
-from conftest import ROOT
 from hmc import runfile
 from hmc.cli import main
+from milc_folders import rationals_into
 
 DECK = """prompt 0
 nx 4
@@ -47,7 +46,7 @@ forget
 
 @pytest.fixture
 def deck(tmp_path):
-    shutil.copy(ROOT / "runs" / "rationals" / "rationals.su3_rhmc_hisq", tmp_path)
+    rationals_into(tmp_path)
     p = tmp_path / "small.in"
     p.write_text(DECK)
     return p
