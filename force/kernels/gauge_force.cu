@@ -18,11 +18,13 @@
 // 24 S^b_mu of every site once (2 products each) into a scratch buffer, structure of arrays (element-major, site
 // fastest: a warp's loads of one element are one contiguous 512-byte run); gauge_force_symanzik, one thread per
 // (site, mu) for all four directions in one launch, reads 72 of them and sums
-//     Sigma = c_pl sum_b S^b_mu(x) + c_rt sum_b [U_mu(x + mu) S^b_mu(x + mu) S^b_mu(x) + S^b_mu(x) S^b_mu(x - mu) U_mu(x - mu)]
+//     Sigma = c_pl sum_b S^b_mu(x)
+//           + c_rt sum_b [U_mu(x + mu) S^b_mu(x + mu) S^b_mu(x) + S^b_mu(x) S^b_mu(x - mu) U_mu(x - mu)]
 //           + sum_a L(x + mu, a) [c_rt S^a_mu(x + a) L(x + a, -a) + c_pg sum_b S^b_mu(x + a) S^b_a(x)]
 // (the factor L(x + mu, a) shared by the 5 loops of each a): 51 products a link against 228 for the walk, so 252 a
-// site with the staples against 912. F = scale TA(U_mu(x) Sigma). The scratch costs 24 + 72 matrix transfers a site
-// (most of the 72 from cache: 24 at best), which is what binds it: bench/rhmc_floors.py counts both. Plaquettes
+// site with the staples against 912. F = scale TA(U_mu(x) Sigma). The scratch (24 matrices a site: 3.6 GB at 32^4)
+// is written once and read 72 times a link, 288 a site, mostly from cache (24 at best): this traffic, not the flops,
+// should bind the pair (bench/rhmc_floors.py counts both: 56016 flops a site for production, 48 M a site). Plaquettes
 // alone (Wilson) need only S^b_mu(x), each used by its one link: gauge_force_plaquette builds them in registers,
 // one kernel, no scratch (13 products a link against 18). On halo-padded links the staples are built on the interior
 // and one layer around it (padding 2 for rectangles or parallelograms, gauge_force_cuda.halo_depth).
