@@ -1,6 +1,6 @@
 """``hmc bench gauge``: gauge-force and pure-gauge trajectory time per site, with the force's achieved memory
 bandwidth as a fraction of the device's measured copy bandwidth (METHOD.md: measure the ceiling, count the bytes)
-and its flop rate (``bench.rhmc_floors.gauge_flops_per_call``). On a GPU the path-table kernel
+and its flop rate (``force.gauge_force_cuda.force_flops_per_site``). On a GPU the path-table kernel
 (``force.gauge_force_cuda.GaugeForceKernel``, what every action outside Wilson / Symanzik runs) is timed on the same
 links beside the kernel ``action.force`` runs (the staple-sharing one for these actions)."""
 from __future__ import annotations
@@ -71,9 +71,9 @@ def bench_gauge(args) -> dict:
     t_traj = _timed(backend, lambda: hmc_trajectory(u, CounterRNG(1), mon, sched), max(1, args.repeat // 2))
     bw = copy_bandwidth(backend)
     achieved = force_bytes(geom.volume) / t_force
-    from .rhmc_floors import gauge_flops_per_call
+    from force.gauge_force_cuda import force_flops_per_site
 
-    flops = gauge_flops_per_call(action, geom.volume)
+    flops = force_flops_per_site(action.shapes) * geom.volume
     out = {"backend": backend.name, "lattice": list(args.lattice), "action": args.action,
            "force_s": t_force, "force_ns_per_site": 1e9 * t_force / geom.volume,
            "trajectory_s": t_traj, "trajectory_us_per_site": 1e6 * t_traj / geom.volume,

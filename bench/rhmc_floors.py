@@ -28,7 +28,7 @@ row (iterations, solves, link builds) and the integrator schedule (gauge-force c
   group), U, V and W (12 M), write the force (4 M).
 * gauge force, per call: 12 M V (``bench.gauge.force_bytes``: the 4 links read and 4 momenta written, plus the
   4 momenta read, as the clock holds the update P <- P + dt F), whatever the kernel. Flops per call, as the kernel
-  that runs counts them (``force.gauge_force_cuda.force_kernel``; products 198 flops, a product added into a sum
+  that runs counts them (``force.gauge_force_cuda.force_kernel``, ``force_flops_per_site``; products 198 flops, a product added into a sum
   216, a weighted sum 36, the scaled traceless anti-Hermitian part 54):
   - Wilson and Symanzik, staples shared (force/kernels/gauge_force.cu, header): the 24 plaquette staples of a site
     once, 2 products each; per link 6 weighted sums of the plaquette staples; with rectangles 12 products added
@@ -54,11 +54,6 @@ from solvers.staggered_cuda import hop_bytes
 from .gauge import force_bytes
 
 MATRIX = 9 * 16                  # bytes of one complex128 3x3 matrix
-SU3_PRODUCT = 198                # flops of a complex 3x3 x 3x3 product: 27 multiplications (6), 18 additions (2)
-PRODUCT_ADDED = SU3_PRODUCT + 18  # a product added into a 3x3 sum
-WEIGHTED_SUM = 36                # flops of adding c R to a complex 3x3 sum
-TA_SCALED = 54                   # (A - A^dag)/2 (36), minus a third of its trace (6), times the scale (18)
-STAPLES_PER_SITE = 24            # the plaquette staples S^b_mu of a site: 4 mu x 6 signed b
 PHASES = ("GR", "FA", "MD")
 
 
@@ -86,32 +81,18 @@ def solver_iteration_bytes(volume: int, poles: int, single: bool) -> int:
 
 
 def gauge_flops_per_call(action, volume: int) -> int:
-    """Flops of one gauge-force call, as the kernel that serves ``action`` does them (module docstring)."""
-    from force.gauge_force_cuda import force_paths, staple_coefficients
+    """Flops of one gauge-force call, as the kernel that serves ``action`` does them (module docstring;
+    ``force.gauge_force_cuda.force_flops_per_site``)."""
+    from force.gauge_force_cuda import force_flops_per_site
 
-    coef = staple_coefficients(action.shapes)
-    if coef is None:
-        table = force_paths(action.shapes)
-        per_site = sum((len(q) - 1) * SU3_PRODUCT + WEIGHTED_SUM for mu in range(4) for _, q in table[mu])
-        return per_site * volume
-    _, c_rt, c_pg = coef
-    final = SU3_PRODUCT + TA_SCALED
-    if c_rt == 0.0 and c_pg == 0.0:
-        return 4 * (6 * (2 * SU3_PRODUCT + WEIGHTED_SUM) + final) * volume
-    link = 6 * WEIGHTED_SUM + final
-    if c_rt != 0.0:
-        link += 12 * PRODUCT_ADDED + 2 * (SU3_PRODUCT + WEIGHTED_SUM)
-    side = (SU3_PRODUCT if c_rt != 0.0 else 0) + (4 * PRODUCT_ADDED if c_pg != 0.0 else 0)
-    link += 6 * (side + 2 * WEIGHTED_SUM + PRODUCT_ADDED)
-    return (STAPLES_PER_SITE * 2 * SU3_PRODUCT + 4 * link) * volume
+    return force_flops_per_site(action.shapes) * volume
 
 
 def gauge_scratch_bytes(action, volume: int) -> int:
-    """Bytes the staple-sharing force moves beyond the floor: its 24 staples a site written once and read at least
-    once (0 for the kernels without scratch)."""
-    from force.gauge_force_cuda import staple_depth
+    """Bytes the staple-sharing force moves beyond the floor (``force.gauge_force_cuda.scratch_bytes_per_site``)."""
+    from force.gauge_force_cuda import scratch_bytes_per_site
 
-    return 2 * STAPLES_PER_SITE * MATRIX * volume if staple_depth(action.shapes) == 2 else 0
+    return scratch_bytes_per_site(action.shapes) * volume
 
 
 def model(deck: dict, files: dict) -> Model:

@@ -105,6 +105,40 @@ def _box_args(dims, padded_dims, offset) -> tuple:
     return tuple(np.int32(v) for v in tuple(dims) + padded_dims + offset)
 
 
+SU3_PRODUCT = 198                 # flops of a complex 3x3 x 3x3 product: 27 multiplications (6), 18 additions (2)
+PRODUCT_ADDED = SU3_PRODUCT + 18  # a product added into a 3x3 sum
+WEIGHTED_SUM = 36                 # adding c R to a complex 3x3 sum
+TA_SCALED = 54                    # (A - A^dag)/2 (36), minus a third of its trace (6), times the scale (18)
+STAPLES_PER_SITE = 24             # the plaquette staples S^b_mu of a site: 4 mu x 6 signed b
+MATRIX_BYTES = 9 * 16
+
+
+def force_flops_per_site(shapes: dict) -> int:
+    """Flops a site of the force kernel :func:`force_kernel` gives ``shapes``, as it does them (the count is
+    explained in bench/rhmc_floors.py's docstring): the staple-sharing kernels' products and sums, or the walk's
+    L - 1 products and one weighted sum per loop through each link."""
+    coef = staple_coefficients(shapes)
+    if coef is None:
+        table = force_paths(shapes)
+        return sum((len(q) - 1) * SU3_PRODUCT + WEIGHTED_SUM for mu in range(4) for _, q in table[mu])
+    _, c_rt, c_pg = coef
+    final = SU3_PRODUCT + TA_SCALED
+    if c_rt == 0.0 and c_pg == 0.0:
+        return 4 * (6 * (2 * SU3_PRODUCT + WEIGHTED_SUM) + final)
+    link = 6 * WEIGHTED_SUM + final
+    if c_rt != 0.0:
+        link += 12 * PRODUCT_ADDED + 2 * (SU3_PRODUCT + WEIGHTED_SUM)
+    side = (SU3_PRODUCT if c_rt != 0.0 else 0) + (4 * PRODUCT_ADDED if c_pg != 0.0 else 0)
+    link += 6 * (side + 2 * WEIGHTED_SUM + PRODUCT_ADDED)
+    return STAPLES_PER_SITE * 2 * SU3_PRODUCT + 4 * link
+
+
+def scratch_bytes_per_site(shapes: dict) -> int:
+    """The fewest bytes a site the force kernel moves through its staple scratch: the 24 staples written once and
+    read once (0 for the kernels without scratch)."""
+    return 2 * STAPLES_PER_SITE * MATRIX_BYTES if staple_depth(shapes) == 2 else 0
+
+
 class GaugeActionKernel:
     """sum_i c_i sum_loops (3 - ReTr W(x)) at every site, one thread per site (twin:
     ``GaugeAction._weighted_deficit``). On padded links (``Geometry.padded`` of depth >= ``halo_depth``) the

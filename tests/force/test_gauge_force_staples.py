@@ -146,3 +146,19 @@ def test_staple_region_needs_a_padding_of_two():
     assert [int(v) for v in ext] == [4, 4, 4, 6] and [int(v) for v in org] == [0, 0, 1, 1]
     with pytest.raises(ValueError, match="padding of 2"):
         _staple_region(_box_args((4, 4, 2, 4), (4, 4, 4, 4), (0, 0, 1, 0)))
+
+
+def test_flop_counts():
+    """force_flops_per_site (bench/rhmc_floors.py's gauge-force flops), by hand: the production action's staple
+    kernels (24 staples x 2 products; per link 6 + 2 weighted sums, 12 + 6 x (4 + 1) products added, 2 + 6
+    products, U Sigma and TA), Wilson's registers (6 staples x 2 products, 6 sums, U Sigma, TA) and the walk of 6
+    rectangles (36 rotations a site of 5 products and one sum)."""
+    from force import loops
+    from force.gauge_force_cuda import force_flops_per_site, scratch_bytes_per_site
+
+    link = 8 * 36 + 42 * 216 + 8 * 198 + 12 * 36 + 198 + 54
+    assert force_flops_per_site(production().shapes) == 48 * 198 + 4 * link == 56016
+    assert force_flops_per_site(actions()["wilson"].shapes) == 4 * (6 * (2 * 198 + 36) + 198 + 54)
+    assert force_flops_per_site({"rectangle": (1.0, loops.generate(loops.RECTANGLE)[:6])}) == 36 * (5 * 198 + 36)
+    assert scratch_bytes_per_site(production().shapes) == 2 * 24 * 144
+    assert scratch_bytes_per_site(actions()["wilson"].shapes) == 0
