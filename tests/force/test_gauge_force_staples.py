@@ -71,8 +71,8 @@ def test_whole_lattice_kernels_equal_the_twin(name, dims):
 @pytest.mark.parametrize("name", ["wilson", "symanzik"])
 def test_padded_kernels_equal_the_twin(monkeypatch, name, partition):
     """Through GaugeAction.force on a forced partition: the links padded by halo_depth, the staples built on the
-    interior and one layer around it on the padded dimensions."""
-    from force.gauge_force_cuda import StapleForceKernel
+    interior and one layer around it on the padded dimensions; the path-table kernel on the same padded links."""
+    from force.gauge_force_cuda import GaugeForceKernel, StapleForceKernel
     from lattice import GaugeField, Geometry, get_backend
 
     act = actions()[name]
@@ -81,9 +81,11 @@ def test_padded_kernels_equal_the_twin(monkeypatch, name, partition):
         host = Geometry((4, 4, 4, 6), host_backend(), grid)
         links = random_su3(cpu, 5)
         got = act.force(GaugeField(host, links))
+        padded, dims, box, offset = act._padded_links(GaugeField(host, links))
+        walked = GaugeForceKernel(host.backend, act.shapes)(padded, act.beta, dims, box, offset)
         ref = act.force_reference(GaugeField(cpu, links))
     assert isinstance(act._kernels["force"], StapleForceKernel)
-    assert rel(got, ref) <= TOL
+    assert rel(got, ref) <= TOL and rel(walked, ref) <= TOL
 
 
 @needs_gxx
