@@ -195,12 +195,12 @@ __device__ __forceinline__ void add_scaled(M3 &acc, double c, const M3 &m) {
     #pragma unroll
     for (int i = 0; i < 9; ++i) { acc.e[i].x += c * m.e[i].x; acc.e[i].y += c * m.e[i].y; }
 }
-// z = y + e (e a signed step +-(d + 1)), wrapped modulo the box
+// z = y + e (e a signed step +-(d + 1)), wrapped modulo the box; the unrolled select keeps z in registers (z[d]
+// with d known only at run time would put it in local memory)
 __device__ __forceinline__ void step_to(int *z, const int *y, int e, const int *n) {
     const int d = (e > 0 ? e : -e) - 1;
     #pragma unroll
-    for (int i = 0; i < 4; ++i) z[i] = y[i];
-    z[d] = (z[d] + (e > 0 ? 1 : n[d] - 1)) % n[d];
+    for (int i = 0; i < 4; ++i) z[i] = i == d ? (y[i] + (e > 0 ? 1 : n[i] - 1)) % n[i] : y[i];
 }
 // m = L(y, e): U_d(y) for e = d + 1, U_d(y - d)^dag for e = -(d + 1)
 __device__ __forceinline__ void load_step(M3 &m, const double2 *__restrict__ U, const int *y, int e, const int *n,
