@@ -1,5 +1,8 @@
 """``hmc bench gauge``: gauge-force and pure-gauge trajectory time per site, with the force's achieved memory
-bandwidth as a fraction of the device's measured copy bandwidth (METHOD.md: measure the ceiling, count the bytes)."""
+bandwidth as a fraction of the device's measured copy bandwidth (METHOD.md: measure the ceiling, count the bytes)
+and its flop rate (``force.gauge_force_cuda.force_flops_per_site``). On a GPU the path-table kernel
+(``force.gauge_force_cuda.GaugeForceKernel``, what every action outside Wilson / Symanzik runs) is timed on the same
+links beside the kernel ``action.force`` runs (the staple-sharing one for these actions)."""
 from __future__ import annotations
 
 import time
@@ -57,22 +60,35 @@ def bench_gauge(args) -> dict:
          "quark_loops": "none"}
     action = make_gauge_action(g)
     t_force = _timed(backend, lambda: action.force(u), args.repeat)
+    t_paths = None
+    if backend.is_gpu:
+        from force.gauge_force_cuda import GaugeForceKernel
+
+        walk = GaugeForceKernel(backend, action.shapes)
+        t_paths = _timed(backend, lambda: walk(u.links, action.beta, geom.local_dims), args.repeat)
     mon = [GaugeMonomial(action)]
     sched = build_schedule([Level("omelyan", 10, ["gauge"])], 1.0)
     t_traj = _timed(backend, lambda: hmc_trajectory(u, CounterRNG(1), mon, sched), max(1, args.repeat // 2))
     bw = copy_bandwidth(backend)
     achieved = force_bytes(geom.volume) / t_force
+    from force.gauge_force_cuda import force_flops_per_site
+
+    flops = force_flops_per_site(action.shapes) * geom.volume
     out = {"backend": backend.name, "lattice": list(args.lattice), "action": args.action,
            "force_s": t_force, "force_ns_per_site": 1e9 * t_force / geom.volume,
            "trajectory_s": t_traj, "trajectory_us_per_site": 1e6 * t_traj / geom.volume,
            "force_evaluations_per_trajectory": 10,
            "force_bytes": force_bytes(geom.volume), "force_GBps": achieved / 1e9,
-           "copy_GBps": bw / 1e9, "fraction_of_copy_bandwidth": achieved / bw}
+           "copy_GBps": bw / 1e9, "fraction_of_copy_bandwidth": achieved / bw,
+           "force_flops": flops, "force_GFLOPs": flops / t_force / 1e9, "force_path_table_s": t_paths}
     if not getattr(args, "json", False):
         print(f"bench gauge {args.action} {'x'.join(map(str, args.lattice))} on {backend.name}:")
         print(f"  force        {t_force * 1e3:10.3f} ms  {out['force_ns_per_site']:9.2f} ns/site  "
               f"{out['force_GBps']:8.2f} GB/s = {100 * out['fraction_of_copy_bandwidth']:.1f}% of measured copy "
-              f"bandwidth {out['copy_GBps']:.1f} GB/s")
+              f"bandwidth {out['copy_GBps']:.1f} GB/s, {out['force_GFLOPs']:.1f} GFLOP/s ({flops / 1e9:.3g} GFLOP)")
+        if t_paths is not None:
+            print(f"  path table   {t_paths * 1e3:10.3f} ms  (the walk of every loop, no staple shared: "
+                  f"{t_paths / t_force:.2f} x the force above)")
         print(f"  trajectory   {t_traj:10.3f} s   {out['trajectory_us_per_site']:9.2f} us/site "
               f"(Omelyan, 10 steps, 10 force evaluations)")
     return out

@@ -27,9 +27,19 @@ row (iterations, solves, link builds) and the integrator schedule (gauge-force c
 * fermion force, HISQ chain rule, per force evaluation: M V (16 + 8 n_g): read the outer products (8 M per
   group), U, V and W (12 M), write the force (4 M).
 * gauge force, per call: 12 M V (``bench.gauge.force_bytes``: the 4 links read and 4 momenta written, plus the
-  4 momenta read, as the clock holds the update P <- P + dt F). Flops per call: 4 V sum_paths ((L - 1) x 198 +
-  36) over the loops through a link (``force.gauge_force_cuda.force_paths``, rotated to start on it): L - 1 SU(3)
-  products of 198 flops each and the weighted sum, no staple shared between links (what the kernel does).
+  4 momenta read, as the clock holds the update P <- P + dt F), whatever the kernel. Flops per call, as the kernel
+  that runs counts them (``force.gauge_force_cuda.force_kernel``, ``force_flops_per_site``; products 198 flops, a product added into a sum
+  216, a weighted sum 36, the scaled traceless anti-Hermitian part 54):
+  - Wilson and Symanzik, staples shared (force/kernels/gauge_force.cu, header): the 24 plaquette staples of a site
+    once, 2 products each; per link 6 weighted sums of the plaquette staples; with rectangles 12 products added
+    (U_mu S S pairs along mu) and 2 products and 2 weighted sums; with rectangles or parallelograms, for each of the
+    6 sides a: a product (the short-side rectangle) where c_rt != 0, 4 products added (parallelograms) where
+    c_pg != 0, 2 weighted sums and the product by L(x + mu, a) added; then U_mu(x) Sigma (198) and the TA part
+    (54). The production action: 56016 flops a site, against 187488 for the walk. Plaquettes alone: per link 6
+    staples of 2 products and 6 weighted sums, then 198 + 54. The shared kernel also writes and reads its scratch,
+    at least 48 M V more than the floor (the 24 staples a site written once and read once; the note prints it).
+  - any other action, the path-table walk: 4 V sum_paths ((L - 1) x 198 + 36) over the loops through a link
+    (``force.gauge_force_cuda.force_paths``, rotated to start on it), nothing shared between links.
 Evaluations per trajectory: the fermion force's are the MD solves over the pseudofermions (one solve each per
 evaluation), the gauge force's are the gauge kicks of the schedule (``hmc.assemble.make_schedule``).
 """
@@ -44,8 +54,6 @@ from solvers.staggered_cuda import hop_bytes
 from .gauge import force_bytes
 
 MATRIX = 9 * 16                  # bytes of one complex128 3x3 matrix
-SU3_PRODUCT = 198                # flops of a complex 3x3 x 3x3 product: 27 multiplications (6), 18 additions (2)
-WEIGHTED_SUM = 36                # flops of adding c R to a complex 3x3 sum
 PHASES = ("GR", "FA", "MD")
 
 
@@ -62,6 +70,7 @@ class Model:
     gauge_calls: int
     gauge_flops: int
     gauge_name: str
+    gauge_scratch_bytes: int = 0
 
 
 def solver_iteration_bytes(volume: int, poles: int, single: bool) -> int:
@@ -72,12 +81,18 @@ def solver_iteration_bytes(volume: int, poles: int, single: bool) -> int:
 
 
 def gauge_flops_per_call(action, volume: int) -> int:
-    """Flops of one gauge-force call as the kernel walks the loops through each of the 4 V links."""
-    from force.gauge_force_cuda import force_paths
+    """Flops of one gauge-force call, as the kernel that serves ``action`` does them (module docstring;
+    ``force.gauge_force_cuda.force_flops_per_site``)."""
+    from force.gauge_force_cuda import force_flops_per_site
 
-    table = force_paths(action.shapes)
-    per_site = sum((len(q) - 1) * SU3_PRODUCT + WEIGHTED_SUM for mu in range(4) for _, q in table[mu])
-    return per_site * volume
+    return force_flops_per_site(action.shapes) * volume
+
+
+def gauge_scratch_bytes(action, volume: int) -> int:
+    """Bytes the staple-sharing force moves beyond the floor (``force.gauge_force_cuda.scratch_bytes_per_site``)."""
+    from force.gauge_force_cuda import scratch_bytes_per_site
+
+    return scratch_bytes_per_site(action.shapes) * volume
 
 
 def model(deck: dict, files: dict) -> Model:
@@ -95,7 +110,8 @@ def model(deck: dict, files: dict) -> Model:
     outer = md_poles * (hop_bytes(np.complex128) // 2 + 48) * volume + 8 * MATRIX * groups * volume
     calls = sum(1 for op in make_schedule(deck, monomials) if op[0] == "P" and gauge.name in op[1])
     return Model(volume, groups, len(fermion.terms), per_iteration, outer, calls,
-                 gauge_flops_per_call(gauge.gauge_action, volume), gauge.name)
+                 gauge_flops_per_call(gauge.gauge_action, volume), gauge.name,
+                 gauge_scratch_bytes(gauge.gauge_action, volume))
 
 
 @dataclass(frozen=True)
@@ -134,8 +150,9 @@ def rows(m: Model, r: dict, bandwidth: float) -> list[Row]:
     tg = t(f"time_force_{m.gauge_name}")
     rate = m.gauge_calls * m.gauge_flops / tg / 1e9 if tg > 0 else float("nan")
     out.append(Row("gauge force", tg, m.gauge_calls * gauge_bytes / bandwidth,
-                   f"{m.gauge_calls} calls x {gauge_bytes / m.volume:.0f} B/site, {m.gauge_flops / 1e9:.3g} GFLOP "
-                   f"a call: {rate:.3g} GFLOP/s"))
+                   f"{m.gauge_calls} calls x {gauge_bytes / m.volume:.0f} B/site "
+                   f"(+{m.gauge_scratch_bytes / m.volume:.0f} B/site of staple scratch), {m.gauge_flops / 1e9:.3g} "
+                   f"GFLOP a call: {rate:.3g} GFLOP/s"))
     return out
 
 

@@ -268,7 +268,8 @@ class GaugeAction:
     def force(self, u: GaugeField):
         """Pdot_mu(x) = TA[U_mu(x) G_mu(x)^dag] = -(beta/3) TA[A_mu(x)], shape (4, nt, nz, ny, nx, 3, 3).
 
-        On a GPU this is one CUDA kernel (:mod:`force.gauge_force_cuda`), whose NumPy twin is
+        On a GPU these are the CUDA kernels of :mod:`force.gauge_force_cuda` (staples shared between links for
+        Wilson and Symanzik, a path table otherwise: ``force_kernel``), whose NumPy twin is
         :meth:`force_reference`: on the links as they are when the GPU holds the whole lattice, on halo-padded
         links (:meth:`_padded_links`) when the grid is partitioned."""
         return lookup("gauge.force", u.geom, action=self)(self, u)
@@ -299,9 +300,9 @@ class GaugeAction:
         """The compiled force or action kernel for this action's loops, built on first use."""
         kernels = self.__dict__.setdefault("_kernels", {})
         if which not in kernels:
-            from .gauge_force_cuda import GaugeActionKernel, GaugeForceKernel
+            from .gauge_force_cuda import GaugeActionKernel, force_kernel
 
-            kernels[which] = (GaugeForceKernel if which == "force" else GaugeActionKernel)(backend, self.shapes)
+            kernels[which] = (force_kernel if which == "force" else GaugeActionKernel)(backend, self.shapes)
         return kernels[which]
 
 

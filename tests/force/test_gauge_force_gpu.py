@@ -30,6 +30,22 @@ def test_kernel_equals_numpy_twin(action, dims):
     assert np.abs(twin - ref).max() <= 1e-13 * np.abs(ref).max()
 
 
+@pytest.mark.parametrize("kernel", ["staples", "paths"])
+@pytest.mark.parametrize("action", [WilsonAction(6.0), SymanzikAction(5.8, 0.85535, 4, "hisq")],
+                         ids=["wilson", "symanzik_production"])
+def test_both_force_kernels_equal_numpy_twin(action, kernel):
+    """The staple-sharing kernels (what action.force runs for these actions) and the path-table kernel (every other
+    action's), each called directly, on a lattice of uneven extents."""
+    from force.gauge_force_cuda import GaugeForceKernel, StapleForceKernel
+
+    dims = (6, 4, 8, 10)
+    ref = action.force(smooth(Geometry(dims, get_backend("numpy")), 6))
+    gpu = Geometry(dims, get_backend("cupy"))
+    cls = StapleForceKernel if kernel == "staples" else GaugeForceKernel
+    got = gpu.backend.to_numpy(cls(gpu.backend, action.shapes)(smooth(gpu, 6).links, action.beta, dims))
+    assert np.abs(got - ref).max() <= 1e-13 * np.abs(ref).max()
+
+
 def test_kernel_on_milc_lattice():
     path = FIXTURES / "lat.sample.l6666.hisq"
     if not path.exists():
