@@ -90,7 +90,8 @@ class _Buffers:
             self.send_views.append(_views(send, faces, "send_at", rest, per, key="key"))
             self.ghost_views.append(_views(ghost, faces, "ghost_at", rest, per, key="recv_key"))
         self.host = None
-        self.box = xp.zeros(stencil.box + rest, dtype) if stencil.padded else None
+        self.own_box = None                  # a padded stencil's box when the caller gives none (made once)
+        self.box = None                      # the box of the exchange in flight
         self.exchange = None
         self.busy = False
 
@@ -114,7 +115,9 @@ def _views(buf, faces, at, rest, per, key):
 class Stencil:
     """The halo of ``lattice`` (any object with ``shape`` (nt, nz, ny, nx), ``grid`` and ``xp``: a Geometry or a
     multigrid coarse lattice) for the displacements ``displacements`` ((mu, step) pairs) at slab ``depth`` (default:
-    the largest |step|). See the module docstring for the layout and the capture rule.
+    the largest |step|). See the module docstring for the layout. Capturable in principle: after the first exchange
+    of a field kind, :meth:`begin` / :meth:`complete` only copy between fixed buffers and hand the engine fixed views
+    (no allocation), so one exchange can be recorded in a CUDA graph where the engine's links allow it.
 
     ``faces`` / ``stages``: the :class:`Face` objects (one stage unless ``padded``); ``face_sites[(mu, dir)]``: the
     flat local sites each face sends; ``interior`` / ``exterior``: flat local sites whose displacements all stay in
@@ -236,13 +239,20 @@ class Stencil:
                          "(double buffering)")
 
     # --- the exchange -----------------------------------------------------------------------------------------
-    def begin(self, field) -> _Buffers:
+    def begin(self, field, box=None) -> _Buffers:
         """Pack the faces of ``field`` (site axes first, the lattice's local shape) into the send buffer and post
         the exchange of the first stage; returns the buffer set in flight, for :meth:`complete`. ``field`` may be
-        written as soon as this returns (the faces are copies). Collective over the grid."""
+        written as soon as this returns (the faces are copies). A padded stencil fills ``box`` (an array of
+        ``self.box`` + the per-site shape: the caller's result), else a box of its own. Collective over the grid."""
         if tuple(field.shape[:4]) != self.shape:
             raise CommsError(f"stencil: site axes {tuple(field.shape[:4])} are not the local shape {self.shape}")
         bufs = self._free_set(field)
+        if self.padded:
+            if box is None:
+                if bufs.own_box is None:
+                    bufs.own_box = self.xp.empty(self.box + bufs.rest, bufs.dtype)
+                box = bufs.own_box
+            bufs.box = box
         self.pack(field, bufs)
         return self.post(bufs)
 
@@ -312,5 +322,6 @@ class Stencil:
                     bufs.box[f.land] = ghosts[f.recv_key]
             return bufs.box
         finally:
+            bufs.box = None
             bufs.busy = False
             self._in_flight.remove(bufs)
