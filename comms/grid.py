@@ -103,6 +103,7 @@ class _Context:
         self.neighbours = neighbours
         self.order = order          # order[g] = rank in comm at grid index g (x fastest)
         self.engine = None
+        self.partitioned = None     # ProcessGrid.partitioned of this context, made on first use
 
 
 def grid_index(coords, dims) -> int:
@@ -232,8 +233,10 @@ class ProcessGrid:
 
     @property
     def partitioned(self) -> tuple:
-        d = self._need().dims
-        return tuple(d[mu] > 1 or self._forced[mu] for mu in range(4))
+        ctx = self._need()
+        if ctx.partitioned is None:          # read on every shift (and stencil look-up): made once per context
+            ctx.partitioned = tuple(ctx.dims[mu] > 1 or self._forced[mu] for mu in range(4))
+        return ctx.partitioned
 
     @property
     def is_root(self) -> bool:

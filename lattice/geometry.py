@@ -6,7 +6,7 @@ array axis 3 - mu.
 
 Distribution: every neighbour access of the physics code goes through :meth:`Geometry.shift`. On a partitioned
 dimension a shift by k is the local roll with its |k| wrapped slabs replaced by the neighbour's, received through
-a halo exchange (comms.halo): exact data movement, so every result is bitwise the one of a single process.
+the lattice's stencil (comms.stencil, driving the halo engine of comms.halo): exact data movement, so every result is bitwise the one of a single process.
 :meth:`Geometry.sum` is the correctly rounded sum (comms.reduce), the same for every decomposition.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from comms import ProcessGrid
 from comms.config import RunConfig
+from comms.stencil import Stencil, device_engine, staging  # noqa: F401  (device_engine: for the GPU hop)
 
 from .backend import Backend, get_backend
 from .placement import Placement, placement_of
@@ -79,6 +80,27 @@ class SiteLattice:
         between the two overlaps the exchange. At most two may be outstanding (double buffering)."""
         return ShiftHandle(self, f, mu, step)
 
+    def halo(self, f, depth: int = 1, dims=None) -> dict:
+        """The neighbours' boundary slabs of ``f``, ``depth`` deep, over the partitioned dimensions (or ``dims``):
+        {(mu, 0): the last ``depth`` slabs of the backward neighbour, (mu, 1): the first ``depth`` slabs of the
+        forward neighbour}, in one exchange."""
+        return self.halo_start(f, depth, dims).finish()
+
+    def halo_start(self, f, depth: int = 1, dims=None) -> "HaloHandle":
+        return HaloHandle(self, f, depth, dims)
+
+    def stencil(self, displacements, depth: int | None = None, padded: bool = False) -> Stencil:
+        """The :class:`comms.stencil.Stencil` of this lattice for ``displacements`` ((mu, step) pairs) at ``depth``,
+        built once per process-grid layout and kept (its buffers with it); every halo of the lattice goes through
+        one (docs/architecture.md, 'Stencil')."""
+        part = self.grid.partitioned
+        key = (tuple(displacements), depth, padded, part)
+        cache = self.__dict__.setdefault("_stencils", {})
+        st = cache.get(key)
+        if st is None:
+            st = cache[key] = Stencil(self, displacements, depth, padded=padded, staging=lambda: _staging(self))
+        return st
+
 
 @dataclass
 class Geometry(SiteLattice):
@@ -122,22 +144,14 @@ class Geometry(SiteLattice):
         return (x + y + z + t) % 2
 
 
-    def halo(self, f, depth: int = 1, dims=None) -> dict:
-        """The neighbours' boundary slabs of ``f``, ``depth`` deep, over the partitioned dimensions (or ``dims``):
-        {(mu, 0): the last ``depth`` slabs of the backward neighbour, (mu, 1): the first ``depth`` slabs of the
-        forward neighbour}, in one exchange."""
-        return self.halo_start(f, depth, dims).finish()
-
-    def halo_start(self, f, depth: int = 1, dims=None) -> "HaloHandle":
-        return HaloHandle(self, f, depth, dims)
-
     def padded(self, f, depth: int):
         """The local site array ``f`` (site axes first) extended by ``depth`` sites on both sides of every
         partitioned dimension: ``padded(f, d)[i] = f_global[(offset + i - pad) mod dims]`` with pad = d on
         partitioned dimensions and 0 elsewhere (unpartitioned dimensions are not padded: periodic wrap stays
         valid there, as the kernels that read the result do it).
 
-        One halo exchange per partitioned dimension, in turn, each sending slabs of the array padded so far:
+        A padded :class:`comms.stencil.Stencil`: one halo exchange per partitioned dimension, in turn, each sending
+        slabs of the array padded so far:
         the slabs exchanged along mu already carry the pads of the dimensions before it, so the edge and corner
         regions (x + a mu + b nu with mu and nu partitioned) arrive too. Pure data movement: bitwise the global
         field. NumPy or CuPy (with a GPU engine the faces move device to device, as in :meth:`halo`). Returns
@@ -150,11 +164,11 @@ class Geometry(SiteLattice):
                                     f"{DIRS[mu]}")
         if tuple(f.shape[:4]) != self.shape:
             raise GeometryError(f"padded: site axes {tuple(f.shape[:4])} are not the local shape {self.shape}")
-        xp = self.xp
-        for mu in dims:
-            faces = self.halo(f, depth, dims=(mu,))
-            f = xp.concatenate((faces[(mu, 0)], f, faces[(mu, 1)]), axis=site_axis(mu))
-        return f
+        if not dims:
+            return f
+        st = self.stencil(tuple((mu, s) for mu in dims for s in (depth, -depth)), depth, padded=True)
+        box = self.xp.empty(st.box + tuple(f.shape[4:]), dtype=f.dtype)      # the result: filled in place
+        return st.complete(st.begin(f, box))
 
     def sum(self, a):
         """Global sum of a local array (a Python float or complex): the correctly rounded sum of every element,
@@ -189,34 +203,18 @@ def _slab(axis: int, start: int, stop: int) -> tuple:
     return (slice(None),) * axis + (slice(start, stop),)
 
 
-def device_engine(engine) -> bool:
-    """Whether a halo engine exchanges device arrays (its ``device_faces``: the GPU engine's ``start`` takes CuPy
-    faces and its ``finish`` returns CuPy arrays; the CPU engine takes NumPy faces)."""
-    return bool(getattr(engine, "device_faces", False))
-
-
 def _staging(geom):
-    """How faces travel: "device" (CuPy faces to a GPU engine: no host copy), "host" (CuPy fields through a CPU
-    engine: staged through NumPy) or "numpy" (NumPy fields)."""
-    if not geom.backend.is_gpu:
-        return "numpy"
-    return "device" if device_engine(geom.grid.halo) else "host"
-
-
-def _send(face, staging):
-    if staging == "device":
-        return face if face.flags.c_contiguous else face.copy()    # contiguous: the copy engine reads it directly
-    if staging == "host":
-        return face.get()
-    return face
+    """How faces travel (:func:`comms.stencil.staging`): "device", "host" or "numpy"; read by every exchange of
+    the lattice's stencils."""
+    return staging(geom.backend.is_gpu, geom.grid.halo)
 
 
 class ShiftHandle:
-    """A shift in flight (:meth:`Geometry.shift_start`). On the GPU with a GPU halo engine (transport event or
-    stream_gated) the face goes device to device; the engine may read ``f`` until :meth:`finish`, so
-    ``f`` must not be written before then."""
+    """A shift in flight (:meth:`SiteLattice.shift_start`): a client of the lattice's stencil for the one
+    displacement (mu, step); ``f`` is read again by :meth:`finish` (the local roll), so it must not be written
+    before then."""
 
-    def __init__(self, geom: Geometry, f, mu: int, step: int):
+    def __init__(self, geom: SiteLattice, f, mu: int, step: int):
         self.geom, self.mu, self.step = geom, mu, int(step)
         axis = site_axis(mu)
         n = f.shape[axis]
@@ -225,61 +223,46 @@ class ShiftHandle:
             f = ShiftHandle(geom, f, mu, sign * n).finish()
             k -= n
         self.f, self.axis, self.n, self.sign, self.k = f, axis, n, sign, k
-        self.ex = None
+        self.pending = None
         if k == 0:
             return
-        self.staging = _staging(geom)
-        face = f[_slab(axis, 0, k)] if sign > 0 else f[_slab(axis, n - k, n)]
-        self.dir = 0 if sign > 0 else 1     # step > 0 needs the forward neighbour's first slabs: it sends them back
-        self.ex = geom.grid.halo.start({(mu, self.dir): _send(face, self.staging)})
+        self.stencil = geom.stencil(((mu, sign * k),))
+        self.pending = self.stencil.begin(f)
 
     def finish(self):
-        xp, f = self.geom.xp, self.f
-        g = xp.roll(f, -self.sign * self.k, axis=self.axis)
-        if self.ex is None:
-            return g
-        n, k = self.n, self.k
-        dest = g[_slab(self.axis, n - k, n)] if self.sign > 0 else g[_slab(self.axis, 0, k)]
-        key = (self.mu, 1 - self.dir)
-        if self.staging == "numpy":
-            self.ex.finish({key: dest})
-        else:                               # device: the engine's CuPy face; host: the NumPy face, uploaded
-            dest[...] = xp.asarray(self.ex.finish()[key])
-        return g
+        xp, f, a, n, k = self.geom.xp, self.f, self.axis, self.n, self.k
+        if self.pending is None:
+            return xp.roll(f, -self.sign * k, axis=a)
+        # the local roll with its k wrapped slabs taken from the ghost: one copy of each part, nothing copied twice
+        if self.sign > 0:
+            ghost = self.stencil.complete(self.pending)[(self.mu, 1)]
+            return xp.concatenate((f[_slab(a, k, n)], ghost), axis=a)
+        ghost = self.stencil.complete(self.pending)[(self.mu, 0)]
+        return xp.concatenate((ghost, f[_slab(a, 0, n - k)]), axis=a)
 
 
 class HaloHandle:
-    """A full halo exchange in flight (:meth:`Geometry.halo_start`); faces device to device with a GPU engine, as
-    in :class:`ShiftHandle` (``f`` must not be written before :meth:`finish`)."""
+    """A full halo exchange in flight (:meth:`SiteLattice.halo_start`): a client of the lattice's stencil for the
+    displacements +-depth along ``dims``."""
 
-    def __init__(self, geom: Geometry, f, depth: int, dims=None):
-        self.geom = geom
+    def __init__(self, geom: SiteLattice, f, depth: int, dims=None):
         dims = [mu for mu in range(4) if geom.grid.partitioned[mu]] if dims is None else list(dims)
-        self.staging = _staging(geom)
-        sends = {}
         for mu in dims:
-            axis = site_axis(mu)
-            n = f.shape[axis]
+            n = f.shape[site_axis(mu)]
             if not 1 <= depth <= n:
                 raise GeometryError(f"halo depth {depth} is not in 1..{n}, the local extent in direction {DIRS[mu]}")
-            lo, hi = f[_slab(axis, 0, depth)], f[_slab(axis, n - depth, n)]
-            sends[(mu, 0)] = _send(lo, self.staging)
-            sends[(mu, 1)] = _send(hi, self.staging)
-        self.ex = geom.grid.halo.start(sends)
+        self.stencil = geom.stencil(tuple((mu, s) for mu in dims for s in (depth, -depth)), depth)
+        self.pending = self.stencil.begin(f)
 
     def finish(self, out: dict | None = None) -> dict:
-        """{(mu, side): face} as :meth:`Geometry.halo`; ``out`` (optional) holds arrays of the fields' kind to
-        receive some faces in place (the GPU engine copies a contiguous one straight from its buffer)."""
-        if self.staging != "host":
-            return self.ex.finish(out)
-        got = self.ex.finish()
-        xp = self.geom.xp
+        """{(mu, side): face} as :meth:`SiteLattice.halo`, each a new array or, where ``out`` (optional) holds one
+        for its key, that array filled in place."""
         res = {}
-        for key, face in got.items():
+        for key, face in self.stencil.complete(self.pending).items():
             dest = None if out is None else out.get(key)
             if dest is None:
-                res[key] = xp.asarray(face)
+                res[key] = face.copy()      # the stencil's ghost buffer is reused by its next exchange
             else:
-                dest[...] = xp.asarray(face)
+                dest[...] = face
                 res[key] = dest
         return res

@@ -53,8 +53,8 @@ import time
 
 import numpy as np
 
+from comms.stencil import Stencil, device_engine
 from lattice import cuda_source
-from lattice.geometry import device_engine
 from lattice.placement import Placement, implements
 
 from .staggered_cuda import BLOCK, CudaHop
@@ -116,49 +116,32 @@ class DistHop(CudaHop):
         dtype = np.dtype(dslash.dtype)
         self.dtype = dtype
         self.real = np.float32 if dtype == np.complex64 else np.float64
-        nx, ny, nz, nt = self.local
-        # faces: send (mu, dir) and receive (mu, side), sorted; each a slab of the local block of extent depth
-        self.face_shape = {}
-        off, table = 0, []
-        for mu in self.pdims:
-            fs = [nt, nz, ny, nx, 3]
-            fs[3 - mu] = self.depth
-            self.face_shape[mu] = tuple(fs)
-        size = {mu: int(np.prod(self.face_shape[mu])) for mu in self.pdims}
-        self.keys = [(mu, d) for mu in self.pdims for d in (0, 1)]
-        offs = {}
-        for k in self.keys:
-            offs[k] = off
-            table.append([k[0], k[1], off, size[k[0]]])
-            off += size[k[0]]
-        self.total = off
-        xp = self.xp
-        self.sendbuf = xp.zeros(max(off, 1), dtype=dtype)
-        self.ghost = xp.zeros(max(off, 1), dtype=dtype)
-        self.sends = {k: self.sendbuf[offs[k]:offs[k] + size[k[0]]].reshape(self.face_shape[k[0]]) for k in self.keys}
-        self.recvs = {k: self.ghost[offs[k]:offs[k] + size[k[0]]].reshape(self.face_shape[k[0]]) for k in self.keys}
+        # faces, buffers and site lists: this hop's own stencil (fixed buffers: their addresses go into graphs)
+        steps = (1, -1, 3, -3) if self.naik else (1, -1)
+        self.stencil = Stencil(geom, [(mu, s) for mu in range(4) for s in steps], self.depth)
+        self.bufs = self.stencil.buffers((3,), dtype)
+        faces = self.stencil.faces                      # sorted (mu, dir); both sides of every partitioned mu
+        self.keys = [f.key for f in faces]
+        self.face_shape = {f.key[0]: f.shape + (3,) for f in faces}
+        self.total = 3 * sum(f.size for f in faces)
+        self.sendbuf, self.ghost = self.bufs.send[0], self.bufs.ghost[0]
+        self.sends, self.recvs = self.bufs.send_views[0], self.bufs.ghost_views[0]
+        table = [[f.key[0], f.key[1], 3 * f.send_at, 3 * f.size] for f in faces]
         goff = np.zeros(8, dtype=np.int64)
-        for (mu, side) in self.keys:
-            goff[2 * mu + side] = offs[(mu, side)]
+        for f in faces:
+            goff[2 * f.recv_key[0] + f.recv_key[1]] = 3 * f.ghost_at
         self.goff_host = goff
         self.table_host = np.asarray(table, dtype=np.int32).reshape(-1, 4)
+        xp = self.xp
         self.goff = xp.asarray(goff)
         self.table = xp.asarray(self.table_host.ravel() if len(table) else np.zeros(4, np.int32))
-        # interior / exterior site lists per output parity (checkerboard indices, as the kernel decodes them)
-        self.sites = {}
-        for p in (0, 1):
-            j = np.arange(geom.local_volume // 2)
-            coords = self._decode(j, p)
-            inner = np.ones(j.shape, dtype=bool)
-            for mu in self.pdims:
-                inner &= (coords[mu] >= self.depth) & (coords[mu] < self.local[mu] - self.depth)
-            self.sites[p] = (xp.asarray(j[inner].astype(np.int32)), xp.asarray(j[~inner].astype(np.int32)))
+        # interior / exterior sites per output parity, as checkerboard indices (x fastest, even nx: j = site // 2)
+        parity = np.sum(np.unravel_index(np.arange(geom.local_volume), geom.shape), axis=0) % 2
+        self.sites = {p: tuple(xp.asarray((s[parity[s] == p] // 2).astype(np.int32))
+                               for s in (self.stencil.interior, self.stencil.exterior)) for p in (0, 1)}
+        size = {mu: int(np.prod(fs)) for mu, fs in self.face_shape.items()}
         if self.gpu_engine:
             self.engine.reserve(int(max(size.values(), default=1)) * dtype.itemsize)
-            self._host_send = self._host_ghost = None
-        else:
-            self._host_send = np.zeros(max(off, 1), dtype=dtype)
-            self._host_ghost = np.zeros(max(off, 1), dtype=dtype)
         if not self.twin:
             be = geom.backend
             cp = xp
@@ -188,11 +171,7 @@ class DistHop(CudaHop):
     def pack(self, psi):
         """All faces of ``psi`` into the send buffer (one kernel)."""
         if self.twin:
-            for (mu, d), v in self.sends.items():
-                n = self.local[mu]
-                sl = [slice(None)] * 4
-                sl[3 - mu] = slice(0, self.depth) if d == 0 else slice(n - self.depth, n)
-                v[...] = psi[tuple(sl)]
+            self.stencil.pack(psi, self.bufs)
             return
         if not self.total:
             return
@@ -202,35 +181,17 @@ class DistHop(CudaHop):
                      np.int32(ny), np.int32(nz), np.int32(nt), np.int32(self.depth)))
 
     def start(self):
-        """Post the exchange of the packed faces; returns the exchange (None when nothing is partitioned)."""
+        """Post the exchange of the packed faces (the stencil: device to device with a GPU engine, one staging copy
+        each way through the host with the CPU engine); returns the buffers in flight (None when nothing is
+        partitioned)."""
         if not self.keys:
             return None
-        if self.gpu_engine:
-            return self.engine.start(self.sends)
-        if self.twin:
-            return self.engine.start(self.sends)
-        self.sendbuf.get(out=self._host_send)            # the mpi transport: one staging copy for all faces
-        views = {}
-        base = self.sendbuf.data.ptr
-        for k, v in self.sends.items():
-            o = (v.data.ptr - base) // self.dtype.itemsize
-            views[k] = self._host_send[o:o + v.size].reshape(v.shape)
-        return self.engine.start(views)
+        return self.stencil.post(self.bufs)
 
     def finish(self, ex):
         """Wait for the halo (device-side for the GPU transports) and land it in the ghost buffer."""
-        if ex is None:
-            return
-        if self.gpu_engine or self.twin:
-            ex.finish(self.recvs)
-            return
-        views = {}
-        base = self.ghost.data.ptr
-        for k, v in self.recvs.items():
-            o = (v.data.ptr - base) // self.dtype.itemsize
-            views[k] = self._host_ghost[o:o + v.size].reshape(v.shape)
-        ex.finish(views)
-        self.ghost.set(self._host_ghost)
+        if ex is not None:
+            self.stencil.complete(ex)
 
     def compute(self, psi, parity, out, a, x, b, which):
         """The hop on the interior (which=0) or exterior (1) sites of ``parity``."""

@@ -9,8 +9,8 @@ Field layouts (site axes first, as everywhere in the project, so that ``geom.shi
   "chiralities" inherited from the level above (QUDA's spin 2 on coarse staggered levels).
 
 A coarse lattice is described by :class:`CoarseGeometry`: its extents, the same process grid as the fine lattice
-(a coarse site belongs to the rank that holds its aggregate), neighbour shifts through the halo exchange of
-``comms`` (:class:`lattice.geometry.ShiftHandle`, so every transport works) and global sums through
+(a coarse site belongs to the rank that holds its aggregate), neighbour shifts and halos through the lattice's stencil
+(:class:`comms.stencil.Stencil`, from :class:`lattice.geometry.SiteLattice`, so every transport works) and global sums through
 ``geom.sum``/``grid.sum``. Coarse extents may be 1 or odd, which :class:`lattice.Geometry` does not allow.
 """
 from __future__ import annotations

@@ -106,12 +106,13 @@ def _halo_worker(out, grid_text, lattice_text):
     be = get_backend("cupy")
     glob = _global(dims)
     seen = {"staging": set(), "host_in": set(), "exchanges": 0}
-    send = geomod._send
+    staging_of = geomod._staging                 # read by every exchange the lattice's stencils post
 
-    def send_recorded(face, staging):
-        seen["staging"].add(staging)
-        return send(face, staging)
-    geomod._send = send_recorded
+    def staging_recorded(geom):
+        how = staging_of(geom)
+        seen["staging"].add(how)
+        return how
+    geomod._staging = staging_recorded
     rep = {"grid": gdims, "lattice": dims, "ranks": comm.size, "transports": {}}
     fails = []
     for tr in TRANSPORTS:
