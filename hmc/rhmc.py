@@ -276,7 +276,7 @@ class FermionMonomial:
         if mg is not None and phase in ("GR", "FA") and k in self.multigrid_terms:
             xs, st = mg.solve(D, A, approx.poles, b, term.tolerance(phase), term.maxiter, key=term.naik_epsilon)
         else:
-            xs, st = self._shift_inverter(term, phase)(A).solve(b)
+            xs, st = self._shift_inverter(ls, term, phase)(A).solve(b)
         label = label or phase
         self.stats.add_time(f"solver_{label}", time.perf_counter() - t0)
         self.stats.solves.append(SolveRecord(label, k, call, st))
@@ -289,30 +289,22 @@ class FermionMonomial:
                 "or loosen the tolerance", st)
         return xs, st
 
-    def _shift_inverter(self, term: PseudofermionTerm, phase: str):
+    def _shift_inverter(self, ls: _LinkSet, term: PseudofermionTerm, phase: str):
         """The one shift inverter (an operator -> :class:`solvers.ShiftInverse` factory) of a pseudofermion's phase,
         from the deck: the multishift CG (MILC's ks_multicg_offset); for cgprec 1 the multishift in single precision
         refined in double (``mixed_precision``); for KS_MULTICG=HYBRID the multishift on the first Naik group's links,
         then every shift refined by a single-mass CG on this pseudofermion's links (ks_multicg_hybrid_field,
-        max_multicg/5 as MILC 2009). Made at each solve from the term's current settings (cheap), so a changed
-        max_multicg takes effect at once."""
+        max_multicg/5 as MILC 2009; ``ls``: the links of the solve). Made at each solve from the term's current
+        settings (cheap), so a changed max_multicg takes effect at once."""
         poles, tol = term.approximation(phase).poles, term.tolerance(phase)
         plain = multishift_cg(poles, tol, term.maxiter, raise_on_fail=False, check_residual=False)
         if term.single_precision(phase):
             return mixed_precision(plain)
         if self.multishift == "hybrid":
             return refined(plain, cg(tol, max(term.maxiter // 5, 1), raise_on_fail=False),
-                           sloppy=self._first_group_operator, raise_on_fail=False, name="hybrid multishift CG")
+                           sloppy=lambda _: ls.ops[self.epsilons[0]][1], raise_on_fail=False,
+                           name="hybrid multishift CG")
         return plain
-
-    def _first_group_operator(self, A):
-        """The operator of the first Naik epsilon on the links ``A`` was built from: what MILC's hybrid multishift
-        runs on before refining on ``A``."""
-        ls = self._cache
-        if ls is None or all(A is not a for _, a in ls.ops.values()):
-            raise RuntimeError(f"{self.name}: the hybrid multishift's operator is not one of the current links' "
-                               "operators: build them with links(u) first")
-        return ls.ops[self.epsilons[0]][1]
 
     def _rational_apply(self, ls, k, phase, call, b, label=None):
         """r(A) b = res0 b + sum_l res_l (A + p_l)^-1 b, in MILC's order of summation (``ks_rateval``)."""
