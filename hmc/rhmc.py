@@ -39,9 +39,8 @@ from force.hisq_force import add_outer_products, asqtad_force, hisq_force
 from force.hisq_links import asqtad_links, hisq_links_multi
 from force.phases import check_time_bc
 from force.unitarize_derivative import FORCE_FILTER
-from solvers import StaggeredDslash, epsilon, multishift_cg, norm2
+from solvers import StaggeredDslash, cg, epsilon, mixed_precision, multishift_cg, norm2, refined
 from solvers.cg import SolverConvergenceError, SolverStats
-from solvers.multishift import hybrid_multishift_cg, mixed_multishift_cg
 
 from .integrators import IntegratorError
 from .rational import PseudofermionRational, RationalsError, naik_groups
@@ -277,7 +276,7 @@ class FermionMonomial:
         if mg is not None and phase in ("GR", "FA") and k in self.multigrid_terms:
             xs, st = mg.solve(D, A, approx.poles, b, term.tolerance(phase), term.maxiter, key=term.naik_epsilon)
         else:
-            xs, st = self._multishift_inverse(ls, term, phase, A).solve(b)
+            xs, st = self._shift_inverter(ls, term, phase)(A).solve(b)
         label = label or phase
         self.stats.add_time(f"solver_{label}", time.perf_counter() - t0)
         self.stats.solves.append(SolveRecord(label, k, call, st))
@@ -290,19 +289,22 @@ class FermionMonomial:
                 "or loosen the tolerance", st)
         return xs, st
 
-    def _multishift_inverse(self, ls: _LinkSet, term: PseudofermionTerm, phase: str, A):
-        """The multishift solver of one phase: plain (MILC's ks_multicg_offset), hybrid (KS_MULTICG=HYBRID: the
-        multishift on the first Naik group's links, then every shift refined by a single-mass CG on this
-        pseudofermion's links, ks_multicg_hybrid_field, max_multicg/5 as MILC 2009), or, for cgprec 1, the
-        multishift in single precision refined in double (solvers.multishift.mixed_multishift_cg)."""
+    def _shift_inverter(self, ls: _LinkSet, term: PseudofermionTerm, phase: str):
+        """The one shift inverter (an operator -> :class:`solvers.ShiftInverse` factory) of a pseudofermion's phase,
+        from the deck: the multishift CG (MILC's ks_multicg_offset); for cgprec 1 the multishift in single precision
+        refined in double (``mixed_precision``); for KS_MULTICG=HYBRID the multishift on the first Naik group's links,
+        then every shift refined by a single-mass CG on this pseudofermion's links (ks_multicg_hybrid_field,
+        max_multicg/5 as MILC 2009; ``ls``: the links of the solve). Made at each solve from the term's current
+        settings (cheap), so a changed max_multicg takes effect at once."""
         poles, tol = term.approximation(phase).poles, term.tolerance(phase)
+        plain = multishift_cg(poles, tol, term.maxiter, raise_on_fail=False, check_residual=False)
         if term.single_precision(phase):
-            return mixed_multishift_cg(poles, tol, term.maxiter, raise_on_fail=False)(A)
+            return mixed_precision(plain)
         if self.multishift == "hybrid":
-            _, A0 = ls.ops[self.epsilons[0]]
-            return hybrid_multishift_cg(poles, tol, term.maxiter, refine_maxiter=max(term.maxiter // 5, 1),
-                                        raise_on_fail=False)(A0, A)
-        return multishift_cg(poles, tol, term.maxiter, raise_on_fail=False, check_residual=False)(A)
+            return refined(plain, cg(tol, max(term.maxiter // 5, 1), raise_on_fail=False),
+                           sloppy=lambda _: ls.ops[self.epsilons[0]][1], raise_on_fail=False,
+                           name="hybrid multishift CG")
+        return plain
 
     def _rational_apply(self, ls, k, phase, call, b, label=None):
         """r(A) b = res0 b + sum_l res_l (A + p_l)^-1 b, in MILC's order of summation (``ks_rateval``)."""

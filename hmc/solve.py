@@ -198,9 +198,9 @@ def make_dslash(links):
 
 
 def inner_solver(name: str, tol: float, maxiter: int):
-    from solvers import cg, mixed_cg
+    from solvers import cg, mixed_precision
 
-    return (cg if name == "cg" else mixed_cg)(tol, maxiter)
+    return cg(tol, maxiter) if name == "cg" else mixed_precision(cg(tol, maxiter))
 
 
 def describe_links(args, info) -> dict:
@@ -232,7 +232,7 @@ def solve_field(D, mass: float, b, operator: str = "M", solver: str = "cg", tol:
                 maxiter: int = 10000, mg: dict | None = None):
     """x = M^-1 b or (M^dag M)^-1 b with the dslash D; returns (x, result dict) with iterations (Krylov and MILC's
     count), the true residual(s), time, flops, GFLOP/s and the full residual |b - Op x|/|b|."""
-    from solvers import even_odd_inverse, norm2, project
+    from solvers import even_odd, norm2, project
 
     geom, xp = D.geom, D.xp
     if solver == "mg":
@@ -241,7 +241,7 @@ def solve_field(D, mass: float, b, operator: str = "M", solver: str = "cg", tol:
     bb = norm2(geom, b)
     t0 = time.perf_counter()
     if operator == "M":
-        inv = even_odd_inverse(D.even_odd(mass), inner, check_residual=False)
+        inv = even_odd(inner, check_residual=False)(D.even_odd(mass))
         x, st = inv.solve(b)
         parts = [st]
         full_op = D.matrix(mass)
@@ -285,7 +285,7 @@ def mg_options(args) -> dict:
 
 def solve_field_mg(D, mass, b, operator, tol, maxiter, mg):
     """x = M^-1 b by multigrid (and, with mg["compare"], the even-odd CG solve next to it)."""
-    from solvers import cg, even_odd_inverse, norm2
+    from solvers import cg, even_odd, norm2
     from solvers.multigrid import MultigridError, multigrid
 
     if operator != "M":
@@ -316,7 +316,7 @@ def solve_field_mg(D, mass, b, operator, tol, maxiter, mg):
                               ("smoother_steps", inv.params.smoother_steps),
                               ("precision", inv.params.precision))}}}
     if compare:
-        xc, sc = even_odd_inverse(D.even_odd(mass), cg(tol, 100000), check_residual=True).solve(b)
+        xc, sc = even_odd(cg(tol, 100000), check_residual=True)(D.even_odd(mass)).solve(b)
         res["cg_compare"] = {"iters": sc.iters, "fine_applies": sc.matvecs + 1, "time_s": sc.time,
                              "full_residual": sc.full_residual, "converged": bool(sc.converged),
                              "rel_diff_to_mg": math.sqrt(norm2(geom, x - xc) / norm2(geom, xc))}

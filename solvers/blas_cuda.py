@@ -38,7 +38,9 @@ turned into the local parity of the rank's offset) and a reduction's two local r
 CG iteration costs the same three launches plus one small allreduce instead of 4 + 2 x shifts array operations.
 
 Twin: :class:`BlasTwin`, the same interface in NumPy/CuPy array arithmetic (the NumPy formulas the tests compare
-with). Selected in one place, :func:`solvers.operator.fused_blas`.
+with). Selected in one place, :func:`solvers.operator.fused_blas`, by the solve's field space
+(:class:`solvers.operator.FieldSpace`): the kernels serve spaces of staggered colour vectors (:data:`SITE_SHAPE`, the
+site the kernels are written for) and keep one object per space.
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ from lattice.placement import Placement, implements
 BLOCK = 256           # threads per block (the reduction trees assume exactly this)
 MAX_BLOCKS = 1024     # grid-stride loops beyond: a fixed grid keeps the reduction order fixed
 NRED = 2              # numbers a reduction kernel returns
+SITE_SHAPE = (3,)     # the kernels' site: one colour vector (solvers/kernels/fused_blas.cu loops over 3 components)
 
 _KERNELS = ("cg_update", "xpay", "norm2_redot", "axpy2_norm2", "ms_update", "cg_update_dev", "ms_update_dev")
 
@@ -89,12 +92,13 @@ class CudaBlas:
         self.parity = None if parity is None else int(parity)
         local_parity = -1 if self.parity is None else (self.parity + sum(geom.offset)) & 1
         nx, ny, nz, _ = geom.local_dims
-        self.shape = tuple(geom.shape) + (3,)
+        self.shape = tuple(geom.shape) + SITE_SHAPE
         self.n = geom.local_volume if self.parity is None else geom.local_volume // 2
         self._lat = (np.int64(self.n), np.int32(local_parity), np.int32(nx), np.int32(ny), np.int32(nz))
         self._global_sum = geom.grid.comm.size > 1
         self._grid = (max(1, min(MAX_BLOCKS, (self.n + BLOCK - 1) // BLOCK)),)
-        self._grid_numbers = (max(1, min(MAX_BLOCKS, (3 * self.n + BLOCK - 1) // BLOCK)),)   # thread per number
+        numbers = self.n * SITE_SHAPE[0]
+        self._grid_numbers = (max(1, min(MAX_BLOCKS, (numbers + BLOCK - 1) // BLOCK)),)   # thread per number
         self._partial = cp.zeros(NRED * MAX_BLOCKS, dtype=np.float64)
         self._counter = cp.zeros(1, dtype=np.uint32)
         self._result = cp.zeros(NRED, dtype=np.float64)
@@ -255,11 +259,11 @@ class BlasTwin:
         self.idx = None if self.parity is None else parity_sites(geom, self.parity)
 
     def _get(self, a):
-        v = a.reshape(-1, 3)
+        v = a.reshape((-1,) + SITE_SHAPE)
         return v.copy() if self.idx is None else v[self.idx]
 
     def _set(self, a, val):
-        v = a.reshape(-1, 3)
+        v = a.reshape((-1,) + SITE_SHAPE)
         if self.idx is None:
             v[...] = val
         else:
@@ -351,18 +355,19 @@ def cuda_blas(geom, dtype, parity=None, exact=False) -> CudaBlas:
     return geom.backend.kernel(key, lambda: CudaBlas(geom, dtype, parity, exact))
 
 
-def _fits(geom, source) -> bool:
-    """An even local x extent (the checkerboard rows of the kernels) and a C-contiguous source (the solver's fields
-    follow the source's layout); else the NumPy path."""
-    return geom.local_dims[0] % 2 == 0 and (source is None or source.flags.c_contiguous)
+def _fits(geom, source=None, space=None) -> bool:
+    """A space of colour vectors (the kernels' site), an even local x extent (the checkerboard rows of the kernels)
+    and a C-contiguous source (the solver's fields follow the source's layout); else the NumPy path."""
+    return ((space is None or space.site_shape == SITE_SHAPE) and geom.local_dims[0] % 2 == 0
+            and (source is None or source.flags.c_contiguous))
 
 
 @implements("solvers.fused_blas", Placement.WHOLE, Placement.DISTRIBUTED, fits=_fits)
-def fused_cuda_blas(geom, dtype, parity, source=None, exact=False):
-    """A :class:`CudaBlas` for one solve, restricted to ``parity`` when the source vanishes on the other parity;
-    ``exact``: its sums exact (the "exact" reduction mode)."""
+def fused_cuda_blas(space, source=None, exact=False):
+    """A :class:`CudaBlas` for one solve on the vectors of ``space``, restricted to its parity when the source
+    vanishes on the other parity; ``exact``: its sums exact (the "exact" reduction mode)."""
+    geom, dtype, parity = space.geometry, space.dtype, space.parity
     blas = cuda_blas(geom, dtype, parity, exact)
     if parity is not None and source is not None and blas.off_parity_norm2(source) != 0.0:
         blas = cuda_blas(geom, dtype, None, exact)
     return blas
-

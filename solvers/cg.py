@@ -47,19 +47,19 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from .operator import Operator, fused_blas, inner, norm2, norm2_and_redot
-from .staggered import FLOPS_AXPY
 from . import blas_cuda  # noqa: F401  (registers the fused solver kernels for the GPU placements)
 from .krylov_graph import cg_iterations, graph_iterations
 
-# linear-algebra flops per site (complex 3-vectors, real coefficients)
-_FL_NORM = 12          # |a|^2 or Re<a, b>
-_FL_CG_ITER = 4 * FLOPS_AXPY + 2 * _FL_NORM   # p, s, x, r updates + fused reduction
-_FL_SHIFT_ITER = 18 + FLOPS_AXPY              # p_i = z r + b p_i, x_i += a p_i
+# linear-algebra flops per complex number of a field (real coefficients); times op.sites * op.space.site_size
+_FL_AXPY = 4           # a x + y
+_FL_NORM = 4           # |a|^2 or Re<a, b>
+_FL_CG_ITER = 4 * _FL_AXPY + 2 * _FL_NORM   # p, s, x, r updates + fused reduction
+_FL_SHIFT_ITER = 6 + _FL_AXPY               # p_i = z r + b p_i, x_i += a p_i
 
 
 class SolverConvergenceError(RuntimeError):
@@ -136,17 +136,27 @@ class InverseOperator(Operator):
     HISTORY = 1000
 
     def __init__(self, op: Operator, name: str):
-        super().__init__(op.geom, op.dtype, 0.0, op.sites)
+        super().__init__(op.geom, op.dtype, 0.0, op.sites, op.site_shape)
         self.op = op
         self.hermitian = op.hermitian
         self.name = name
         self.stats: SolverStats | None = None
         self.history: deque = deque(maxlen=self.HISTORY)
 
+    def _space_parity(self):
+        return self.op.space.parity
+
     def _apply(self, b):
         return self.solve(b)[0]
 
-    def solve(self, b, x0=None):
+    def solve(self, b, x0=None, check: bool = True):
+        """(x, stats) for the source ``b`` (a vector of ``self.space``: else a one-line error naming it), from the
+        initial guess ``x0`` (None: zero); ``check=False``: ``b`` and ``x0`` are known to be vectors of the space (a
+        composite's inner solve)."""
+        if check:
+            self.space.check(b, f"{self.name}: the source")
+            if x0 is not None:
+                self.space.check(x0, f"{self.name}: the initial guess", support=False)
         x, stats = self._solve(b, x0)
         self.stats = stats
         self.history.append(stats)
@@ -229,13 +239,13 @@ class _CGRun:
         self.st.extra["variant"] = "Chronopoulos-Gear" if self.one else "Hestenes-Stiefel"
         self.t0 = time.perf_counter()
         self.flops = 0.0
-        self.sites = A.sites
+        self.numbers = A.sites * A.space.site_size        # complex numbers per field, for the flop counts
         self.b = self.xp.asarray(b).astype(A.dtype, copy=False)
         self.bb = norm2(self.geom, self.b)
 
     def cg_flops_per_iteration(self) -> float:
         """Linear-algebra flops of one Chronopoulos-Gear step (the operator's come on top)."""
-        return _FL_CG_ITER * self.sites
+        return _FL_CG_ITER * self.numbers
 
     def breakdown(self, pap: float):
         """Raise the breakdown error of a non-positive or non-finite p^dag A p at the current iteration."""
@@ -253,7 +263,7 @@ class _CGRun:
         """A zero source: MILC's trivial solution, zero iterations."""
         if self.bb == 0.0:
             self.st.converged, self.st.true_residual = True, 0.0
-            self.x = self.xp.zeros_like(self.b)
+            self.x = self.A.space.zeros()
             return True
         if not math.isfinite(self.bb):
             raise SolverBreakdownError(f"{self.inv.name}: the source has a non-finite norm ({self.bb})", self.st)
@@ -264,14 +274,14 @@ class _CGRun:
         A, Ai, st, xp = self.A, self.Ai, self.st, self.xp
         self.stop = self.inv.tol * self.inv.tol * self.bb
         if x0 is None:
-            self.x = xp.zeros_like(self.b)
+            self.x = A.space.zeros()
             r = self.b.copy()
             self.rr = self.bb
         else:
             self.x = xp.asarray(x0).astype(A.dtype, copy=True)
             r = self.b - A(self.x)
             st.matvecs += 1
-            self.flops += A.flops + (FLOPS_AXPY + _FL_NORM) * self.sites
+            self.flops += A.flops + (_FL_AXPY + _FL_NORM) * self.numbers
             self.rr = norm2(self.geom, r)
         self.n_true = 1       # true residuals computed (the initial one included, as MILC counts it)
         if self.rr <= self.stop:
@@ -280,7 +290,7 @@ class _CGRun:
             st.milc_iters = self.n_true
             return True
         self.rs = r.astype(Ai.dtype) if self.mixed else r
-        self.y = xp.zeros_like(self.rs)
+        self.y = Ai.space.zeros()
         self.ws = self.ss = self.ps = None
         self.d = 0.0
         self.blas = fused_blas(Ai, self.b)             # fused GPU kernels for the Krylov iteration, or None
@@ -320,7 +330,7 @@ class _CGRun:
         self.rr = norm2(geom, r)
         st.matvecs += 1
         self.n_true += 1
-        self.flops += A.flops + (2 * FLOPS_AXPY + _FL_NORM) * self.sites
+        self.flops += A.flops + (2 * _FL_AXPY + _FL_NORM) * self.numbers
         if self.rr <= self.stop or self.k >= self.inv.maxiter:
             st.converged = self.rr <= self.stop
             return True
@@ -337,7 +347,7 @@ class _CGRun:
             self.reliable = True
             self.g = norm2(geom, self.rs)
             self.ps -= (inner(geom, self.rs, self.ps) / self.g) * self.rs
-            self.flops += (2 * _FL_NORM + 2 * FLOPS_AXPY) * self.sites
+            self.flops += (2 * _FL_NORM + 2 * _FL_AXPY) * self.numbers
         self.rmax2 = self.g
         return False
 
@@ -368,20 +378,20 @@ class _CGRun:
             return self.d - self.beta * self.g / self.alpha_old
         # Hestenes-Stiefel (and the step after a reliable update): s = A p, p^dag A p summed
         self.ss = self._apply_inner(self.ps)
-        self.flops += _FL_NORM * self.sites
+        self.flops += _FL_NORM * self.numbers
         return inner(self.geom, self.ps, self.ss).real
 
     def _direction_fused(self) -> float:
         # the same with fused kernels; the Chronopoulos-Gear updates of p and s wait for alpha (cg_update)
         if self.ps is None:
-            self.ps, self.ss = self.xp.zeros_like(self.rs), self.xp.zeros_like(self.rs)
+            self.ps, self.ss = self.Ai.space.zeros(), self.Ai.space.zeros()
         if not self.fresh:
             self.beta = self.g / self.g_old
         if self.cg_step:
             return self.d if self.fresh else self.d - self.beta * self.g / self.alpha_old
         self.blas.xpay(self.ps, self.rs, self.beta, self.fresh)
         self.ss = self._apply_inner(self.ps)
-        self.flops += _FL_NORM * self.sites
+        self.flops += _FL_NORM * self.numbers
         return self.blas.norm2_redot(self.ps, self.ss)[1]
 
     def step(self, pap: float) -> None:
@@ -399,10 +409,10 @@ class _CGRun:
         self.g_old, self.alpha_old = self.g, alpha
         if self.one:
             self.ws = self._apply_inner(self.rs)
-            self.flops += _FL_CG_ITER * self.sites
+            self.flops += _FL_CG_ITER * self.numbers
             self.g, self.d = self._norm2_redot(self.rs, self.ws)
         else:
-            self.flops += (_FL_CG_ITER - _FL_NORM) * self.sites
+            self.flops += (_FL_CG_ITER - _FL_NORM) * self.numbers
             self.g = norm2(self.geom, self.rs) if blas is None else g_new
         if not math.isfinite(self.g):
             self.nonfinite()
@@ -425,21 +435,65 @@ class _CGRun:
         return st
 
 
-def cg(tol: float = 1e-10, maxiter: int = 10000, raise_on_fail: bool = True, single_reduction: bool = True):
+@dataclass(frozen=True)
+class CG:
+    """The CG inverter as an operator -> operator factory (made by :func:`cg` and :func:`mixed_cg`):
+    ``CG(...)(A)`` is a :class:`CGInverse` of A. ``single_reduction`` None: the Chronopoulos-Gear form in one
+    precision, Hestenes-Stiefel for a mixed-precision inner iteration (module docstring); ``inner_dtype`` None: one
+    precision, else the Krylov iteration's precision with reliable updates every ``delta`` drop."""
+
+    tol: float = 1e-10
+    maxiter: int = 10000
+    raise_on_fail: bool = True
+    single_reduction: bool | None = None
+    inner_dtype: object = None
+    delta: float = 0.1
+
+    def __post_init__(self):
+        if self.inner_dtype is not None and not 0 < self.delta < 1:
+            raise ValueError(f"delta must lie in (0, 1), not {self.delta}")
+
+    def __call__(self, op) -> CGInverse:
+        mixed = self.inner_dtype is not None
+        one = (not mixed) if self.single_reduction is None else bool(self.single_reduction)
+        return CGInverse(op, self.tol, self.maxiter, self.raise_on_fail, inner_dtype=self.inner_dtype,
+                         delta=self.delta if mixed else 0.0, single_reduction=one)
+
+    def mixed_precision(self, dtype=np.complex64, delta: float | None = None) -> "CG":
+        """This CG with its Krylov iteration in ``dtype`` and double reliable updates (``delta``: default 0.1)."""
+        return replace(self, inner_dtype=np.dtype(dtype), delta=self.delta if delta is None else float(delta))
+
+
+def mixed_precision(inner, dtype=np.complex64, **options):
+    """``mixed_precision(inner)``: the inverter factory ``inner`` with its Krylov work in ``dtype`` (complex64) and
+    the answer to ``inner``'s double-precision tolerance: for :func:`cg`, reliable updates (:func:`mixed_cg`); for
+    :func:`solvers.multishift.multishift_cg`, the multishift in ``dtype`` and every shift refined by a mixed CG
+    (:func:`solvers.multishift.mixed_multishift_cg`); for :func:`solvers.even_odd.even_odd`, its inner inverter made
+    mixed. ``options`` go to that factory's ``mixed_precision`` (e.g. ``delta`` for CG)."""
+    make = getattr(inner, "mixed_precision", None)
+    if make is None:
+        raise TypeError(f"mixed_precision takes an inverter factory of solvers (cg, multishift_cg, even_odd), not "
+                        f"{type(inner).__name__}")
+    return make(dtype, **options)
+
+
+def cg(tol: float = 1e-10, maxiter: int = 10000, raise_on_fail: bool = True, single_reduction: bool | None = None):
     """CG for a Hermitian positive operator: ``cg(tol, maxiter)(A)`` is A^-1 as an operator.
 
     Stops when |b - A x|^2 <= tol^2 |b|^2 (MILC's rule, ``resid`` = tol), checked on the true residual.
     A solve that does not converge in ``maxiter`` iterations raises :class:`SolverConvergenceError`, or, with
     ``raise_on_fail=False``, returns its last iterate with ``stats.converged = False``. Zero initial guess unless
     ``inv.solve(b, x0)`` is given one. ``single_reduction=False`` selects the textbook Hestenes-Stiefel form
-    (two reductions per iteration, no extra product per solve).
+    (two reductions per iteration, no extra product per solve); None (default): Chronopoulos-Gear, and
+    Hestenes-Stiefel once made mixed (:func:`mixed_precision`).
     """
-    return lambda op: CGInverse(op, tol, maxiter, raise_on_fail, single_reduction=single_reduction)
+    return CG(tol, maxiter, raise_on_fail, single_reduction)
 
 
 def mixed_cg(tol: float = 1e-10, maxiter: int = 10000, raise_on_fail: bool = True, inner_dtype=np.complex64,
              delta: float = 0.1, single_reduction: bool = False):
-    """Mixed-precision CG: ``mixed_cg(tol)(A)``, A a double-precision operator with ``A.converted(complex64)``.
+    """Mixed-precision CG: ``mixed_cg(tol)(A)``, A a double-precision operator with ``A.converted(complex64)``;
+    ``mixed_precision(cg(tol), inner_dtype, delta=delta)``.
 
     The Krylov iteration runs in ``inner_dtype``; the solution is kept in double precision, and the true double
     residual replaces the iterated one each time the latter has fallen by ``delta`` since the last update
@@ -449,7 +503,4 @@ def mixed_cg(tol: float = 1e-10, maxiter: int = 10000, raise_on_fail: bool = Tru
     one-reduction recurrence for p^dag A p cancels badly in single precision on ill-conditioned systems (with
     Haar-random links at m = 0.01 it stagnates and breaks down); ``single_reduction=True`` selects it anyway.
     """
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must lie in (0, 1), not {delta}")
-    return lambda op: CGInverse(op, tol, maxiter, raise_on_fail, inner_dtype=inner_dtype, delta=delta,
-                                single_reduction=single_reduction)
+    return mixed_precision(cg(tol, maxiter, raise_on_fail, single_reduction), inner_dtype, delta=delta)

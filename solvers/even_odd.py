@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from .cg import InverseOperator, SolverStats, _sync_time
+from .cg import InverseOperator, SolverStats, _sync_time, mixed_precision
 from .operator import FunctionOperator, norm2
 from .staggered import epsilon, project
 
@@ -19,6 +20,9 @@ class EvenOddInverse(InverseOperator):
     is |b - M x|/|b| of the full system, and ``stats.inner`` the inner solver's statistics."""
 
     def __init__(self, M_eo, inner, check_residual=True):
+        if not all(hasattr(M_eo, a) for a in ("normal", "prepare", "reconstruct", "matrix")):
+            raise TypeError(f"even_odd takes an even-odd operator (StaggeredEvenOdd: D.even_odd(mass)), not "
+                            f"{type(M_eo).__name__}")
         self.M_eo = M_eo
         self.inner_inverse = inner(M_eo.normal)
         super().__init__(M_eo.matrix, f"even-odd[{self.inner_inverse.name}]")
@@ -32,7 +36,7 @@ class EvenOddInverse(InverseOperator):
         b = xp.asarray(b).astype(M_eo.dtype, copy=False)
         src = M_eo.prepare(b)
         guess = None if x0 is None else project(xp.asarray(x0), geom, M_eo.parity)
-        xp_part, ist = self.inner_inverse.solve(src, guess)
+        xp_part, ist = self.inner_inverse.solve(src, guess, check=False)
         x = M_eo.reconstruct(xp_part, b)
         st = SolverStats(self.name, ist.tol, converged=ist.converged, iters=ist.iters, milc_iters=ist.milc_iters,
                          matvecs=ist.matvecs, restarts=ist.restarts, residual=ist.residual,
@@ -48,15 +52,36 @@ class EvenOddInverse(InverseOperator):
         """(M^-1)^dag = (M^dag)^-1 = eps M^-1 eps."""
         eps = epsilon(self.geom, np.float64)
         return FunctionOperator(self.geom, lambda b: eps * self(eps * b), self, dtype=self.dtype,
-                                name=f"({self.name})^dag")
+                                name=f"({self.name})^dag", site_shape=self.site_shape)
 
 
-def even_odd_inverse(M_eo, inner, check_residual: bool = True) -> EvenOddInverse:
-    """The full M^-1 for ``M_eo`` (a :class:`solvers.staggered.StaggeredEvenOdd`), solving the parity-p normal
-    system with ``inner`` (a solver such as ``cg(tol)`` or ``mixed_cg(tol)``) and reconstructing the other parity.
+@dataclass(frozen=True)
+class EvenOdd:
+    """The even-odd inverter as a factory: ``EvenOdd(inner)(M_eo)`` is an :class:`EvenOddInverse` (:func:`even_odd`)."""
+
+    inner: object
+    check_residual: bool = True
+
+    def __call__(self, M_eo) -> EvenOddInverse:
+        return EvenOddInverse(M_eo, self.inner, self.check_residual)
+
+    def mixed_precision(self, dtype=np.complex64, **options) -> "EvenOdd":
+        """The same with its inner inverter made mixed (:func:`solvers.cg.mixed_precision`)."""
+        return EvenOdd(mixed_precision(self.inner, dtype, **options), self.check_residual)
+
+
+def even_odd(inner, check_residual: bool = True) -> EvenOdd:
+    """``even_odd(inner)(M_eo)``: the full M^-1 for ``M_eo`` (a :class:`solvers.staggered.StaggeredEvenOdd`),
+    solving the parity-p normal system with the inverter factory ``inner`` (``cg(tol)``, ``mixed_precision(cg(tol))``,
+    ...) and reconstructing the other parity.
 
     With MILC's convention the tolerance applies to the parity-p system: |b - M x| = |r_p|/(2m), so the full
     relative residual can exceed tol by up to |M^dag b|/(2m |b|). ``check_residual`` reports it in
     ``stats.full_residual`` (one more product with M).
     """
-    return EvenOddInverse(M_eo, inner, check_residual)
+    return EvenOdd(inner, check_residual)
+
+
+def even_odd_inverse(M_eo, inner, check_residual: bool = True) -> EvenOddInverse:
+    """``even_odd(inner, check_residual)(M_eo)`` (:func:`even_odd`)."""
+    return even_odd(inner, check_residual)(M_eo)

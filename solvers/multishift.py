@@ -1,44 +1,52 @@
-"""Multishift CG, plain and MILC's hybrid form; see :mod:`solvers.cg` for the conventions they share.
+"""Shift inverters: ``xs, stats = inv.solve(b)`` gives x_i = (A + sigma_i)^-1 b for every shift, in one shape for
+every variant (:class:`ShiftInverse`), made by operator -> inverter factories (see :mod:`solvers.cg` for the
+conventions they share):
 
 * :func:`multishift_cg`: (A + sigma_i) x_i = b for all shifts at once (Jegerlehner, hep-lat/9612014); every shift is
   updated at each iteration and the solver stops when the base (smallest) shift has converged, as MILC's
   ``ks_multicg_offset``. Zero initial guess. The base system runs the Chronopoulos-Gear iteration of
   :class:`solvers.cg.CGInverse` (one reduction per iteration).
-* :func:`hybrid_multishift_cg`: MILC's ``KS_MULTICG=HYBRID``: the multishift CG (possibly on another operator, MILC's
-  Naik-epsilon-0 links), then a single-mass CG refinement of every shift from its multishift solution.
+* :func:`multi_shift`: any single-shift inverter (``cg(tol)``, ``mixed_precision(cg(tol))``) applied to each A + sigma_i
+  in turn, each from its own initial guess.
+* :func:`refined`: a shift inverter (the multishift CG, possibly on another operator: MILC's Naik-epsilon-0 links,
+  or the same operator in single precision), then every shift refined from its solution by a single-shift inverter:
+  MILC's ``KS_MULTICG=HYBRID`` (:func:`hybrid_multishift_cg`) and, with
+  :func:`solvers.cg.mixed_precision`, the mixed-precision multishift (:func:`mixed_multishift_cg`).
 """
 from __future__ import annotations
 
 import math
 import time
 from collections import deque
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .cg import (CGInverse, InverseOperator, SolverBreakdownError, SolverConvergenceError, SolverStats,
-                 _FL_CG_ITER, _FL_SHIFT_ITER, _fail_message, _require_hermitian, _sync_time)
+from .cg import (InverseOperator, SolverBreakdownError, SolverConvergenceError, SolverStats, _FL_AXPY,
+                 _FL_CG_ITER, _FL_SHIFT_ITER, _fail_message, _require_hermitian, _sync_time, cg, mixed_precision)
 from .krylov_graph import graph_iterations, multishift_iterations
 from .operator import Operator, fused_blas, norm2, norm2_and_redot
 
 
-class MultishiftInverse:
-    """``xs = inv(b)``: the list of solutions of (A + sigma_i) x_i = b, in the order of ``shifts``.
-    ``xs, stats = inv.solve(b)``; ``inv.stats``, ``inv.history`` as for :class:`InverseOperator`."""
+class ShiftInverse:
+    """The inverses of A + sigma_i for the shifts of one inverter: ``xs = inv(b)``; ``xs, stats = inv.solve(b)``,
+    the solutions in the order of ``shifts`` and one :class:`SolverStats` (``shifts``, ``residuals``,
+    ``true_residuals`` per shift). ``inv.space`` is A's field space (the source must be one of its vectors);
+    ``inv.stats``, ``inv.history`` as for :class:`InverseOperator`. Subclasses implement ``_solve(b, guesses)``."""
 
-    def __init__(self, op, shifts, tol, maxiter, raise_on_fail, check_residual):
-        _require_hermitian(op, "multishift_cg")
+    def __init__(self, op, shifts, name: str):
         self.op = op
         self.geom, self.dtype = op.geom, op.dtype
         self.shifts = tuple(float(s) for s in shifts)
         if not self.shifts:
-            raise ValueError("multishift_cg needs at least one shift")
-        if not tol > 0:
-            raise ValueError(f"tol must be positive, not {tol}")
-        self.tol, self.maxiter = float(tol), int(maxiter)
-        self.raise_on_fail, self.check_residual = bool(raise_on_fail), bool(check_residual)
-        self.name = "multishift CG"
+            raise ValueError(f"{name} needs at least one shift")
+        self.name = name
         self.stats: SolverStats | None = None
         self.history: deque = deque(maxlen=InverseOperator.HISTORY)
+
+    @property
+    def space(self):
+        return self.op.space
 
     def __call__(self, b):
         return self.solve(b)[0]
@@ -47,13 +55,39 @@ class MultishiftInverse:
         """The shifted operators A + sigma_i."""
         return [self.op.shifted(s) for s in self.shifts]
 
-    def solve(self, b):
-        xs, st = self._solve(b)
+    def solve(self, b, guesses=None, check: bool = True):
+        """(xs, stats) for the source ``b``; ``guesses``: one initial guess per shift, for the inverters that take
+        them (:func:`multi_shift`); ``check=False``: ``b`` is known to be a vector of the space (a composite's
+        inner solve)."""
+        if check:
+            self.space.check(b, f"{self.name}: the source")
+        if guesses is not None and len(guesses) != len(self.shifts):
+            raise ValueError(f"{self.name}: {len(guesses)} initial guesses for {len(self.shifts)} shifts")
+        xs, st = self._solve(b, guesses)
         self.stats = st
         self.history.append(st)
         return xs, st
 
-    def _solve(self, b):
+    def _solve(self, b, guesses):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class MultishiftInverse(ShiftInverse):
+    """The multishift CG of (A + sigma_i) x_i = b from zero (:func:`multishift_cg`)."""
+
+    def __init__(self, op, shifts, tol, maxiter, raise_on_fail, check_residual):
+        _require_hermitian(op, "multishift_cg")
+        super().__init__(op, shifts, "multishift_cg")
+        if not tol > 0:
+            raise ValueError(f"tol must be positive, not {tol}")
+        self.tol, self.maxiter = float(tol), int(maxiter)
+        self.raise_on_fail, self.check_residual = bool(raise_on_fail), bool(check_residual)
+        self.name = "multishift CG"
+
+    def _solve(self, b, guesses):
+        if guesses is not None:
+            raise ValueError("multishift CG starts from zero (one Krylov space for all shifts): refine from "
+                             "guesses with multi_shift(cg(tol), shifts)")
         run = _MultishiftRun(self, b)
         if run.bb == 0.0:
             return run.trivial()
@@ -90,24 +124,25 @@ class _MultishiftRun:
         st.converged, st.true_residual = True, 0.0
         st.residuals, st.true_residuals = [0.0] * n, [0.0] * n
         st.time = _sync_time(self.geom, self.t0)
-        return [self.xp.zeros_like(self.b) for _ in range(n)], st
+        return [self.A.space.zeros() for _ in range(n)], st
 
     def start(self):
-        xp, b, n = self.xp, self.b, self.n
+        b, n = self.b, self.n
         self.stop = self.inv.tol ** 2 * self.bb
         self.blas = fused_blas(self.A, b)       # fused GPU kernels, or None
         self.st.extra["fused"] = self.blas is not None
         self.r = b.copy()
         self.w, self.g, self.d = self._residual_sums(self.r)
         self.matvecs = 1
-        self.xs = [xp.zeros_like(b) for _ in range(n)]
-        self.ps_i = [None] * n if self.blas is None else [xp.zeros_like(b) for _ in range(n)]
+        space = self.A.space
+        self.xs = [space.zeros() for _ in range(n)]
+        self.ps_i = [None] * n if self.blas is None else [space.zeros() for _ in range(n)]
         self.z = [1.0] * n            # zeta_k
         self.z_prev = [1.0] * n       # zeta_{k-1}
         self.alpha_prev = 1.0
         self.g_old = 1.0
         self.p = None
-        self.s = None if self.blas is None else xp.zeros_like(b)
+        self.s = None if self.blas is None else space.zeros()
         self.k = 0
 
     def _base(self, v):
@@ -191,13 +226,14 @@ class _MultishiftRun:
         return coefs
 
     def finish(self):
-        st, A, k, sites = self.st, self.A, self.k, self.A.sites
+        st, A, k = self.st, self.A, self.k
+        numbers = A.sites * A.space.site_size           # complex numbers per field, for the flop counts
         st.converged = self.g <= self.stop
         st.iters, st.milc_iters, st.matvecs = k, k + 1, self.matvecs
         st.residual = math.sqrt(self.g / self.bb)
         st.residuals = [abs(zi) * st.residual for zi in self.z]
-        shift_flops = A.flops + (12 if self.s0 else 0) * sites
-        st.flops = self.matvecs * shift_flops + k * (_FL_CG_ITER + self.n * _FL_SHIFT_ITER) * sites
+        shift_flops = A.flops + (_FL_AXPY if self.s0 else 0) * numbers
+        st.flops = self.matvecs * shift_flops + k * (_FL_CG_ITER + self.n * _FL_SHIFT_ITER) * numbers
         st.time = _sync_time(self.geom, self.t0)
         if self.inv.check_residual:
             trs = []
@@ -213,58 +249,114 @@ class _MultishiftRun:
         return self.xs, st
 
 
+@dataclass(frozen=True)
+class MultishiftCG:
+    """The multishift CG as an operator -> :class:`MultishiftInverse` factory (made by :func:`multishift_cg`)."""
+
+    shifts: tuple
+    tol: float = 1e-10
+    maxiter: int = 10000
+    raise_on_fail: bool = True
+    check_residual: bool = True
+
+    def __call__(self, op) -> MultishiftInverse:
+        return MultishiftInverse(op, self.shifts, self.tol, self.maxiter, self.raise_on_fail, self.check_residual)
+
+    def mixed_precision(self, dtype=np.complex64, floor: float | None = None, refine_maxiter: int | None = None):
+        """The multishift in ``dtype`` to max(tol, ``floor``) (default :data:`SINGLE_PRECISION_FLOOR`), then every
+        shift refined to tol by a mixed-precision CG (``refine_maxiter``, default maxiter, iterations each)."""
+        floor = SINGLE_PRECISION_FLOOR if floor is None else float(floor)
+        cap = self.maxiter if refine_maxiter is None else int(refine_maxiter)
+        first = replace(self, tol=max(float(self.tol), floor), raise_on_fail=False, check_residual=False)
+        then = mixed_precision(cg(self.tol, cap, raise_on_fail=False), dtype)
+        return refined(first, then, sloppy=_Converted(np.dtype(dtype)), raise_on_fail=self.raise_on_fail,
+                       name="mixed-precision multishift CG")
+
+
 def multishift_cg(shifts, tol: float = 1e-10, maxiter: int = 10000, raise_on_fail: bool = True,
-                  check_residual: bool = True):
+                  check_residual: bool = True) -> MultishiftCG:
     """``multishift_cg(shifts, tol)(A)(b)`` = [(A + s)^-1 b for s in shifts], A Hermitian positive.
 
     MILC's rule: all shifts are updated every iteration and the solver stops when the smallest shift has
     |r|^2 <= tol^2 |b|^2 (the others are then more accurate). ``check_residual`` recomputes every true residual
     afterwards (one extra product per shift; turn it off inside HMC).
     """
-    return lambda op: MultishiftInverse(op, shifts, tol, maxiter, raise_on_fail, check_residual)
+    return MultishiftCG(tuple(shifts), tol, maxiter, raise_on_fail, check_residual)
 
 
-class HybridMultishiftInverse:
-    """A multishift CG on ``op0`` + s_i, then every shift refined in turn by a single-mass CG on ``op`` + s_i
-    started from the multishift solution, with the same tolerance and MILC's true-residual rule
-    (:class:`CGInverse`). ``op0`` = ``op`` or other links: MILC's ``KS_MULTICG=HYBRID`` (``generic_ks/ks_multicg.c``,
-    ``ks_multicg_hybrid``), made by :func:`hybrid_multishift_cg`; ``op0`` = ``op`` in single precision and a
-    mixed-precision refinement: :func:`mixed_multishift_cg`. ``xs, stats = inv.solve(b)``."""
+class ShiftByShift(ShiftInverse):
+    """(A + sigma_i) x_i = b solved one shift at a time by a single-shift inverter, each from its initial guess
+    (:func:`multi_shift`). ``stats``: the sums of the solves' counts, time and flops, the per-shift residuals, and
+    the solves' own statistics in ``extra["solves"]``."""
 
-    def __init__(self, op0, op, shifts, tol, maxiter, refine_maxiter, raise_on_fail, inner_tol=None,
-                 refine_dtype=None, name="hybrid multishift CG"):
-        _require_hermitian(op, "hybrid_multishift_cg")
-        inner_tol = tol if inner_tol is None else inner_tol
-        self.multishift = MultishiftInverse(op0, shifts, inner_tol, maxiter, raise_on_fail=False,
-                                            check_residual=False)
-        self.op, self.shifts, self.tol = op, self.multishift.shifts, float(tol)
-        self.refine_maxiter = int(refine_maxiter)
-        self.refine_dtype = refine_dtype
+    def __init__(self, op, shifts, inverter, raise_on_fail):
+        super().__init__(op, shifts, "multi_shift")
+        self.inverter, self.raise_on_fail = inverter, bool(raise_on_fail)
+
+    def _solve(self, b, guesses):
+        xs, solves = [], []
+        for s, x0 in zip(self.shifts, guesses if guesses is not None else [None] * len(self.shifts)):
+            x, st = self.inverter(self.op.shifted(s)).solve(b, x0, check=False)
+            xs.append(x)
+            solves.append(st)
+        trs = [r.true_residual for r in solves]
+        st = SolverStats(f"multi_shift[{solves[0].solver}]", max(r.tol for r in solves),
+                         converged=all(r.converged for r in solves), iters=sum(r.iters for r in solves),
+                         milc_iters=sum(r.milc_iters for r in solves), matvecs=sum(r.matvecs for r in solves),
+                         restarts=sum(r.restarts for r in solves), residual=max(r.residual for r in solves),
+                         true_residual=None if None in trs else max(trs), time=sum(r.time for r in solves),
+                         flops=sum(r.flops for r in solves), precision=solves[0].precision,
+                         maxiter=max(r.maxiter for r in solves), shifts=self.shifts,
+                         residuals=[r.residual for r in solves], true_residuals=trs)
+        st.extra["solves"] = solves
+        if not st.converged and self.raise_on_fail:
+            raise SolverConvergenceError(_fail_message(st) + " (multi_shift: one solve per shift)", st, xs)
+        return xs, st
+
+
+@dataclass(frozen=True)
+class MultiShift:
+    """The factory of :func:`multi_shift`."""
+
+    inverter: object
+    shifts: tuple
+    raise_on_fail: bool = True
+
+    def __call__(self, op) -> ShiftByShift:
+        return ShiftByShift(op, self.shifts, self.inverter, self.raise_on_fail)
+
+
+def multi_shift(inverter, shifts, raise_on_fail: bool = True) -> MultiShift:
+    """``multi_shift(cg(tol), shifts)(A)(b)`` = [(A + s)^-1 b for s in shifts], one solve per shift with the
+    single-shift inverter factory ``inverter``; ``inv.solve(b, guesses)`` starts shift i from ``guesses[i]``."""
+    return MultiShift(inverter, tuple(float(s) for s in shifts), raise_on_fail)
+
+
+class RefinedShiftInverse(ShiftInverse):
+    """A shift inverter on ``sloppy(op)`` (or ``op``), then every shift refined in turn by a single-shift inverter on
+    ``op`` + s_i started from the first solution (:func:`refined`). MILC's ``KS_MULTICG=HYBRID``
+    (``generic_ks/ks_multicg.c``, ``ks_multicg_hybrid``): the multishift CG, then a CG with the same tolerance and
+    MILC's true-residual rule (:class:`solvers.cg.CGInverse`). ``stats`` is the first stage's, with the refined
+    true residuals, the refinements' time, flops and products added, ``extra["refine"]`` (one
+    :class:`SolverStats` per shift) and ``extra["refine_milc_iters"]``; the refinement runs only when the first
+    stage converged."""
+
+    def __init__(self, op, first, then, sloppy, raise_on_fail, name):
+        _require_hermitian(op, name)
+        self.multishift = first(op if sloppy is None else sloppy(op))
+        super().__init__(op, self.multishift.shifts, name)
+        self.refine = ShiftByShift(op, self.shifts, then, raise_on_fail=False)
         self.raise_on_fail = bool(raise_on_fail)
-        self.name = name
-        self.stats: SolverStats | None = None
 
-    def __call__(self, b):
-        return self.solve(b)[0]
-
-    def _refinement(self, shift):
-        """CG on op + shift (mixed precision with reliable updates when ``refine_dtype`` is set, as mixed_cg)."""
-        if self.refine_dtype is None:
-            return CGInverse(self.op.shifted(shift), self.tol, self.refine_maxiter, raise_on_fail=False)
-        return CGInverse(self.op.shifted(shift), self.tol, self.refine_maxiter, raise_on_fail=False,
-                         inner_dtype=self.refine_dtype, delta=0.1, single_reduction=False)
-
-    def solve(self, b):
-        xs, st = self.multishift.solve(b)
+    def _solve(self, b, guesses):
+        if guesses is not None:
+            raise ValueError(f"{self.name} starts its first stage from zero: it takes no initial guesses")
+        xs, st = self.multishift.solve(b, check=False)
         st.solver = self.name
         refine = []
         if st.converged:
-            out = []
-            for s, x in zip(self.shifts, xs):
-                y, rs = self._refinement(s).solve(b, x)
-                refine.append(rs)
-                out.append(y)
-            xs = out
+            xs, rst = self.refine.solve(b, xs, check=False)
+            refine = rst.extra["solves"]
             st.converged = all(r.converged for r in refine)
             st.true_residuals = [r.true_residual for r in refine]
             st.true_residual = max(st.true_residuals)
@@ -273,16 +365,47 @@ class HybridMultishiftInverse:
             st.matvecs += sum(r.matvecs for r in refine)
         st.extra["refine"] = refine
         st.extra["refine_milc_iters"] = sum(r.milc_iters for r in refine)
-        self.stats = st
         if not st.converged and self.raise_on_fail:
-            raise SolverConvergenceError(_fail_message(st) + " (hybrid: multishift, then single-mass refinement)",
-                                         st, xs)
+            raise SolverConvergenceError(_fail_message(st) + f" ({self.name}: a shift inverter, then one refinement "
+                                         "per shift)", st, xs)
         return xs, st
+
+
+@dataclass(frozen=True)
+class Refined:
+    """The factory of :func:`refined`."""
+
+    first: object
+    then: object
+    sloppy: object = None
+    raise_on_fail: bool = True
+    name: str = "refined multishift CG"
+
+    def __call__(self, op) -> RefinedShiftInverse:
+        return RefinedShiftInverse(op, self.first, self.then, self.sloppy, self.raise_on_fail, self.name)
+
+
+@dataclass(frozen=True)
+class _Converted:
+    """op -> op.converted(dtype): the sloppy operator of a mixed-precision first stage."""
+
+    dtype: object
+
+    def __call__(self, op):
+        return op.converted(self.dtype)
+
+
+def refined(first, then, sloppy=None, raise_on_fail: bool = True, name: str = "refined multishift CG") -> Refined:
+    """``refined(multishift_cg(shifts, tol), cg(tol))(A)``: the shift inverter factory ``first`` on ``sloppy(A)``
+    (default A itself; e.g. the links of another Naik epsilon, or A in single precision), then every shift refined on
+    A + s_i by the single-shift inverter factory ``then`` from the first stage's solution (:class:`RefinedShiftInverse`)."""
+    return Refined(first, then, sloppy, raise_on_fail, name)
 
 
 def hybrid_multishift_cg(shifts, tol: float = 1e-10, maxiter: int = 10000, refine_maxiter: int | None = None,
                          raise_on_fail: bool = True):
-    """``hybrid_multishift_cg(shifts, tol)(A0, A)(b)`` = [(A + s)^-1 b for s in shifts] by MILC's HYBRID scheme:
+    """``hybrid_multishift_cg(shifts, tol)(A0, A)(b)`` = [(A + s)^-1 b for s in shifts] by MILC's HYBRID scheme, i.e.
+    ``refined(multishift_cg(shifts, tol), cg(tol), sloppy=A -> A0)(A)``:
 
     1. the multishift CG (:func:`multishift_cg`, MILC's stopping rule) of (A0 + s_i) x_i = b, zero start;
     2. for each shift in order, CG on (A + s_i) y_i = b from y_i = x_i until |b - (A + s_i) y_i| <= tol |b|
@@ -291,11 +414,13 @@ def hybrid_multishift_cg(shifts, tol: float = 1e-10, maxiter: int = 10000, refin
 
     A0 = A reproduces MILC's 2009 builds; MILC's later builds (``ks_multicg_hybrid_field``: "first we invert as though
     all masses took the same Naik epsilon, then we refine using the correct Naik epsilon") pass the links of the first
-    Naik epsilon as A0. ``refine_maxiter`` (default ``maxiter``) caps each refinement; ``stats`` is the multishift's,
-    with ``extra["refine"]`` (one :class:`SolverStats` per shift), ``extra["refine_milc_iters"]`` and the refined
-    true residuals in ``true_residuals``."""
+    Naik epsilon as A0. ``refine_maxiter`` (default ``maxiter``) caps each refinement; ``stats`` as for
+    :class:`RefinedShiftInverse`."""
     cap = maxiter if refine_maxiter is None else refine_maxiter
-    return lambda op0, op: HybridMultishiftInverse(op0, op, shifts, tol, maxiter, cap, raise_on_fail)
+    first = multishift_cg(shifts, tol, maxiter, raise_on_fail=False, check_residual=False)
+    then = cg(tol, cap, raise_on_fail=False)
+    return lambda op0, op: refined(first, then, sloppy=lambda _: op0, raise_on_fail=raise_on_fail,
+                                   name="hybrid multishift CG")(op)
 
 
 #: the single-precision multishift's tolerance floor: below it the iterated residual of a complex64 CG no longer
@@ -307,7 +432,7 @@ def mixed_multishift_cg(shifts, tol: float = 1e-10, maxiter: int = 10000, refine
                         raise_on_fail: bool = True, inner_dtype=np.complex64, inner_floor=SINGLE_PRECISION_FLOOR):
     """``mixed_multishift_cg(shifts, tol)(A)(b)`` = [(A + s)^-1 b for s in shifts] to the same double-precision true
     residual as :func:`multishift_cg`, with the Krylov work in ``inner_dtype`` (MILC's ``cgprec`` 1, QUDA's sloppy
-    multishift followed by a refinement of every shift):
+    multishift followed by a refinement of every shift); ``mixed_precision(multishift_cg(shifts, tol))``:
 
     1. the multishift CG of (A + s_i) x_i = b with A converted to ``inner_dtype``, to max(tol, inner_floor) on the
        base shift's iterated residual (MILC's rule);
@@ -317,8 +442,5 @@ def mixed_multishift_cg(shifts, tol: float = 1e-10, maxiter: int = 10000, refine
 
     The answer meets the tolerance of a double-precision solve, so the MD stays reversible to that tolerance; it is
     not bitwise the double-precision answer. ``stats`` as for :func:`hybrid_multishift_cg`."""
-    cap = maxiter if refine_maxiter is None else refine_maxiter
-    inner_tol = max(float(tol), float(inner_floor))
-    return lambda op: HybridMultishiftInverse(op.converted(inner_dtype), op, shifts, tol, maxiter, cap, raise_on_fail,
-                                              inner_tol=inner_tol, refine_dtype=np.dtype(inner_dtype),
-                                              name="mixed-precision multishift CG")
+    return mixed_precision(multishift_cg(shifts, tol, maxiter, raise_on_fail), inner_dtype, floor=inner_floor,
+                           refine_maxiter=refine_maxiter)

@@ -3,6 +3,9 @@ as an operator (docs/architecture.md).
 
 Every operator has
 * ``op(psi)``: a new field, ``op.adjoint()``: the adjoint as an operator;
+* ``op.space``: the :class:`FieldSpace` of its vectors (geometry, site shape, parity or None, dtype), which
+  allocates them (``space.zeros()``, ``space.empty()``), checks them (``space.check(v)``) and keys the solvers'
+  fused linear algebra; ``op.site_shape`` is declared by the operator's class (a staggered colour vector: (3,));
 * ``op.geom``, ``op.dtype`` (complex128 or complex64) and ``op.precision`` ("double" or "single");
 * ``op.flops``: the algorithmic flop count of one application, global over all ranks (the count MILC and QUDA
   quote, e.g. 1146 per output site for the HISQ dslash), not what the NumPy body happens to execute;
@@ -15,6 +18,10 @@ so they work with any layout an operator chooses. On a GPU holding the whole lat
 and reductions run instead as a few fused kernels (:func:`fused_blas`, the one switch; :mod:`solvers.blas_cuda`).
 """
 from __future__ import annotations
+
+import dataclasses
+import math
+from functools import cached_property
 
 import numpy as np
 
@@ -37,18 +44,103 @@ def real_dtype(dtype):
     return np.float64 if np.dtype(dtype) == np.complex128 else np.float32
 
 
+#: a staggered colour vector: three complex components per site (SU(3)); the site shape the staggered operators
+#: declare, and a FunctionOperator's unless it is given another
+COLOUR_VECTOR = (3,)
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldSpace:
+    """The vectors an operator acts on: full-lattice site arrays of shape ``geometry.shape + site_shape`` and
+    ``dtype``, carried by the sites of ``parity`` (0 even, 1 odd; the other parity holds zeros) or, for None, by
+    every site. Two spaces are equal when all four agree (the geometry by identity)."""
+
+    geometry: object
+    site_shape: tuple
+    parity: int | None = None
+    dtype: object = np.complex128
+
+    def __post_init__(self):
+        object.__setattr__(self, "site_shape", tuple(int(n) for n in self.site_shape))
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        precision_of(self.dtype)
+        if self.parity not in (None, 0, 1):
+            raise ValueError(f"a field space's parity is 0 (even), 1 (odd) or None (every site), not {self.parity}")
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.geometry.shape) + self.site_shape
+
+    @property
+    def site_size(self) -> int:
+        """Complex components per site."""
+        return math.prod(self.site_shape)
+
+    @property
+    def xp(self):
+        return self.geometry.xp
+
+    def zeros(self):
+        return self.xp.zeros(self.shape, dtype=self.dtype)
+
+    def empty(self):
+        return self.xp.empty(self.shape, dtype=self.dtype)
+
+    def converted(self, dtype) -> "FieldSpace":
+        return dataclasses.replace(self, dtype=dtype)
+
+    def on_every_site(self) -> "FieldSpace":
+        return dataclasses.replace(self, parity=None)
+
+    def __str__(self):
+        where = "every site" if self.parity is None else ("even sites" if self.parity == 0 else "odd sites")
+        return (f"{self.dtype} fields of site shape {self.site_shape} on {where} of "
+                f"{'x'.join(map(str, self.geometry.dims))}")
+
+    def check(self, v, what: str = "vector", support: bool = True):
+        """Raise a one-line ValueError naming this space when ``v`` is not one of its vectors: another shape, a
+        dtype that is not a real or complex floating type (other precisions are converted by the solvers), or, with
+        ``support``, a vector of the other parity (zero on this space's sites, not zero on the others). The support
+        test is one global count of non-zero entries (collective on a distributed lattice)."""
+        shape, dtype = tuple(getattr(v, "shape", ())), getattr(v, "dtype", None)
+        if shape != self.shape:
+            raise ValueError(f"{what} has shape {shape}, not {self.shape} of the space ({self}): site axes "
+                             f"(nt, nz, ny, nx) then the site shape {self.site_shape}")
+        if dtype is None or np.dtype(dtype).kind not in "fc":
+            raise ValueError(f"{what} has dtype {dtype}, not a floating dtype of the space ({self}): pass a "
+                             f"{self.dtype} array")
+        if support and self.parity is not None and self._nonzero(v, self.parity) == 0 and self._nonzero(v) > 0:
+            raise ValueError(f"{what} lives on the other parity, not on the space's ({self}): project it onto "
+                             f"parity {self.parity} or solve with the operator of parity {1 - self.parity}")
+
+    def _nonzero(self, v, parity=None) -> float:
+        geom, xp = self.geometry, self.xp
+        v = xp.asarray(v)
+        if parity is not None:
+            v = v * (geom.parity() == parity).reshape(geom.shape + (1,) * len(self.site_shape))
+        return geom.sum(xp.count_nonzero(v))
+
+
 class Operator:
-    """Base class. Subclasses implement ``_apply(psi)`` and, when they can, ``adjoint()`` and ``converted()``."""
+    """Base class. Subclasses implement ``_apply(psi)`` and, when they can, ``adjoint()`` and ``converted()``, and
+    declare ``site_shape`` (the shape of one site's components), unless they pass it to the constructor."""
 
     hermitian = False
     name = "operator"
+    site_shape: tuple | None = None
 
-    def __init__(self, geom, dtype=np.complex128, flops: float = 0.0, sites: int | None = None):
+    def __init__(self, geom, dtype=np.complex128, flops: float = 0.0, sites: int | None = None,
+                 site_shape: tuple | None = None):
         self.geom = geom
         self.dtype = np.dtype(dtype)
         precision_of(self.dtype)
         self.flops = float(flops)
         self.sites = geom.volume if sites is None else int(sites)
+        if site_shape is not None:
+            self.site_shape = tuple(site_shape)
+        if self.site_shape is None:
+            raise TypeError(f"{type(self).__name__} declares no site_shape: set the class attribute (e.g. "
+                            "COLOUR_VECTOR) or pass site_shape=")
 
     # --- the interface ------------------------------------------------------------------------------------
     @property
@@ -59,13 +151,21 @@ class Operator:
     def precision(self) -> str:
         return precision_of(self.dtype)
 
+    @cached_property
+    def space(self) -> FieldSpace:
+        """The space of this operator's vectors (made on first use, after the subclass set its attributes)."""
+        return FieldSpace(self.geom, self.site_shape, self._space_parity(), self.dtype)
+
+    def _space_parity(self) -> int | None:
+        """The parity whose sites carry the fields: an operator's ``parity`` when it acts on half the sites."""
+        parity = getattr(self, "parity", None)
+        if parity in (0, 1) and 2 * self.sites == self.geom.volume:
+            return int(parity)
+        return None
+
     @property
     def field_shape(self) -> tuple:
-        return tuple(self.geom.shape) + (3,)
-
-    def new_field(self):
-        """A zero field of this operator's layout and precision."""
-        return self.xp.zeros(self.field_shape, dtype=self.dtype)
+        return self.space.shape
 
     def __call__(self, psi):
         return self._apply(psi)
@@ -105,8 +205,8 @@ class FunctionOperator(Operator):
     """An operator from plain functions: ``FunctionOperator(geom, f, adjoint=g, hermitian=..., flops=...)``."""
 
     def __init__(self, geom, apply, adjoint=None, *, dtype=np.complex128, flops=0.0, sites=None,
-                 hermitian=False, name="function operator"):
-        super().__init__(geom, dtype, flops, sites)
+                 hermitian=False, name="function operator", site_shape=COLOUR_VECTOR):
+        super().__init__(geom, dtype, flops, sites, site_shape)
         self._f = apply
         self._g = adjoint
         self.hermitian = bool(hermitian)
@@ -121,12 +221,14 @@ class FunctionOperator(Operator):
         if self._g is None:
             raise NotImplementedError(f"{self.name}: no adjoint function given")
         return FunctionOperator(self.geom, self._g, self._f, dtype=self.dtype, flops=self.flops, sites=self.sites,
-                                name=f"{self.name}^dag")
+                                name=f"{self.name}^dag", site_shape=self.site_shape)
 
 
 class ProductOperator(Operator):
     def __init__(self, a: Operator, b: Operator):
-        super().__init__(a.geom, a.dtype, a.flops + b.flops, a.sites)
+        if a.site_shape != b.site_shape:
+            raise ValueError(f"{a.name} * {b.name}: the fields of {a.space} and {b.space} differ in site shape")
+        super().__init__(a.geom, a.dtype, a.flops + b.flops, a.sites, a.site_shape)
         self.a, self.b = a, b
         self.name = f"({a.name})({b.name})"
 
@@ -146,7 +248,7 @@ class ShiftedOperator(Operator):
     """A + sigma with a real shift sigma; Hermitian when A is."""
 
     def __init__(self, op: Operator, sigma: float):
-        super().__init__(op.geom, op.dtype, op.flops + 12 * op.sites, op.sites)
+        super().__init__(op.geom, op.dtype, op.flops + 4 * op.space.site_size * op.sites, op.sites, op.site_shape)
         self.op, self.sigma = op, float(sigma)
         self.hermitian = op.hermitian
         self.name = f"{op.name} + {self.sigma:g}"
@@ -155,6 +257,9 @@ class ShiftedOperator(Operator):
         out = self.op(psi)
         out += self.sigma * psi
         return out
+
+    def _space_parity(self):
+        return self.op.space.parity
 
     def adjoint(self):
         return self if self.hermitian else ShiftedOperator(self.op.adjoint(), self.sigma)
@@ -250,10 +355,10 @@ _fused = {"override": None}             # set_fused_blas: a mode for every geome
 
 
 @implements("solvers.fused_blas", Placement.ARRAY)
-def _numpy_path(geom, dtype, parity, source=None, exact=False):
+def _numpy_path(space, source=None, exact=False):
     """No fused linear algebra: the solver runs its NumPy path. (A GPU implementation, registered under the same
-    name, returns an object with the methods of :class:`solvers.blas_cuda.CudaBlas` acting on the sites of
-    ``parity``: 0, 1, or None for all sites.)"""
+    name, returns an object with the methods of :class:`solvers.blas_cuda.CudaBlas` acting on the vectors of
+    ``space``: the sites of its parity, or every site.)"""
     return None
 
 
@@ -269,20 +374,10 @@ def set_fused_blas(mode):
     return old
 
 
-def field_parity(op) -> int | None:
-    """The parity whose sites carry an operator's fields (0 or 1 for an even-odd operator), or None (all sites)."""
-    while isinstance(op, ShiftedOperator):
-        op = op.op
-    parity = getattr(op, "parity", None)
-    if parity in (0, 1) and 2 * op.sites == op.geom.volume:
-        return int(parity)
-    return None
-
-
 def fused_blas(op, source=None):
-    """The fused linear algebra for solving with ``op`` (fields of its precision, on its sites), or None for the
-    NumPy path. ``source``: the right-hand side; the kernels are restricted to the operator's parity only when it
-    vanishes on the other one."""
+    """The fused linear algebra for solving with ``op`` (the vectors of ``op.space``), looked up by that space, or
+    None for the NumPy path. ``source``: the right-hand side; the kernels are restricted to the space's parity only
+    when it vanishes on the other one."""
     config = op.geom.config
     mode = _fused["override"] or config.solver_fused
     if mode == "off":
@@ -290,5 +385,6 @@ def fused_blas(op, source=None):
     exact = (_reductions["override"] or config.solver_sums) == "exact"
     if exact and np.dtype(op.dtype) != np.complex128:
         return None          # the single-precision exact kernel differs from its twin on subnormal products (GPU test)
-    factory = lookup("solvers.fused_blas", op.geom, source=source)
-    return factory(op.geom, op.dtype, None if mode == "all" else field_parity(op), source, exact=exact)
+    space = op.space.on_every_site() if mode == "all" else op.space
+    factory = lookup("solvers.fused_blas", space.geometry, space=space, source=source)
+    return factory(space, source, exact=exact)

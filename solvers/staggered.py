@@ -45,7 +45,7 @@ import numpy as np
 from lattice import su3
 from lattice.placement import Placement, implements, lookup
 
-from .operator import Operator
+from .operator import COLOUR_VECTOR, Operator
 
 # flops of one 3x3 complex matrix times complex 3-vector, and of one complex 3-vector addition
 FLOPS_MATVEC = 66
@@ -120,6 +120,8 @@ class StaggeredDslash(Operator):
     ``StaggeredDslash(geom, fat, long=None, dtype=complex128)``: ``fat`` and ``long`` are (4, nt, nz, ny, nx, 3, 3)
     arrays with the phases and boundary signs folded in; ``long=None`` gives a one-link (fat-only) operator.
     """
+
+    site_shape = COLOUR_VECTOR
 
     name = "HISQ dslash"
 
@@ -228,7 +230,7 @@ class StaggeredDslash(Operator):
         """
         psi = self._as_field(psi)
         if out is None:
-            out = self.xp.zeros(self.field_shape, dtype=self.dtype)
+            out = self.space.zeros()
         elif not out.flags.c_contiguous or out.dtype != self.dtype or tuple(out.shape) != self.field_shape:
             raise ValueError(f"hop: out must be a C-contiguous {self.dtype} array of shape {self.field_shape}")
         if x is not None:
@@ -264,7 +266,7 @@ class StaggeredDslash(Operator):
 
     # --- operator interface -------------------------------------------------------------------------------------
     def _apply(self, psi):
-        out = self.xp.empty(self.field_shape, dtype=self.dtype)
+        out = self.space.empty()
         self.hop(psi, 0, out)
         self.hop(psi, 1, out)
         return out
@@ -285,6 +287,8 @@ class ParityHop(Operator):
     ``ParityHop(D, 0)`` is D_eo (odd -> even), ``ParityHop(D, 1)`` is D_oe. Its adjoint is -D_{q p}.
     """
 
+    site_shape = COLOUR_VECTOR
+
     def __init__(self, dslash: StaggeredDslash, out_parity: int):
         super().__init__(dslash.geom, dslash.dtype, dslash.hop_flops(), dslash.geom.volume // 2)
         self.dslash, self.out_parity = dslash, int(out_parity)
@@ -303,6 +307,8 @@ class ParityHop(Operator):
 class StaggeredMatrix(Operator):
     """M = 2m + D (or M^dag = 2m - D with ``dagger=True``) on the full lattice."""
 
+    site_shape = COLOUR_VECTOR
+
     def __init__(self, dslash: StaggeredDslash, mass: float, dagger: bool = False):
         super().__init__(dslash.geom, dslash.dtype, 2 * dslash.hop_flops(axpy=True))
         self.dslash, self.mass, self.dagger = dslash, float(mass), bool(dagger)
@@ -310,7 +316,7 @@ class StaggeredMatrix(Operator):
 
     def _apply(self, psi):
         d = self.dslash.adjoint() if self.dagger else self.dslash
-        out = self.xp.empty(self.field_shape, dtype=self.dtype)
+        out = self.space.empty()
         for p in (0, 1):
             d.hop(psi, p, out, a=2 * self.mass, x=psi)
         return out
@@ -329,6 +335,8 @@ class StaggeredMatrix(Operator):
 class StaggeredNormal(Operator):
     """M^dag M = M M^dag = 4m^2 - D^2 on the full lattice; it does not mix parities."""
 
+    site_shape = COLOUR_VECTOR
+
     hermitian = True
 
     def __init__(self, dslash: StaggeredDslash, mass: float):
@@ -339,7 +347,7 @@ class StaggeredNormal(Operator):
     def _apply(self, psi):
         d = self.dslash
         t = d(psi)
-        out = self.xp.empty(self.field_shape, dtype=self.dtype)
+        out = self.space.empty()
         for p in (0, 1):
             d.hop(t, p, out, a=4 * self.mass ** 2, x=psi, b=-1.0)
         return out
@@ -354,6 +362,8 @@ class EvenOddNormal(Operator):
     Input: a field on parity p (its other sites are ignored); output: a field on parity p, exactly zero elsewhere.
     ``mass = 0`` gives the massless operator of RHMC, whose shifts 4 m_i^2 go to the multishift solver.
     """
+
+    site_shape = COLOUR_VECTOR
 
     hermitian = True
 
@@ -372,7 +382,7 @@ class EvenOddNormal(Operator):
     def reserve_into(self):
         """Allocate what :meth:`apply_into` needs (before a CUDA-graph capture, which must not allocate)."""
         if getattr(self, "_scratch", None) is None:
-            self._scratch = self.xp.zeros(self.field_shape, dtype=self.dtype)
+            self._scratch = self.space.zeros()
 
     def graph_key(self) -> tuple:
         """What a CUDA graph of :meth:`apply_into` bakes in besides its arguments (solvers.krylov_graph)."""
