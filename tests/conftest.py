@@ -4,10 +4,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-# MILC's reference files: ../shared/fixtures/milc/ beside the checkout, or HMC_MILC_FIXTURES (for a copy carried
-# to the GPU machine, which has no ../shared/fixtures).
-FIXTURES = Path(os.environ.get("HMC_MILC_FIXTURES", ROOT.parent / "shared" / "fixtures" / "milc"))
+from fixture_paths import FIXTURES, ROOT  # noqa: F401  (FIXTURES: re-exported for older imports)
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

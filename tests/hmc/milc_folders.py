@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from conftest import FIXTURES, ROOT
+from fixture_paths import FIXTURES, ROOT
 
 MILC_TEST = FIXTURES / "ks_imp_rhmc"
 SELECT = "'SELECT=PBP|DG|PLAQ|ACTION|delta|G_LOOP'"

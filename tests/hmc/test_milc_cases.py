@@ -4,7 +4,7 @@ comparison with the sample output under its errtol file. One core: 12-30 s CPU p
 """
 import pytest
 
-from conftest import FIXTURES
+from fixture_paths import FIXTURES
 from hmc.milc.compare import read_checklist
 from hmc.milc.runner import check_milc
 

@@ -4,7 +4,7 @@ import tomllib
 
 import pytest
 
-from conftest import FIXTURES, ROOT
+from fixture_paths import FIXTURES, ROOT
 from hmc import deck as deckmod
 from hmc.milc.builds import BUILDS, build_for
 from hmc.milc.deck import MilcDeckError, parse, project_deck, read

@@ -4,7 +4,7 @@ it, at PRECISION 2 and 1 (the single-precision build's output compared with the 
 every selected line from delta S on within its errtol; and the start action, which the errtol does not select."""
 import pytest
 
-from conftest import FIXTURES
+from fixture_paths import FIXTURES
 from hmc.milc.runner import check_milc
 from milc_folders import MILC_TEST, checklist_folder
 

@@ -7,7 +7,7 @@ read, digit for digit too. About 5 s per case on one core."""
 import numpy as np
 import pytest
 
-from conftest import FIXTURES
+from fixture_paths import FIXTURES
 from force.gauge_action import WilsonAction
 from hmc.integrators import IntegratorError, Level, build_schedule
 from hmc.milc.runner import check_milc
