@@ -172,25 +172,17 @@ def discard_killed_saves(path: str) -> list[str]:
     alive: a PID reused since, or on another host of a shared file system, kept such a file forever)."""
     from .kept_configs import kept_path
 
+    from lattice.io.common import remove_temporaries
+
     path = os.path.abspath(os.fspath(path))
-    folder = os.path.dirname(path)
+    base = os.path.basename(path)
     kept = os.path.basename(kept_path(path, 0))[:-len("0.ildg")]        # RUN.traj
-    removed = []
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return removed
-    for name in names:
-        stem, _, pid = name.rpartition(".tmp.")
-        ours = stem == os.path.basename(path) or (stem.startswith(kept) and stem.endswith(".ildg")
-                                                  and stem[len(kept):-len(".ildg")].isdigit())
-        if ours and pid.isdigit() and int(pid) != os.getpid():
-            try:
-                os.unlink(os.path.join(folder, name))
-                removed.append(name)
-            except OSError:
-                pass
-    return removed
+
+    def ours(stem, _pid):
+        return stem == base or (stem.startswith(kept) and stem.endswith(".ildg")
+                                and stem[len(kept):-len(".ildg")].isdigit())
+
+    return remove_temporaries(os.path.dirname(path), ours)
 
 
 def checkpoint_bytes(state: runfile.RunState, more_rows: int = 0) -> int:

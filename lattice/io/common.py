@@ -184,15 +184,21 @@ def remove_stale_temporaries(path) -> list[str]:
     """Delete the PATH.tmp.PID files of saves whose process PID is dead (a save killed midway); returns their
     names. Those of live processes are left (a save may be under way); a folder that refuses is let be."""
     path = os.path.abspath(os.fspath(path))
-    directory, prefix = os.path.dirname(path), os.path.basename(path) + ".tmp."
+    base = os.path.basename(path)
+    return remove_temporaries(os.path.dirname(path), lambda stem, pid: stem == base and not _pid_alive(pid))
+
+
+def remove_temporaries(directory, doomed) -> list[str]:
+    """Delete the ``STEM.tmp.PID`` files in ``directory`` (PID not this process's) for which ``doomed(stem, pid)``
+    holds; returns their names. A folder or file that refuses is let be."""
     removed = []
     try:
         names = os.listdir(directory)
     except OSError:
         return removed
     for name in names:
-        pid = name[len(prefix):]
-        if name.startswith(prefix) and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+        stem, _, pid = name.rpartition(".tmp.")
+        if stem and pid.isdigit() and int(pid) != os.getpid() and doomed(stem, int(pid)):
             try:
                 os.unlink(os.path.join(directory, name))
                 removed.append(name)
