@@ -56,6 +56,7 @@ class GpuExchange:
                 results[(dim, side)] = self._receive(link, dim, side, shape, dtype, expected, req, view, dest)
             for ev in joins:                                   # the parallel receive chains
                 call(drv.cuStreamWaitEvent, csp, ev.ptr, 0)
+            self._watch(csp)
             if not self.fenced:
                 for ev in self.sent:                           # p2p sends whose receives came by mpi
                     call(drv.cuStreamWaitEvent, csp, ev.ptr, 0)
@@ -74,6 +75,23 @@ class GpuExchange:
         self.done = True
         self.keep = []
         return results
+
+    def _watch(self, csp):
+        """Hand the device-side waits of this uncaptured exchange to the engine's watchdog (comms/watchdog.py): an
+        event recorded after them on the compute stream, which the device completes only when every peer arrived."""
+        eng = self.engine
+        if eng.graph_mode:
+            return
+        for dim, side, _, _, expected, _, _ in self.recvs:
+            link = eng.links[(dim, side)]
+            if link.p2p and not link.kind.capabilities.host_driven:
+                ev = eng.watch_events[self.buffer]
+                call(drv.cuEventRecord, ev.ptr, csp)
+                eng.watchdog().watch(self.buffer, ev.ptr, (
+                    f"rank {eng.world_rank}: no halo from rank {link.peer_world} on link {link_name(dim, side)} "
+                    f"({link.transport}) after {eng.timeout:g} s (HMC_COMMS_TIMEOUT): the device-side wait for "
+                    f"message {expected} has not completed (the peer is stopped, hung or dead)"))
+                return
 
     def _chained(self, link, shape, dtype, dest) -> bool:
         """Whether side (dim, side) is received on the link's own receive stream (a transport with receive

@@ -31,6 +31,7 @@ from ..base import _LIVE, DIRS, CommsError, CommsTimeout, link_name, mpi
 from ..halo import FALLBACK, HaloEngine
 from ..transport import registry
 from ..transport.host import MIN_CAPACITY, TAG_BASE
+from ..watchdog import Watchdog
 from . import alloc as alloc_policy
 from . import cu, vmm
 from .cu import WAIT_GEQ, call, try_call
@@ -156,6 +157,8 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
             if link.p2p:
                 link.kind.setup_link(self, link)
         self.fin_event = cupy.cuda.Event(disable_timing=True)
+        self.watch_events = [cupy.cuda.Event(disable_timing=True) for _ in (0, 1)]
+        self._watchdog = None
         # stream_gated receives: each link's chain (wait, reset, copy out, credit) on its own stream, joined by events,
         # so that they overlap (in a graph: parallel branches); HMC_P2P_PARALLEL_RECV=0: one after the other on the
         # compute stream. Decided collectively (it changes no protocol step, only where the steps are enqueued).
@@ -285,8 +288,19 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
         self.graph_mode = bool(on)
         self._reset_slots()
 
+    def watchdog(self) -> Watchdog:
+        """The bound on this engine's device-side waits (comms/watchdog.py), made on first use."""
+        if self._watchdog is None:
+            ctx = self.dev.ctx
+            self._watchdog = Watchdog(lambda ev: try_call(drv.cuEventQuery, ev)[0] is None, self.timeout,
+                                      setup=lambda: call(drv.cuCtxSetCurrent, ctx))
+        return self._watchdog
+
     def free(self):
         self.sync("free()")
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
         self._drain()
         self.node.Barrier()
         self._unmap_peers()
