@@ -4,10 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from fixture_paths import FIXTURES, ROOT  # noqa: F401  (FIXTURES: re-exported for older imports)
-
+ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from tests.fixture_paths import FIXTURES  # noqa: E402  (also when a worker imports tests.conftest outside pytest)
 
 
 def fixture_path(name: str) -> Path:
