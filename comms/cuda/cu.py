@@ -21,7 +21,6 @@ WAIT_EQ = drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ
 WAIT_FLUSH = drv.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_FLUSH
 WRITE_DEFAULT = drv.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
 A = drv.CUdevice_attribute
-_OP = drv.CUstreamBatchMemOpType
 
 
 class CudaError(CommsError):
@@ -117,12 +116,13 @@ def wait_and_reset(stream_ptr: int, addr: int, value: int = 1):
     """Enqueue, as ONE batch of memory operations (one graph node when captured), a wait until the 64-bit word at
     ``addr`` equals ``value`` and then its reset to 0: the two steps of a binary flag (docs/halo-protocol.md "CUDA
     graphs", option 1). cuStreamBatchMemOp runs the operations in array order, so the reset follows the wait."""
+    op = drv.CUstreamBatchMemOpType
     wait, reset = drv.CUstreamBatchMemOpParams(), drv.CUstreamBatchMemOpParams()
-    wait.waitValue.operation = _OP.CU_STREAM_MEM_OP_WAIT_VALUE_64
+    wait.waitValue.operation = op.CU_STREAM_MEM_OP_WAIT_VALUE_64
     wait.waitValue.address = addr
     wait.waitValue.value64 = value
     wait.waitValue.flags = WAIT_EQ
-    reset.writeValue.operation = _OP.CU_STREAM_MEM_OP_WRITE_VALUE_64
+    reset.writeValue.operation = op.CU_STREAM_MEM_OP_WRITE_VALUE_64
     reset.writeValue.address = addr
     reset.writeValue.value64 = 0
     reset.writeValue.flags = WRITE_DEFAULT
