@@ -183,6 +183,8 @@ def _add_check_parser(sub):
     p.add_argument("--out-dir", metavar="DIR", help="--milc: keep the outputs and run files here")
     p.add_argument("--launch", metavar="CMD", help="--milc: command that starts each run, as MILC's LAUNCH, e.g. "
                                                    "'mpiexec -n 2' (--grid and --transport reach the runs)")
+    p.add_argument("--jobs", type=_count(1), default=1, metavar="N",
+                   help="--milc: run up to N cases at once (each in its own process; default 1)")
     add_progress_arg(p)
 
 
@@ -357,7 +359,8 @@ def _dispatch(args) -> int:
             from .milc.runner import check_milc
 
             return 1 if check_milc(args.milc, args.references, args.search, args.out_dir, args.backend,
-                                   args.test_out, launch=args.launch, show_progress=not args.no_progress) else 0
+                                   args.test_out, launch=args.launch, show_progress=not args.no_progress,
+                                   jobs=args.jobs) else 0
         return _check(args)
     if args.command in ("solve", "spectrum"):
         from . import solve, spectrum

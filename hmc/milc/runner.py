@@ -111,13 +111,37 @@ def _run_case(case, folder: Path, work: Path, search, backend, launch=None) -> t
     return p.stdout, secs
 
 
+def _case_outputs(cases, folder, work, search, backend, launch, test_out, jobs: int):
+    """(case, output text, seconds, error) in checklist order: each case run in a fresh process, up to ``jobs``
+    at once (the runs are independent; CPU seconds are each child's own only when they run one at a time)."""
+    if test_out is not None:
+        yield cases[0], Path(test_out).read_text(), None, None
+        return
+
+    def one(case):
+        try:
+            text, secs = _run_case(case, folder, work, search, backend, launch)
+            return case, text, (secs if jobs == 1 else (secs[0], float("nan"))), None
+        except compare.MilcCheckError as e:
+            return case, None, None, e
+
+    if jobs <= 1:
+        yield from map(one, cases)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        yield from pool.map(one, cases)
+
+
 def check_milc(folder, names=(), search=(), out_dir=None, backend=None, test_out=None, log=print,
-               launch: str | None = None, show_progress: bool = True) -> int:
+               launch: str | None = None, show_progress: bool = True, jobs: int = 1) -> int:
     """``hmc check --milc DIR [CASE ...]``: run (or, with ``test_out``, take that output of one case), compare with
     MILC's sample output under its errtol file, print the table and what failed; the number of failed cases.
     ``launch``: the command that starts each run, as MILC's LAUNCH (e.g. ``mpiexec -n 2``; --grid and --transport
     reach the runs through the environment). Progress (one step per case) goes to stderr on rank 0 unless
-    ``show_progress`` is off (hmc.progress)."""
+    ``show_progress`` is off (hmc.progress). ``jobs``: cases run at once (``--jobs``; outputs compared in checklist
+    order)."""
     from ..progress import command_progress
 
     folder = Path(folder)
@@ -135,18 +159,12 @@ def check_milc(folder, names=(), search=(), out_dir=None, backend=None, test_out
     rows, failed = [], 0
     bar = command_progress(len(cases), "hmc check --milc", show_progress)
     try:
-        for case in cases:
+        for case, text, secs, error in _case_outputs(cases, folder, work, search, backend, launch, test_out, jobs):
             bar.update(len(rows), case.prefix)
             sample, errtol = (folder / f"{case.prefix}.{ext}" for ext in ("sample-out", "errtol"))
-            secs = None
-            try:
-                if test_out is not None:
-                    text = Path(test_out).read_text()
-                else:
-                    text, secs = _run_case(case, folder, work, search, backend, launch)
-            except compare.MilcCheckError as e:
-                log(str(e))
-                rows.append((case.prefix, compare.Comparison(error=str(e)), None))
+            if error is not None:
+                log(str(error))
+                rows.append((case.prefix, compare.Comparison(error=str(error)), None))
                 failed += 1
                 continue
             c = compare.compare_outputs(text, sample.read_text(), errtol.read_text(), case)

@@ -14,7 +14,7 @@ CASE = "su3_rhmc_hisq_su3.f2111"
 def test_milc_su3_rhmc_hisq_su3_f2111(tmp_path):
     folder = checklist_folder(tmp_path / "test", "su3_rhmc_hisq_su3", "f2111", "delta")
     lines = []
-    failed = check_milc(folder, [], search=[FIXTURES], out_dir=tmp_path / "out", log=lines.append)
+    failed = check_milc(folder, [], search=[FIXTURES], out_dir=tmp_path / "out", log=lines.append, jobs=2)
     assert failed == 0, "\n".join(lines)
     out = (tmp_path / "out" / f"{CASE}.2.test-out").read_text().splitlines()
     sample = (MILC_TEST / f"{CASE}.2.sample-out").read_text().splitlines()

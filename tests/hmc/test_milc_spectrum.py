@@ -24,7 +24,7 @@ def spectrum_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("spectrum")
     folder = checklist_folder(tmp / "test", CASE, "-", "WARMUPS")
     lines = []
-    failed = check_milc(folder, [], search=[FIXTURES], out_dir=tmp / "out", log=lines.append)
+    failed = check_milc(folder, [], search=[FIXTURES], out_dir=tmp / "out", log=lines.append, jobs=2)
     return failed, lines, tmp / "out"
 
 
