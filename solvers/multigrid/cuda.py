@@ -17,9 +17,10 @@ index table:
 
 Both serve CuPy fields of complex128 or complex64 (the single-precision cycle) on any process grid. X^-1 is site-local (the hypercubes tile the local
 volume). The stencil on a grid with partitioned dimensions reads an *extended* array: the local sites (flat, in
-order) followed by the faces received in ONE depth-1 halo exchange over the partitioned dimensions
-(:func:`extended`, through ``comms``: every transport, device to device with the GPU engine), with the
-neighbour table :class:`HaloTable` pointing into it (built once per lattice with NumPy) - the same kernel.
+order) followed by the ghost buffer of ONE depth-1 exchange of the lattice's stencil over the partitioned
+dimensions (:func:`extended`, comms/stencil.py: every transport, device to device with the GPU engine), with the
+neighbour table :class:`HaloTable` pointing into it (built once per lattice with NumPy from the stencil's face
+tables) - the same kernel.
 The run configuration's ``mg_kernels`` (HMC_MG_KERNELS=0; or the override :func:`set_kernels`) turns them off.
 The index tables are built with NumPy
 (:func:`neighbour_table`, :func:`hypercube_table`, :class:`HaloTable`); :func:`stencil_reference` and
@@ -33,7 +34,6 @@ from __future__ import annotations
 import numpy as np
 
 from lattice import cuda_source
-from lattice.geometry import HaloHandle, site_axis
 from lattice.placement import set_switch, switch_on
 
 from . import timing
@@ -101,37 +101,38 @@ def hypercube_table(geom) -> np.ndarray:
     return np.ascontiguousarray(to_blocks(ids, (2, 2, 2, 2))).astype(np.int64)
 
 
+def halo_stencil(geom):
+    """The lattice's :class:`comms.stencil.Stencil` of the coarse stencil's halo: the hops +-1 along every
+    partitioned dimension at depth 1 (the one :class:`lattice.geometry.HaloHandle` of ``geom.halo`` uses)."""
+    dims = [mu for mu in range(4) if geom.grid.partitioned[mu]]
+    return geom.stencil(tuple((mu, s) for mu in dims for s in (1, -1)), 1)
+
+
 class HaloTable:
     """The neighbour table of the stencil on a grid with partitioned dimensions, into the *extended* array: rows
-    0..nsite-1 are the local sites (flat, x fastest), then for each partitioned mu (increasing) the face received
-    from the backward neighbour (its last slab, side 0) and the one from the forward neighbour (its first slab,
-    side 1), each in the C order of the face array (the local site shape with extent 1 along mu), as
-    :meth:`lattice.Geometry.halo` delivers them at depth 1.
+    0..nsite-1 are the local sites (flat, x fastest), then the ghost buffer of the lattice's depth-1 stencil
+    (:func:`halo_stencil`; comms/stencil.py): for each partitioned mu (increasing) the face received from the
+    backward neighbour (its last slab, side 0) and the one from the forward neighbour (its first slab, side 1),
+    each in the C order of the face (the local site shape with extent 1 along mu).
 
     ``nb`` (9, nsite): as :func:`neighbour_table`, except that x + mu of a site on the last local slab of a
-    partitioned mu is the row of that site's transverse position in the side-1 face, and x - mu of a site on the
-    first slab the row in the side-0 face (a local extent 1 sends both hops to faces). ``faces``: ((mu, side),
-    first row, face site shape) in extended order; ``rows``: nsite plus every face's sites. Built with NumPy."""
+    partitioned mu (the sites of the stencil's face (mu, 1)) is the ghost row of its transverse position on side 1,
+    and x - mu of a site on the first slab (face (mu, 0)) the ghost row on side 0 (a local extent 1 sends both hops
+    to ghosts). Every face and site list comes from the stencil: ``stencil``; ``faces``: its ghost rows ((mu, side),
+    first row, face site shape) offset by nsite; ``rows``: nsite plus every ghost site. Built with NumPy."""
 
     def __init__(self, geom):
-        shape = tuple(int(n) for n in geom.shape)
-        self.nsite = int(np.prod(shape))
-        self.dims = [mu for mu in range(4) if geom.grid.partitioned[mu]]
+        self.stencil = halo_stencil(geom)
+        self.nsite = int(np.prod(geom.shape))
+        self.dims = list(self.stencil.dims)
         nb = neighbour_table(geom)
-        sites = nb.reshape((9,) + shape)                      # views: writing them writes nb
-        self.faces = []
-        row = self.nsite
-        for mu in self.dims:
-            axis = site_axis(mu)
-            n = shape[axis]
-            fshape = shape[:axis] + (1,) + shape[axis + 1:]
-            pos = np.arange(int(np.prod(fshape)), dtype=np.int64).reshape(fshape)
-            for side, d, first in ((0, 2 + 2 * mu, 0), (1, 1 + 2 * mu, n - 1)):
-                idx = (slice(None),) * axis + (slice(first, first + 1),)
-                sites[d][idx] = row + pos
-                self.faces.append(((mu, side), row, fshape))
-                row += pos.size
-        self.rows = row
+        sends = {f.key: f for f in self.stencil.faces}
+        for ghost in self.stencil.faces:                   # the ghost on side s is read by the sites face (mu, s) sends
+            mu, side = ghost.recv_key
+            hop = 1 + 2 * mu if side == 1 else 2 + 2 * mu
+            nb[hop, sends[ghost.recv_key].sites] = self.nsite + ghost.ghost_at + np.arange(ghost.size)
+        self.faces = [(key, self.nsite + at, shape) for key, at, shape in self.stencil.ghost_rows()]
+        self.rows = self.nsite + sum(f.size for f in self.stencil.faces)
         self.nb = np.ascontiguousarray(nb)
 
 
@@ -155,17 +156,19 @@ def tables(geom, xp, what: str):
 
 def extended(geom, table: HaloTable, w):
     """The extended array of ``w`` (*sites, n[, k]) for :class:`HaloTable` ``table``: (rows, n[, k]), the local
-    sites copied first, then the faces of one depth-1 halo exchange over ``table.dims``
-    (:class:`lattice.geometry.HaloHandle`: comms, every transport; with the GPU engine device to device, each face
-    received straight into its rows). The exchange is charged to the active level clock as one halo exchange
-    (:mod:`.timing`; its clock readings synchronize the device while timing is on)."""
+    sites copied first, then the ghost buffer of one exchange of ``table.stencil`` (comms/stencil.py: every
+    transport, device to device with the GPU engine). The exchange is charged to the active level clock as one halo
+    exchange (:mod:`.timing`; its clock readings synchronize the device while timing is on)."""
     xp = geom.xp
     rest = tuple(w.shape[4:])
     ext = xp.empty((table.rows,) + rest, dtype=w.dtype)
     ext[:table.nsite] = w.reshape((table.nsite,) + rest)
-    views = {key: ext[row:row + int(np.prod(fshape))].reshape(fshape + rest) for key, row, fshape in table.faces}
     t0 = timing.now()
-    HaloHandle(geom, w, 1, table.dims).finish(views)
+    st = table.stencil
+    bufs = st.begin(w)
+    st.complete(bufs)
+    nghost = table.rows - table.nsite
+    ext[table.nsite:] = bufs.ghost[0][:nghost * bufs.per].reshape((nghost,) + rest)
     timing.charge_halo(timing.now() - t0)
     return ext
 
