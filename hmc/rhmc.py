@@ -270,13 +270,9 @@ class FermionMonomial:
         recorded under ``label`` (default: the phase)."""
         term = self.terms[k]
         approx = term.approximation(phase)
-        D, A = ls.ops[term.naik_epsilon]
+        A = ls.ops[term.naik_epsilon][1]
         t0 = time.perf_counter()
-        mg = self.multigrid                      # solvers.multigrid.MultigridShifts for the light GR/FA solves
-        if mg is not None and phase in ("GR", "FA") and k in self.multigrid_terms:
-            xs, st = mg.solve(D, A, approx.poles, b, term.tolerance(phase), term.maxiter, key=term.naik_epsilon)
-        else:
-            xs, st = self._shift_inverter(ls, term, phase)(A).solve(b)
+        xs, st = self._shift_inverter(ls, k, phase)(A).solve(b)
         label = label or phase
         self.stats.add_time(f"solver_{label}", time.perf_counter() - t0)
         self.stats.solves.append(SolveRecord(label, k, call, st))
@@ -289,14 +285,20 @@ class FermionMonomial:
                 "or loosen the tolerance", st)
         return xs, st
 
-    def _shift_inverter(self, ls: _LinkSet, term: PseudofermionTerm, phase: str):
-        """The one shift inverter (an operator -> :class:`solvers.ShiftInverse` factory) of a pseudofermion's phase,
-        from the deck: the multishift CG (MILC's ks_multicg_offset); for cgprec 1 the multishift in single precision
+    def _shift_inverter(self, ls: _LinkSet, k: int, phase: str):
+        """The one shift inverter (an operator -> :class:`solvers.ShiftInverse` factory) of pseudofermion k's phase,
+        from the deck: for the light GR/FA solves under [multigrid] (:meth:`use_multigrid`) the multigrid's
+        (:meth:`solvers.multigrid.MultigridShifts.inverter` on this pseudofermion's Dirac operator); else the
+        multishift CG (MILC's ks_multicg_offset); for cgprec 1 the multishift in single precision
         refined in double (``mixed_precision``); for KS_MULTICG=HYBRID the multishift on the first Naik group's links,
         then every shift refined by a single-mass CG on this pseudofermion's links (ks_multicg_hybrid_field,
         max_multicg/5 as MILC 2009; ``ls``: the links of the solve). Made at each solve from the term's current
         settings (cheap), so a changed max_multicg takes effect at once."""
+        term = self.terms[k]
         poles, tol = term.approximation(phase).poles, term.tolerance(phase)
+        if self.multigrid is not None and phase in ("GR", "FA") and k in self.multigrid_terms:
+            return self.multigrid.inverter(ls.ops[term.naik_epsilon][0], poles, tol, term.maxiter,
+                                           key=term.naik_epsilon)
         plain = multishift_cg(poles, tol, term.maxiter, raise_on_fail=False, check_residual=False)
         if term.single_precision(phase):
             return mixed_precision(plain)

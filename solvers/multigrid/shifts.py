@@ -30,14 +30,16 @@ import time
 import numpy as np
 
 from ..cg import SolverStats
-from ..multishift import multishift_cg
+from ..multishift import ShiftInverse, multishift_cg
 from ..staggered import project
 from .solver import MultigridInverse, multigrid
 
 
 class MultigridShifts:
     """``solve(D, A, poles, b, tol, maxiter)``: [(A + p)^-1 b for p in poles] with the ``nshifts`` smallest poles by
-    multigrid; ``mg`` are the :func:`multigrid` keyword arguments (levels, blocks, nv, setup_iters, ...)."""
+    multigrid; ``mg`` are the :func:`multigrid` keyword arguments (levels, blocks, nv, setup_iters, ...).
+    :meth:`inverter` is the same as a shift inverter factory (operator -> :class:`solvers.ShiftInverse`), the shape
+    of every other RHMC solve."""
 
     def __init__(self, nshifts: int, refinements: int = 3, refresh_every: int | None = None, **mg):
         if int(nshifts) < 0:
@@ -86,6 +88,12 @@ class MultigridShifts:
             for k, v in base.subspace.counts.items():
                 out[k] += v
         return out
+
+    def inverter(self, D, poles, tol: float, maxiter: int, key=None) -> "MultigridShiftFactory":
+        """The shift inverter factory of :meth:`solve` for the Dirac operator ``D``: ``inverter(D, poles, tol,
+        maxiter)(A).solve(b)`` = ``solve(D, A, poles, b, tol, maxiter)``, A = -D_eo D_oe the even-site normal
+        operator of D (as :func:`solvers.multishift.multishift_cg` (A)); the set-up kept here is shared."""
+        return MultigridShiftFactory(self, D, tuple(float(p) for p in poles), float(tol), int(maxiter), key)
 
     def solve_one(self, D, A, pole: float, b, tol: float, key=None):
         """(A + pole)^-1 b on the even sites by multigrid; returns (x_e, stats dict)."""
@@ -142,3 +150,28 @@ class MultigridShifts:
         st.extra["multigrid"] = infos
         st.time = time.perf_counter() - t0
         return xs, st
+
+
+class MultigridShiftInverse(ShiftInverse):
+    """:meth:`MultigridShifts.solve` as a :class:`solvers.ShiftInverse` of the even-site normal operator ``op``
+    (made by :class:`MultigridShiftFactory`): ``xs, stats = inv.solve(b)``, zero start (no initial guesses)."""
+
+    def __init__(self, op, factory: "MultigridShiftFactory"):
+        super().__init__(op, factory.poles, "multigrid shifts")
+        self.factory = factory
+
+    def _solve(self, b, guesses):
+        if guesses is not None:
+            raise ValueError(f"{self.name} starts from zero: it takes no initial guesses")
+        f = self.factory
+        return f.shifts.solve(f.D, self.op, f.poles, b, f.tol, f.maxiter, key=f.key)
+
+
+class MultigridShiftFactory:
+    """The factory of :meth:`MultigridShifts.inverter`: op -> :class:`MultigridShiftInverse`."""
+
+    def __init__(self, shifts: MultigridShifts, D, poles, tol: float, maxiter: int, key=None):
+        self.shifts, self.D, self.poles, self.tol, self.maxiter, self.key = shifts, D, poles, tol, maxiter, key
+
+    def __call__(self, op) -> MultigridShiftInverse:
+        return MultigridShiftInverse(op, self)

@@ -12,7 +12,7 @@ from hmc.rhmc import FermionMonomial, PseudofermionTerm
 from hmc.rational_file import read_rationals
 from hmc.momenta import random_momenta
 from lattice import CounterRNG, GaugeField, Geometry, su3
-from solvers.multigrid.shifts import MultigridShifts
+from solvers.multigrid.shifts import MultigridShiftInverse, MultigridShifts
 from tests.conftest import fixture_path
 from tests.hmc.hisq211_decks import LIGHT, cgresid_triples, hisq211_deck
 
@@ -46,6 +46,12 @@ def test_light_shifts_by_multigrid_agree_with_all_cg():
     poles = sorted(pfs[0]["GR"].poles)
     assert [i["pole"] for i in infos] == poles[:2] and all(i["residual"] <= TOL for i in infos)
     assert "multigrid" not in gr[1].stats.extra                        # pseudofermion 1: all CG
+    # one call shape: the multigrid's poles come from a shift inverter factory as every other solve's
+    ls = mg.links(u)
+    A = ls.ops[mg.terms[0].naik_epsilon][1]
+    assert isinstance(mg._shift_inverter(ls, 0, "GR")(A), MultigridShiftInverse)
+    assert not isinstance(mg._shift_inverter(ls, 0, "MD")(A), MultigridShiftInverse)
+    assert not isinstance(mg._shift_inverter(ls, 1, "GR")(A), MultigridShiftInverse)
     assert gr[0].stats.shifts is not None and len(gr[0].stats.shifts) == len(poles) - 2
     # a gauge update: the kept near-null vectors are refreshed, X^-1 and the coarse operators rebuilt
     u2 = smooth_field(geom, CounterRNG(6))
