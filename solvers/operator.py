@@ -26,7 +26,7 @@ from functools import cached_property
 import numpy as np
 
 from comms.config import RunConfig
-from lattice.placement import Placement, implements, lookup
+from lattice.placement import Placement, implements, lookup, placement_of
 
 COMPLEX_DTYPES = (np.dtype(np.complex128), np.dtype(np.complex64))
 
@@ -101,7 +101,9 @@ class FieldSpace:
         """Raise a one-line ValueError naming this space when ``v`` is not one of its vectors: another shape, a
         dtype that is not a real or complex floating type (other precisions are converted by the solvers), or, with
         ``support``, a vector of the other parity (zero on this space's sites, not zero on the others). The support
-        test is one global count of non-zero entries (collective on a distributed lattice)."""
+        test is a global count of non-zero entries (collective on a distributed lattice), so it runs only on the
+        ``ARRAY`` placement (NumPy fields: the CPU runs and tests): on the GPU it would add a reduction and a host
+        sync to every solve on the hot path, and device solves skip it (the shape and dtype are always checked)."""
         shape, dtype = tuple(getattr(v, "shape", ())), getattr(v, "dtype", None)
         if shape != self.shape:
             raise ValueError(f"{what} has shape {shape}, not {self.shape} of the space ({self}): site axes "
@@ -109,9 +111,14 @@ class FieldSpace:
         if dtype is None or np.dtype(dtype).kind not in "fc":
             raise ValueError(f"{what} has dtype {dtype}, not a floating dtype of the space ({self}): pass a "
                              f"{self.dtype} array")
-        if support and self.parity is not None and self._nonzero(v, self.parity) == 0 and self._nonzero(v) > 0:
+        if support and self.parity is not None and self._support_is_free() and self._nonzero(v, self.parity) == 0 \
+                and self._nonzero(v) > 0:
             raise ValueError(f"{what} lives on the other parity, not on the space's ({self}): project it onto "
                              f"parity {self.parity} or solve with the operator of parity {1 - self.parity}")
+
+    def _support_is_free(self) -> bool:
+        """Whether the support test costs no device reduction: the lattice's fields are NumPy arrays (``ARRAY``)."""
+        return placement_of(self.geometry) is Placement.ARRAY
 
     def _nonzero(self, v, parity=None) -> float:
         geom, xp = self.geometry, self.xp

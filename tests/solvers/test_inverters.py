@@ -106,6 +106,32 @@ def test_a_vector_of_another_space_is_a_one_line_error(system):
         even_odd(cg(TOL))(a)
 
 
+def test_the_parity_support_test_runs_only_on_the_array_placement(system, monkeypatch):
+    """On a device placement the support count (a reduction and a host sync per solve) is skipped; the shape and
+    dtype are still checked."""
+    import solvers.operator as opmod
+    from lattice.placement import Placement
+
+    geom, _, a, b = system
+    other = project(random_field(geom, np.random.default_rng(5)), geom, 1)
+    counts = []
+    count = opmod.FieldSpace._nonzero
+    monkeypatch.setattr(opmod.FieldSpace, "_nonzero", lambda self, v, parity=None: counts.append(parity) or
+                        count(self, v, parity))
+    with pytest.raises(ValueError, match="other parity"):
+        a.space.check(other)
+    assert counts == [0, None]
+    monkeypatch.setattr(opmod, "placement_of", lambda geom: Placement.WHOLE)
+    counts.clear()
+    a.space.check(other)
+    a.space.check(b)
+    assert counts == []
+    with pytest.raises(ValueError, match="shape"):
+        a.space.check(np.zeros(geom.shape + (4,), complex))
+    with pytest.raises(ValueError, match="dtype"):
+        a.space.check(np.ones(b.shape, np.int64))
+
+
 def test_generic_solvers_take_any_site_shape():
     """A field of two components per site: CG and the multishift CG allocate, count and solve on its space; the
     fused kernels (written for colour vectors) do not claim it."""
