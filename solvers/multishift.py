@@ -284,6 +284,11 @@ def multishift_cg(shifts, tol: float = 1e-10, maxiter: int = 10000, raise_on_fai
     return MultishiftCG(tuple(shifts), tol, maxiter, raise_on_fail, check_residual)
 
 
+def _summed(solves, *counts) -> dict:
+    """{count: its sum over the :class:`SolverStats` ``solves``} (the shift-by-shift and refined stats)."""
+    return {c: sum(getattr(r, c) for r in solves) for c in counts}
+
+
 class ShiftByShift(ShiftInverse):
     """(A + sigma_i) x_i = b solved one shift at a time by a single-shift inverter, each from its initial guess
     (:func:`multi_shift`). ``stats``: the sums of the solves' counts, time and flops, the per-shift residuals, and
@@ -301,13 +306,11 @@ class ShiftByShift(ShiftInverse):
             solves.append(st)
         trs = [r.true_residual for r in solves]
         st = SolverStats(f"multi_shift[{solves[0].solver}]", max(r.tol for r in solves),
-                         converged=all(r.converged for r in solves), iters=sum(r.iters for r in solves),
-                         milc_iters=sum(r.milc_iters for r in solves), matvecs=sum(r.matvecs for r in solves),
-                         restarts=sum(r.restarts for r in solves), residual=max(r.residual for r in solves),
-                         true_residual=None if None in trs else max(trs), time=sum(r.time for r in solves),
-                         flops=sum(r.flops for r in solves), precision=solves[0].precision,
+                         converged=all(r.converged for r in solves), residual=max(r.residual for r in solves),
+                         true_residual=None if None in trs else max(trs), precision=solves[0].precision,
                          maxiter=max(r.maxiter for r in solves), shifts=self.shifts,
-                         residuals=[r.residual for r in solves], true_residuals=trs)
+                         residuals=[r.residual for r in solves], true_residuals=trs,
+                         **_summed(solves, "iters", "milc_iters", "matvecs", "restarts", "time", "flops"))
         st.extra["solves"] = solves
         if not st.converged and self.raise_on_fail:
             raise SolverConvergenceError(_fail_message(st) + " (multi_shift: one solve per shift)", st, xs)
@@ -360,11 +363,10 @@ class RefinedShiftInverse(ShiftInverse):
             st.converged = all(r.converged for r in refine)
             st.true_residuals = [r.true_residual for r in refine]
             st.true_residual = max(st.true_residuals)
-            st.time += sum(r.time for r in refine)
-            st.flops += sum(r.flops for r in refine)
-            st.matvecs += sum(r.matvecs for r in refine)
+            for key, total in _summed(refine, "time", "flops", "matvecs").items():
+                setattr(st, key, getattr(st, key) + total)
         st.extra["refine"] = refine
-        st.extra["refine_milc_iters"] = sum(r.milc_iters for r in refine)
+        st.extra["refine_milc_iters"] = _summed(refine, "milc_iters")["milc_iters"]
         if not st.converged and self.raise_on_fail:
             raise SolverConvergenceError(_fail_message(st) + f" ({self.name}: a shift inverter, then one refinement "
                                          "per shift)", st, xs)

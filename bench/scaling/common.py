@@ -33,19 +33,16 @@ TRANSPORT_TABLE = {
 }
 
 
-def transports_with(**capabilities) -> tuple:
-    """The registered transports whose capabilities have the values given (comms.transport.registry)."""
+def cpu_transports() -> tuple:
     from comms.transport import registry
 
-    return registry.with_capabilities(**capabilities)
-
-
-def cpu_transports() -> tuple:
-    return transports_with(gpu_buffers=False)
+    return registry.with_capabilities(gpu_buffers=False)
 
 
 def gpu_transports() -> tuple:
-    return transports_with(gpu_buffers=True)
+    from comms.transport import registry
+
+    return registry.with_capabilities(gpu_buffers=True)
 
 
 def transport_notes(name) -> dict:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .common import ScalingError, gpu_transports, lat_name, transports_with
+from .common import ScalingError, gpu_transports, lat_name
 
 
 @dataclass
@@ -125,7 +125,9 @@ GRAPH_MODULE = "solvers.staggered_dist_cuda"    # the distributed GPU dslash / C
 def graph_transports() -> tuple:
     """The transports whose dslash and CG iterations can be captured in CUDA graphs (no host in the loop): those
     registered with ``graph_capture``."""
-    return transports_with(graph_capture=True)
+    from comms.transport import registry
+
+    return registry.with_capabilities(graph_capture=True)
 
 
 def graph_module_missing() -> str | None:

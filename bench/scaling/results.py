@@ -11,7 +11,7 @@ import numpy as np
 from comms.halo import FALLBACK
 from comms.transport import registry
 
-from .common import FORMAT, PHASE_NAMES, ScalingError, transports_with
+from .common import FORMAT, PHASE_NAMES, ScalingError
 
 
 OP_TITLES = {"halo": "halo exchange", "dslash": "dslash (one parity)", "cg": "CG iteration",
@@ -163,9 +163,9 @@ def gain_pairs(labels) -> list:
     """(slower, faster) label pairs of the stream-gated gain: the host-driven GPU transports and mpi (event, mpi)
     over each transport with no host in the loop (stream_gated) and over its graph replays, and that transport over
     its graph replays; only pairs whose labels are in the study. The roles come from the registered capabilities."""
-    driven = transports_with(gpu_buffers=True, host_driven=True) + (FALLBACK,)
+    driven = registry.with_capabilities(gpu_buffers=True, host_driven=True) + (FALLBACK,)
     out = []
-    for t in transports_with(host_driven=False):
+    for t in registry.with_capabilities(host_driven=False):
         gated = (t, t + "+graph")
         for g in gated:
             if g in labels:
