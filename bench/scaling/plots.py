@@ -37,14 +37,16 @@ def _scale(op, values):
     return 1.0, "s"
 
 
-def _legend_handles(lats, labels, plt):
+def _legend_handles(lats, labels, plt, ideal="ideal 1/n"):
+    """Transport colours, lattice line styles (several lattices) and the dotted ideal line, labelled ``ideal``: the
+    time plots draw T(1)/n, the speed-up plot n."""
     from matplotlib.lines import Line2D
 
     hs = [Line2D([], [], color=COLOURS.get(l, "grey"), lw=2, label=l) for l in labels]
     if len(lats) > 1:
         hs += [Line2D([], [], color="grey", ls=LINESTYLES[i % 4], marker=MARKERS[i % 4], label=lat_name(lat))
                for i, lat in enumerate(lats)]
-    hs.append(Line2D([], [], color="grey", ls=(0, (1, 2)), lw=1, label="ideal 1/n"))
+    hs.append(Line2D([], [], color="grey", ls=(0, (1, 2)), lw=1, label=ideal))
     return hs
 
 
@@ -161,7 +163,8 @@ def plot_speedup(study, path, plt):
         ef_ax.set_ylim(0, max(1.15, top * 1.1))
         ef_ax.set_ylabel("parallel efficiency T(1)/(n T(n))")
         ef_ax.grid(True, alpha=0.3)
-    fig.legend(handles=_legend_handles(lats, labels, plt), loc="lower center", ncol=8, frameon=False)
+    fig.legend(handles=_legend_handles(lats, labels, plt, ideal="ideal n"), loc="lower center", ncol=8,
+               frameon=False)
     fig.suptitle("Speed-up and parallel efficiency against the 1-rank run")
     fig.tight_layout(rect=(0, 0.05, 1, 0.96))
     fig.savefig(path, dpi=120)

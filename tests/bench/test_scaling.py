@@ -627,3 +627,35 @@ def test_workers_rebuild_the_drivers_configuration():
     assert (got.p2p_mask, got.comms_timeout, got.fault_inject, got.scaling_traceback) == (8, 7.5, "scaling_fail:n2",
                                                                                           True)
     assert env["OMP_NUM_THREADS"] == "3" and env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_speedup_legend_names_the_ideal_line_it_draws(tmp_path):
+    """The speed-up panel's dotted line is the ideal n (not 1/n, which is the time plot's): its legend says so."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as real_plt
+
+    from bench.scaling import plots
+
+    lat = (4, 4, 4, 8)
+    configs = [{"lattice": lat, "ranks": n, "status": "ok", "label": label, "transport": label,
+                "ops": {"dslash": {"median_s": t, "min_s": t, "max_s": t}}}
+               for n, label, t in ((1, "serial", 1.0), (2, "mpi", 0.6), (4, "mpi", 0.4))]
+    figures = []
+
+    class KeepFigures:                       # pyplot, keeping each figure for the test to read
+        def __getattr__(self, name):
+            return getattr(real_plt, name)
+
+        def subplots(self, *a, **k):
+            fig, axes = real_plt.subplots(*a, **k)
+            figures.append(fig)
+            return fig, axes
+
+    plots.plot_speedup({"configs": configs}, tmp_path / "s.png", KeepFigures())
+    texts = [t.get_text() for lg in figures[0].legends for t in lg.get_texts()]
+    assert "ideal n" in texts and "ideal 1/n" not in texts
+    figures.clear()
+    plots.plot_time({"configs": configs}, tmp_path / "t.png", KeepFigures())
+    assert "ideal 1/n" in [t.get_text() for lg in figures[0].legends for t in lg.get_texts()]

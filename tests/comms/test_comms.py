@@ -64,6 +64,11 @@ def test_choose_grid_and_errors():
     assert choose_grid(8, (4, 4, 4, 8)) == (1, 1, 2, 4) or choose_grid(8, (4, 4, 4, 8)) == (1, 2, 2, 2)
     with pytest.raises(CommsError, match="cannot split"):
         choose_grid(3, (4, 4, 4, 4))
+    assert choose_grid(2, (6, 6, 6, 6)) == (1, 1, 1, 2)        # odd local extents when no even split exists
+    assert choose_grid(4, (6, 6, 6, 4)) == (1, 2, 2, 1)        # even t pieces 2 then 1 fail: the largest extents
+    assert choose_grid(6, (6, 6, 6, 6)) == (1, 1, 2, 3)
+    with pytest.raises(CommsError, match="into even local extents"):
+        choose_grid(2, (6, 6, 6, 6), even_only=True)
     with pytest.raises(CommsError, match="needs 2 ranks"):
         ProcessGrid((1, 1, 1, 2))
     with pytest.raises(CommsError, match="give the directions"):

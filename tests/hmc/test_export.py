@@ -140,3 +140,20 @@ def test_save_every_on_2_ranks_keeps_the_gathered_field(tmp_path):
     assert main(["init", str(tmp_path / "d.toml"), "-o", run]) == 0
     launch(2, ["-m", "hmc", "--grid", "1", "1", "1", "2", "run", run, "--trajectories", "1", "--no-progress"])
     assert np.array_equal(read_site_major(tmp_path / "r.traj1.ildg")[0], load(run).links)
+
+
+def test_measure_says_which_links_its_plaquettes_are_of(run_file, tmp_path, capsys):
+    """measure --json: check_plaquette is of the stored links, as NERSC's PLAQUETTE is (issue 20), and the result
+    says which numbers are of stored and which of re-unitarized links."""
+    out = str(tmp_path / "lat.nersc")
+    assert main(["export", run_file, "-o", out, "--format", "nersc"]) == 0
+    capsys.readouterr()
+    head = open(out, "rb").read(4096).split(b"END_HEADER")[0].decode()
+    stored = float(next(l.split("=")[1] for l in head.splitlines() if l.strip().startswith("PLAQUETTE")))
+    m = json_out(capsys, ["measure", out])
+    assert abs(m["check_plaquette"] - stored) < 1e-14
+    assert abs(m["check_plaquette"] - (m["check_plaq_ss"] + m["check_plaq_st"]) / 6) < 1e-15
+    said = " ".join(m["links"])
+    assert all(k in said for k in ("check_plaquette", "plaquette", "link_trace", "polyakov_re"))
+    assert any("as stored" in v for v in m["links"].values()) and any("re-unitarization" in v
+                                                                      for v in m["links"].values())
