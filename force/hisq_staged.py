@@ -50,6 +50,8 @@ SWITCH = "hisq_staged"
 BLOCK = 128
 #: the (link, staple) direction pairs of the intermediates: p = 3 mu + j
 PAIRS = 12
+#: the bytes a build moves per site in the model of the module docstring: 64 matrices of 144 B
+BYTES_PER_SITE = 64 * 144
 
 
 def set_enabled(on: bool | None) -> bool | None:

@@ -74,3 +74,13 @@ def test_intermediates_are_the_staples(geoms):
     for mu in range(4):
         for j, nu in enumerate(d for d in range(4) if d != mu):
             close(a[3 * mu + j], s(nu, mu, u[mu]), TOL)
+
+
+def test_bench_smear_times_both_paths(geoms, monkeypatch):
+    """``hmc bench smear``'s timing core on the host build: both paths run and agree."""
+    from bench.smear import coefficients, smooth_links, time_fat_link
+
+    _, host = geoms
+    monkeypatch.setattr(host.backend, "synchronize", lambda: None)      # the stand-in has no streams
+    got = time_fat_link(host, smooth_links(host), coefficients("level2"), repeat=1)
+    assert got["old_s"] > 0 and got["staged_s"] > 0 and got["staged_rel_diff"] <= TOL
