@@ -21,6 +21,7 @@ def add_parsers(sub) -> None:
     _add_dslash(bsub)
     _add_mg(bsub)
     _add_rhmc(bsub)
+    _add_smear(bsub)
     _add_suite(bsub)
 
 
@@ -84,6 +85,16 @@ def _add_rhmc(bsub):
                         description=rhmc.__doc__.split("\n\n")[0])
     rhmc.add_arguments(b)
     b.set_defaults(run_command=_run_rhmc)
+
+
+def _add_smear(bsub):
+    from . import smear
+
+    b = bsub.add_parser("smear", help="one HISQ fat-link build on one GPU: the per-direction staple kernels "
+                                      "against the staged ones (time, difference, bandwidth)",
+                        description=smear.__doc__.split("\n\n")[0])
+    smear.add_arguments(b)
+    b.set_defaults(run_command=_run_smear)
 
 
 def _add_suite(bsub):
@@ -157,6 +168,12 @@ def _run_rhmc(args) -> int:
     from .rhmc import bench_rhmc
 
     return bench_rhmc(args)
+
+
+def _run_smear(args) -> int:
+    from .smear import bench_smear
+
+    return _print_result(args, bench_smear(args))
 
 
 def _run_suite(args) -> int:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, fields
 from lattice import su3
 from lattice.placement import Placement, implements, lookup
 
-from . import hisq_cuda  # noqa: F401  (registers the kernels that lookup() chooses on a GPU)
+from . import hisq_cuda, hisq_staged  # noqa: F401  (register the kernels that lookup() chooses on a GPU)
 
 
 @dataclass(frozen=True)

@@ -196,3 +196,18 @@ def test_fused_solver_blas():
     want = [(WHOLE, None, "fused_cuda_blas"), (SUBGRID, contiguous, "fused_cuda_blas"), (DIST, None, "fused_cuda_blas"),
             (WHOLE, strided, "_numpy_path"), (odd_x, None, "_numpy_path"), (CPU, contiguous, "_numpy_path")]
     assert [_chosen("solvers.fused_blas", g, source=s) for g, s, _ in want] == [fn for _, _, fn in want]
+
+
+def test_priority_orders_implementations_on_one_placement(monkeypatch):
+    """Two implementations on one placement: the higher priority first where its switches (all of a tuple) are
+    on, the other where they are not; equal priorities are refused."""
+    monkeypatch.setattr(pl, "_REGISTRY", dict(pl._REGISTRY))
+    pl.implements("test.ranked", Placement.ARRAY)(lambda: None)
+    pl.implements("test.ranked", Placement.WHOLE)(lambda: None)
+    pl.implements("test.ranked", Placement.WHOLE, switch=("hisq_staged", "hisq_kernels"), priority=1)(
+        lambda: "new")
+    assert pl.choose("test.ranked", Placement.WHOLE, RunConfig(hisq_staged=True)).priority == 1
+    assert pl.choose("test.ranked", Placement.WHOLE, RunConfig()).priority == 0
+    assert pl.choose("test.ranked", Placement.WHOLE, RunConfig(hisq_staged=True, hisq_kernels=False)).priority == 0
+    with pytest.raises(ValueError, match="already has an implementation on whole"):
+        pl.implements("test.ranked", Placement.WHOLE, priority=1)(lambda: None)

@@ -1,0 +1,104 @@
+"""The staged HISQ fat link on one GPU: F[U; c] (:func:`force.smearing.fat_link`, its NumPy twin) for all four
+directions in three launches, the whole lattice on the GPU (unpadded links, periodic wrap); kernels in
+force/kernels/hisq_staged.cu.
+
+:func:`force.hisq_cuda.fat_link` evaluates the Horner form of the twin direction by direction, one ``staple_fwd``
+launch per staple operator (12 per direction, 48 a level), each a full-lattice pass that reads U_nu, one or two
+intermediates and the running sum and writes one field. Here each stage runs over every direction at once (pair
+p = 3 mu + j, nu = the j-th direction != mu):
+
+1. ``staged_a``: A_p = S_nu[U_mu]_mu for the 12 pairs;
+2. ``staged_inner``: inner_p = c3 U_mu + cL A_p + sum_{rho != mu, nu} S_rho[c5 U_mu + c7 A_{mu,sigma}]_mu, the
+   5/7-staple arguments formed in registers at the two neighbours each staple reads;
+3. ``staged_fat``: F_mu = (c1 - 6 cL) U_mu + sum_{nu != mu} S_nu[inner_{mu,nu}]_mu,
+
+with S_nu[A]_mu(x) = U_nu(x) A(x+nu) U_nu(x+mu)^dag + U_nu(x-nu)^dag A(x-nu) U_nu(x-nu+mu), summed in the order of
+the twin (docs/conventions.md 1.3; the Horner form is derived in :mod:`force.smearing`).
+
+Byte model, per site and build, M = 144 B (a complex128 3x3 matrix), each field read from memory once (its reuse by
+the neighbouring threads from the caches):
+
+=============  ======================  ==========  ======
+stage          reads                   writes      total
+=============  ======================  ==========  ======
+staged_a       U (4 M)                 A (12 M)    16 M
+staged_inner   U (4 M), A (12 M)       inner (12M) 28 M
+staged_fat     U (4 M), inner (12 M)   F (4 M)     20 M
+=============  ======================  ==========  ======
+
+64 M = 9216 B a site (9.7 GB at 32^4, 2.4 ms at 4 TB/s) against ~216 M a level for the 48 launches of
+:func:`force.hisq_cuda.fat_link` (runs/rhmc/README.md, "Link smearing and the fermion-force chain rule"). The
+intermediates A and inner take 2 x 12 link fields (3.6 GB at 32^4).
+
+Selection: registered ahead of :func:`force.hisq_cuda.fat_link` for the unpadded placements (``priority=1``,
+:func:`lattice.placement.implements`), on where the run configuration's ``hisq_staged`` (HMC_HISQ_STAGED=1, or
+the override :func:`set_enabled`) and ``hisq_kernels`` are both on; off by default, the old kernels then serve
+(A/B timing: ``hmc bench smear``). Equal to the twin to rounding (tests/force/test_hisq_staged_host.py, host-compiled;
+tests/force/test_hisq_staged_gpu.py on the device).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lattice import cuda_source
+from lattice.placement import Placement, holds_whole_lattice, implements, set_switch, switch_on
+
+from . import hisq_cuda
+
+#: the run-configuration switch of the staged kernels (lattice.placement consults it)
+SWITCH = "hisq_staged"
+BLOCK = 128
+#: the (link, staple) direction pairs of the intermediates: p = 3 mu + j
+PAIRS = 12
+#: the bytes a build moves per site in the model of the module docstring: 64 matrices of 144 B
+BYTES_PER_SITE = 64 * 144
+
+
+def set_enabled(on: bool | None) -> bool | None:
+    """The staged kernels on (True) or off (False) whatever the configuration says, or None: as configured again;
+    returns the previous override."""
+    return set_switch(SWITCH, on)
+
+
+def enabled(config=None) -> bool:
+    """Whether the staged kernels may serve a caller with ``config``: ``hisq_staged`` and ``hisq_kernels`` on."""
+    return switch_on(SWITCH, config) and hisq_cuda.enabled(config)
+
+
+def _fn(backend, name):
+    return cuda_source.function(backend, "force", "hisq_staged.cu", name)
+
+
+def _grid(n):
+    return ((int(n) + BLOCK - 1) // BLOCK,)
+
+
+def fat_link(geom, links, c):
+    """F[U; c] for the whole lattice on one GPU in three launches (module docstring); ``links`` (4, nt, nz, ny, nx,
+    3, 3), unphased, as :func:`force.smearing.fat_link` takes them."""
+    cp = geom.xp
+    u = links if links.flags.c_contiguous else cp.ascontiguousarray(links)
+    vol = geom.local_volume
+    dims = tuple(np.int32(n) for n in geom.local_dims)
+    f64 = np.float64
+    a = cp.empty((PAIRS,) + u.shape[1:], dtype=u.dtype)
+    inner = cp.empty_like(a)
+    out = cp.empty_like(u)
+    _fn(geom.backend, "staged_a")(_grid(PAIRS * vol), (BLOCK,), (u, a) + dims)
+    _fn(geom.backend, "staged_inner")(_grid(PAIRS * vol), (BLOCK,),
+                                      (u, a, inner, f64(c.three_staple), f64(c.five_staple), f64(c.seven_staple),
+                                       f64(c.lepage)) + dims)
+    _fn(geom.backend, "staged_fat")(_grid(4 * vol), (BLOCK,), (u, inner, out, f64(c.one_link - 6.0 * c.lepage)) + dims)
+    return out
+
+
+def _serves(geom, c) -> bool:
+    """The unpadded kernels' rule (the local array is the whole lattice) with 5- or 7-staples (as for
+    :func:`force.hisq_cuda.fat_link`)."""
+    return holds_whole_lattice(geom) and (c.five_staple != 0.0 or c.seven_staple != 0.0)
+
+
+@implements("hisq.fat_link", Placement.WHOLE, Placement.DISTRIBUTED, switch=(SWITCH, hisq_cuda.SWITCH), fits=_serves,
+            priority=1)
+def _fat_link_staged(geom, links, c):
+    return fat_link(geom, links, c)
