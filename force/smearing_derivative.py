@@ -41,6 +41,7 @@ from lattice import su3
 from lattice.placement import Placement, implements, lookup
 
 from . import hisq_cuda  # noqa: F401  (registers the kernels that lookup() chooses on a GPU)
+from . import hisq_staged_vjp  # noqa: F401  (the staged chain rule, ahead of hisq_cuda's on one GPU)
 from .smearing import PathCoefficients, StapleOperator
 
 

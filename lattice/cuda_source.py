@@ -38,6 +38,7 @@ OPTIONS = {
     ("solvers.multigrid", "coarse.cu"): (CXX17,),
     ("force", "gauge_force.cu"): (CXX14,),
     ("force", "hisq.cu"): (CXX14,),
+    ("force", "hisq_staged_vjp.cu"): (CXX17,),
 }
 #: the shared header, in lattice/kernels/
 HEADER = "hmc_common.cuh"

@@ -19,7 +19,8 @@ local extents hold that depth (:func:`padding_fits`).
 Implementations register with :func:`implements` under a kernel name and one or more placements; :func:`lookup`
 returns, for a geometry, the first implementation along its chain (:data:`CHAIN`: the geometry's own placement,
 then ``PADDED`` for a distributed one, then ``ARRAY``) whose run-configuration switch is on and whose ``fits``
-predicate accepts the call's context. Every name has an ``ARRAY`` implementation, the twin the others are tested
+predicate accepts the call's context; several implementations on one placement are tried by descending
+``priority`` (a newer kernel registered ahead of the one it may replace, each behind its own switch). Every name has an ``ARRAY`` implementation, the twin the others are tested
 against. Switches are fields of :class:`comms.config.RunConfig` (``hisq_kernels``, ...) read from the geometry's
 configuration; :func:`set_switch` overrides one for every caller (tests, timings). Kernels that touch one site or
 link at a time and take bare arrays use :func:`local_placement` in place of a geometry.
@@ -117,6 +118,7 @@ class Implementation:
     switch: str | None = None
     fits: object = None          # fits(geom, **ctx) -> bool, or None: always
     depth: object = None         # PADDED: the padding, an int or depth(**ctx)
+    priority: int = 0            # among the implementations on one placement, the higher is tried first
 
     def serves(self, geom, config, ctx) -> bool:
         if not switch_on(self.switch, config):
@@ -128,14 +130,16 @@ class Implementation:
         return self.fits is None or bool(self.fits(geom, **ctx))
 
 
-_REGISTRY: dict = {}         # name -> {Placement: Implementation}
+_REGISTRY: dict = {}         # name -> {Placement: [Implementation, ...] by descending priority}
 _EXCLUDED: set = set()       # placements skipped by lookup (without)
 
 
-def implements(name: str, *placements: Placement, switch: str | None = None, fits=None, depth=None):
+def implements(name: str, *placements: Placement, switch: str | None = None, fits=None, depth=None,
+               priority: int = 0):
     """Decorator: the function implements kernel ``name`` on each of ``placements``. ``switch``: the RunConfig
     field that turns it off; ``fits(geom, **ctx)``: whether it serves this call; ``depth`` (PADDED only, required):
-    the halo depth, an int or ``depth(**ctx)``."""
+    the halo depth, an int or ``depth(**ctx)``; ``priority``: the order among implementations on one placement
+    (higher first; two on one placement need different priorities)."""
     if not placements:
         raise ValueError(f"implements({name!r}): name at least one Placement")
     if (Placement.PADDED in placements) != (depth is not None):
@@ -144,10 +148,13 @@ def implements(name: str, *placements: Placement, switch: str | None = None, fit
     def register(fn):
         table = _REGISTRY.setdefault(name, {})
         for p in dict.fromkeys(placements):        # an alias named beside its member registers once
-            if p in table:
+            held = table.get(p, [])
+            same = [i for i in held if i.priority == priority]
+            if same or (p is Placement.ARRAY and held):
                 raise ValueError(f"kernel {name!r} already has an implementation on {p.value}: "
-                                 f"{table[p].fn.__qualname__}")
-            table[p] = Implementation(fn, p, switch, fits, depth)
+                                 f"{(same or held)[0].fn.__qualname__}")
+            new = Implementation(fn, p, switch, fits, depth, priority)
+            table[p] = sorted(held + [new], key=lambda i: -i.priority)
         return fn
     return register
 
@@ -168,9 +175,11 @@ def choose(name: str, geom, config=None, **ctx) -> Implementation:
     where, g, cfg = _where(geom)
     cfg = cfg if config is None else config
     for p in CHAIN[where]:
-        impl = table.get(p)
-        if impl is not None and p not in _EXCLUDED and (p is Placement.ARRAY or impl.serves(g, cfg, ctx)):
-            return impl
+        if p in _EXCLUDED:
+            continue
+        for impl in table.get(p, ()):
+            if p is Placement.ARRAY or impl.serves(g, cfg, ctx):
+                return impl
     raise KeyError(f"kernel {name!r} has no array implementation: register one with "
                    f"@implements({name!r}, Placement.ARRAY)")
 
