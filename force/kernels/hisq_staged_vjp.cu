@@ -57,6 +57,18 @@ __device__ __forceinline__ M3 dn(const M3 &a, const M3 &b) {  // a^dag b
         }
     return c;
 }
+__device__ __forceinline__ void mac(M3 &y, const M3 &a, const M3 &b) {  // y += a b, no temporary
+    #pragma unroll
+    for (int i = 0; i < 3; ++i)
+        #pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            double2 s = y.e[3 * i + k];
+            s = cadd(s, cmul(a.e[3 * i], b.e[k]));
+            s = cadd(s, cmul(a.e[3 * i + 1], b.e[3 + k]));
+            s = cadd(s, cmul(a.e[3 * i + 2], b.e[6 + k]));
+            y.e[3 * i + k] = s;
+        }
+}
 __device__ __forceinline__ M3 dg(const M3 &a) {
     M3 c;
     #pragma unroll
@@ -133,17 +145,18 @@ __device__ M3 staple_adj(const Grid4 &g, const int c[4], long x, const double2 *
     add(r, nn(ld(Un, xpm), nd(ld(D, xpn), ld(Un, x))));
     return r;
 }
-// The derivative of Re Tr[S_nu[X]_mu D] by the staple link U_nu(x) (nu = the owned link's direction), X and D
-// given at the four sites it reads, x, x+nu, x-mu, x-mu+nu (in that order: X[0..3], D[0..3]):
-//   X(x+nu) U_nu(x+mu)^dag D(x) + [X(x) U_nu(x+mu) D(x+nu)]^dag + [D(x-mu) U_nu(x-mu) X(x-mu+nu)]^dag
-//   + D(x-mu+nu) U_nu(x-mu)^dag X(x-mu)
-__device__ __forceinline__ M3 link_term(const M3 X[4], const M3 D[4], const M3 &u_pm, const M3 &u_mm) {
-    M3 g = nn(X[1], dn(u_pm, D[0]));
-    M3 h = nn(X[0], nn(u_pm, D[1]));
-    add(h, nn(D[2], nn(u_mm, X[3])));
-    add(g, dg(h));
-    add(g, nn(D[3], dn(u_mm, X[2])));
-    return g;
+// The derivative of Re Tr[S_nu[X]_mu D] by the staple link U_nu(x) (nu = lam, the owned link's direction),
+// X = a1 X1 + a2 X2 (X2 when a2 != 0), D and U_lam read at s = {x, x+lam, x-mu, x-mu+lam} and xpm = x+mu:
+//   g += X(x+lam) U_lam(x+mu)^dag D(x) + D(x-mu+lam) U_lam(x-mu)^dag X(x-mu)
+//   h += X(x) U_lam(x+mu) D(x+lam) + D(x-mu) U_lam(x-mu) X(x-mu+lam)        (the caller adds h^dag to g)
+// Every operand is loaded where it is used (the neighbours' re-reads hit the cache): two accumulators stay in
+// registers, not the eight matrices of the four sites.
+__device__ void link_terms(M3 &g, M3 &h, const double2 *X1, double a1, const double2 *X2, double a2,
+                           const double2 *D, const double2 *Ul, const long s[4], long xpm) {
+    mac(g, comb(X1, a1, X2, a2, s[1]), dn(ld(Ul, xpm), ld(D, s[0])));
+    mac(g, ld(D, s[3]), dn(ld(Ul, s[2]), comb(X1, a1, X2, a2, s[2])));
+    mac(h, comb(X1, a1, X2, a2, s[0]), nn(ld(Ul, xpm), ld(D, s[1])));
+    mac(h, ld(D, s[2]), nn(ld(Ul, s[2]), comb(X1, a1, X2, a2, s[3])));
 }
 
 // stage 1 (forward): A_p(x) = S_nu[U_mu]_mu(x), one thread per (p, x)
@@ -225,16 +238,9 @@ extern "C" __global__ void svjp_d_a(const double2 *__restrict__ U, const double2
     st(DU + 9 * mu * g.vol, x, du);
 }
 
-// X and D of link_term at the sites x, x+lam, x-mu, x-mu+lam: X = a1 X1 + a2 X2 (X2 when a2 != 0)
-__device__ __forceinline__ void gather4(const long s[4], const double2 *X1, double a1, const double2 *X2,
-                                        double a2, const double2 *D, M3 X[4], M3 Dm[4]) {
-    #pragma unroll
-    for (int i = 0; i < 4; ++i) { X[i] = comb(X1, a1, X2, a2, s[i]); Dm[i] = ld(D, s[i]); }
-}
-
 // stage 5, one thread per output link (lam, x): DU_lam(x) += sum_nu S_nu^T[DA_{lam,nu}](x) (the adjoint of
 // A = S_nu[U_lam]) and, for every mu != lam, the derivatives by the staple link U_lam(x) of the staples in
-// direction lam of the level's mu links (link_term):
+// direction lam of the level's mu links (link_terms):
 //   S_lam[inner_{mu,lam}]_mu with D_F mu;  S_lam[U_mu]_mu with DA_{mu,lam};
 //   S_lam[c5 U_mu + c7 A_{mu,sigma}]_mu with DI_{mu,nu} for the two nu != mu, lam (sigma the fourth direction)
 extern "C" __global__ void svjp_links(const double2 *__restrict__ U, const double2 *__restrict__ A,
@@ -255,24 +261,26 @@ extern "C" __global__ void svjp_links(const double2 *__restrict__ U, const doubl
         const int nu = other(lam, j);
         add(du, staple_adj(g, c, x, U + nu * V9, nu, lam, DA + (3 * lam + j) * V9));
     }
-    M3 X[4], D[4];
+    M3 h;
+    #pragma unroll
+    for (int i = 0; i < 9; ++i) h.e[i] = make_double2(0.0, 0.0);
+    #pragma unroll 1
     for (int k = 0; k < 3; ++k) {
         const int mu = other(lam, k);
         const long s[4] = {x, step2(g, c, lam, 1, mu, 0), step2(g, c, mu, -1, lam, 0), step2(g, c, mu, -1, lam, 1)};
-        const M3 u_pm = ld(Ul, step2(g, c, mu, 1, lam, 0)), u_mm = ld(Ul, s[2]);
+        const long xpm = step2(g, c, mu, 1, lam, 0);
         const double2 *Um = U + mu * V9;
         const long pl = 3 * mu + slot(mu, lam);
-        gather4(s, inner + pl * V9, 1.0, Um, 0.0, DF + mu * V9, X, D);
-        add(du, link_term(X, D, u_pm, u_mm));
-        gather4(s, Um, 1.0, Um, 0.0, DA + pl * V9, X, D);
-        add(du, link_term(X, D, u_pm, u_mm));
+        link_terms(du, h, inner + pl * V9, 1.0, Um, 0.0, DF + mu * V9, Ul, s, xpm);
+        link_terms(du, h, Um, 1.0, Um, 0.0, DA + pl * V9, Ul, s, xpm);
+        #pragma unroll 1
         for (int i = 0; i < 3; ++i) {
             const int nu = other(mu, i);
             if (nu == lam) continue;
             const double2 *As = A + (3 * mu + slot(mu, fourth(mu, nu, lam))) * V9;
-            gather4(s, Um, c5, As, c7, DI + (3 * mu + i) * V9, X, D);
-            add(du, link_term(X, D, u_pm, u_mm));
+            link_terms(du, h, Um, c5, As, c7, DI + (3 * mu + i) * V9, Ul, s, xpm);
         }
     }
+    add(du, dg(h));
     st(DU + lam * V9, x, du);
 }
