@@ -17,6 +17,7 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks (commands, not tests)")
     bsub = p.add_subparsers(dest="bench", required=True)
     _add_gauge(bsub)
+    _add_fat_vjp(bsub)
     _add_halo(bsub)
     _add_dslash(bsub)
     _add_mg(bsub)
@@ -32,6 +33,15 @@ def _add_gauge(bsub):
     b.add_argument("--repeat", type=int, default=5)
     b.add_argument("--json", action="store_true")
     b.set_defaults(run_command=_run_gauge)
+
+
+def _add_fat_vjp(bsub):
+    b = bsub.add_parser("fat-vjp", help="one HISQ fat-link chain-rule evaluation: per-direction vs staged kernels")
+    b.add_argument("--lattice", type=int, nargs=4, default=[8, 8, 8, 8], metavar=("NX", "NY", "NZ", "NT"))
+    b.add_argument("--coeffs", choices=("level2", "fat7", "asqtad"), default="level2")
+    b.add_argument("--repeat", type=int, default=5)
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(run_command=_run_fat_vjp)
 
 
 def _add_halo(bsub):
@@ -136,6 +146,12 @@ def _run_gauge(args) -> int:
     from .gauge import bench_gauge
 
     return _print_result(args, bench_gauge(args))
+
+
+def _run_fat_vjp(args) -> int:
+    from .fat_vjp import bench_fat_vjp
+
+    return _print_result(args, bench_fat_vjp(args))
 
 
 def _run_dslash(args) -> int:

@@ -172,6 +172,8 @@ SETTINGS = {
     "hisq_kernels": Setting("HMC_HISQ_KERNELS", _flag(True), True, "HISQ link and force CUDA kernels"),
     "hisq_staged": Setting("HMC_HISQ_STAGED", _flag(False), False,
                            "staged HISQ fat-link kernels (whole lattice on one GPU; needs hisq_kernels)"),
+    "hisq_staged_vjp": Setting("HMC_HISQ_STAGED_VJP", _flag(False), False,
+                               "staged all-direction HISQ fat-link chain rule (one GPU, whole lattice)"),
     "mg_kernels": Setting("HMC_MG_KERNELS", _flag(True), True, "multigrid CUDA kernels"),
     "mg_timing_sync": Setting("HMC_MG_TIMING_SYNC", _flag(True), True, "multigrid clocks synchronize the device"),
     "solver_fused": Setting("HMC_SOLVER_FUSED", _fused, "on", "fused solver linear algebra: on, off or all"),
@@ -235,6 +237,7 @@ class RunConfig:
     cuda_device: int | None = None
     hisq_kernels: bool = True
     hisq_staged: bool = False
+    hisq_staged_vjp: bool = False
     mg_kernels: bool = True
     mg_timing_sync: bool = True
     solver_fused: str = "on"

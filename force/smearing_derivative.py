@@ -41,6 +41,7 @@ from lattice import su3
 from lattice.placement import Placement, implements, lookup
 
 from . import hisq_cuda  # noqa: F401  (registers the kernels that lookup() chooses on a GPU)
+from . import hisq_staged_vjp  # noqa: F401  (the staged chain rule, ahead of hisq_cuda's on one GPU)
 from .smearing import PathCoefficients, StapleOperator
 
 
@@ -108,8 +109,10 @@ def fat_link_vjp(geom, links, c: PathCoefficients, d_fat):
     """The link derivative of S through F[U; c] = :func:`force.smearing.fat_link`: given D_F (like ``links``),
     return D_U with delta S = sum Re Tr[delta F D_F] = sum Re Tr[delta U D_U] (the Naik coefficient of ``c`` is
     ignored, as in the forward function). Exact for any complex link field. On one GPU this is
-    :func:`force.hisq_cuda.fat_link_vjp` (the same reverse pass, one kernel per adjoint staple); on GPUs sharing a
-    partitioned lattice the same kernels run on links and D_F halo-padded by :data:`force.hisq_cuda.VJP_DEPTH`."""
+    :func:`force.hisq_cuda.fat_link_vjp` (the same reverse pass, one kernel per adjoint staple), or with
+    ``hisq_staged_vjp`` on, :func:`force.hisq_staged_vjp.fat_link_vjp` (five launches over all directions); on
+    GPUs sharing a partitioned lattice the per-direction kernels run on links and D_F halo-padded by
+    :data:`force.hisq_cuda.VJP_DEPTH`."""
     return lookup("hisq.fat_link_vjp", geom, c=c)(geom, links, c, d_fat)
 
 

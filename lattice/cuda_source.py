@@ -39,6 +39,7 @@ OPTIONS = {
     ("force", "gauge_force.cu"): (CXX14,),
     ("force", "hisq.cu"): (CXX14,),
     ("force", "hisq_staged.cu"): (CXX17,),
+    ("force", "hisq_staged_vjp.cu"): (CXX17,),
 }
 #: the shared header, in lattice/kernels/
 HEADER = "hmc_common.cuh"
