@@ -98,7 +98,7 @@ def add_arguments(p, backend: bool = True):
                    help="after the comparison, multigrid (same near-null vectors) and CG at these masses too: "
                         "the flat-in-mass check (e.g. 0.1 0.01)")
     g.add_argument("--mg-maxiter", type=int, default=300, help="most outer iterations (default 300)")
-    g.add_argument("--mg-precision", default="double", choices=("double", "single"),
+    g.add_argument("--mg-precision", default="double", choices=("double", "single", "half"),
                    help="precision of the preconditioner (K-cycle, smoothers, coarse operators, coarsest solve); "
                         "the outer GCR and its true residual stay double (default double)")
 
