@@ -77,13 +77,13 @@ def l8888():
 
     u, _ = read_gauge(fixture_path("lat.sample.l8888"))
     links = hisq_links(u, eps=0.0, time_bc="antiperiodic")
-    return StaggeredDslash(u.geom, links.fat, links.long)
+    return links, StaggeredDslash(u.geom, links.fat, links.long)
 
 
 def test_half_solve_meets_the_tolerance_within_a_few_outer_iterations(l8888):
     """One set-up, solved with the double and the half preconditioner (nv 16: 46 outer iterations at m = 0.01 in
     double, single and half)."""
-    M = l8888.matrix(0.01)
+    M = l8888[1].matrix(0.01)
     b = random_field(M.geom, np.random.default_rng(3))
     base = multigrid(1e-10, nv=8, setup_iters=20)(M)
     out = {}
@@ -111,10 +111,11 @@ def test_gpu_half_kernel_and_solve(l8888):
         v = crandn(rng, shape).astype(np.complex64)
         got = half.stencil(be, cp.asarray(h.Yq), cp.asarray(h.scale), cp.asarray(v), nb)
         assert rel(got.get(), half.stencil_reference(h.Yq, h.scale, v, nb.get())) < 1e-6
-    geom = Geometry(tuple(l8888.geom.dims), be)
-    Dg = StaggeredDslash(geom, cp.asarray(l8888.fat), cp.asarray(l8888.long))
-    b = random_field(l8888.geom, np.random.default_rng(3))
-    _, sc = multigrid(1e-10, nv=8, setup_iters=20, precision="half")(l8888.matrix(0.01)).solve(b)
+    links, D = l8888
+    geom = Geometry(tuple(D.geom.dims), be)
+    Dg = StaggeredDslash(geom, cp.asarray(links.fat), cp.asarray(links.long))
+    b = random_field(D.geom, np.random.default_rng(3))
+    _, sc = multigrid(1e-10, nv=8, setup_iters=20, precision="half")(D.matrix(0.01)).solve(b)
     inv = multigrid(1e-10, nv=8, setup_iters=20, precision="half")(Dg.matrix(0.01))
     _, sg = inv.solve(cp.asarray(b))
     assert isinstance(inv.hierarchy.cycle.ops[2], half.HalfCoarseOperator)
