@@ -169,7 +169,7 @@ SCHEMA = {
         "smoother_steps": Key(list, [0, 4], lambda v: bool(v) and all(isinstance(n, int) and n >= 0 for n in v),
                               "a list of GCR smoother steps per level, e.g. [0, 4]"),
         "coarsest": Key(str, "auto", None, "", ("auto", "lu", "gcr")),
-        "precision": Key(str, "double", None, "", ("double", "single")),
+        "precision": Key(str, "double", None, "", ("double", "single", "half")),
         "pbp": Key(bool, False, None, "true to solve the PBP measurements ([fermions] pbp_masses) by multigrid"),
         "light_shifts": Key(int, 0, _nonneg, "a number >= 0 of the smallest shifts of the light pseudofermion's "
                             "heat-bath and action solves to solve by multigrid (0: all multishift CG)"),

@@ -4,7 +4,7 @@
               [--source FILE | --point X Y Z T [--color C] | --random SEED]
               [--operator M|MdagM] [--solver cg|mixed|mg] [--tol T] [--maxiter N]
               [--mg-levels L] [--mg-block BX BY BZ BT ...] [--mg-nv N ...] [--mg-setup-iters N ...]
-              [--mg-smoother-steps N ...] [--mg-coarsest auto|lu|gcr] [--mg-precision double|single]
+              [--mg-smoother-steps N ...] [--mg-coarsest auto|lu|gcr] [--mg-precision double|single|half]
               [--no-mg-compare]
               [--time-bc antiperiodic|periodic] [--reunitarize | --no-reunitarize]
               [--out FILE [--out-precision 32|64] [--ksprop]] [--check REFERENCE] [--json] [--no-progress]
@@ -149,7 +149,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="GCR post-smoothing steps on level 0, 1, ... (default 0 4: a smoother on M itself does not pay)")
     g.add_argument("--mg-coarsest", choices=("auto", "lu", "gcr"), default="auto",
                    help="coarsest solve: sparse LU, GCR, or auto (LU on one rank)")
-    g.add_argument("--mg-precision", choices=("double", "single"), default="double",
+    g.add_argument("--mg-precision", choices=("double", "single", "half"), default="double",
                    help="precision of the preconditioner (K-cycle, smoothers, coarse operators, coarsest solve); the "
                         "outer GCR and its true residual stay double (default double)")
     g.add_argument("--no-mg-compare", dest="mg_compare", action="store_false",

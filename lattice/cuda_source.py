@@ -36,6 +36,7 @@ OPTIONS = {
     ("solvers", "fused_blas.cu"): (CXX14, "--fmad=false"),
     ("solvers", "exact_sum.cu"): (CXX17, "--fmad=false"),
     ("solvers.multigrid", "coarse.cu"): (CXX17,),
+    ("solvers.multigrid", "coarse_half.cu"): (CXX17,),
     ("force", "gauge_force.cu"): (CXX14,),
     ("force", "hisq.cu"): (CXX14,),
     ("force", "hisq_staged.cu"): (CXX17,),

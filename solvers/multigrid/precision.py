@@ -14,6 +14,10 @@ hierarchy holds copies, made once per hierarchy (per mass and link update), of: 
 48x48 blocks X and X^-1, the near-null vectors V (P and R = V^dag), the coarse stencils Y, and a sparse LU of the
 coarsest single stencil (SuperLU in single).
 
+With "half" the cycle is the single one except that the coarse stencils Y of levels >= 2 are stored as 16-bit
+integers with a float32 scale per block (:mod:`.half`, QUDA's half-precision coarse links), decoded in float32;
+the coarsest direct solve factorizes the decoded stencil (the operator the K-cycle's GCR applies).
+
 On the GPU the batched kernels of :mod:`.cuda` come in both precisions (complex128 and complex64); the coarsest
 level's direct solve is a dense inverse on the device there (:class:`DenseInverse`).
 """
@@ -23,13 +27,15 @@ import time
 
 import numpy as np
 
+from .half import HalfCoarseOperator
 from .operators import LevelOperator
 
-PRECISIONS = {"double": np.complex128, "single": np.complex64}
+#: the preconditioner's precisions and the dtype of the cycle's vectors ("half": single vectors, 16-bit stencils)
+PRECISIONS = {"double": np.complex128, "single": np.complex64, "half": np.complex64}
 
 
 def cycle_dtype(precision: str):
-    """complex128 or complex64 for "double" or "single"."""
+    """complex128 for "double", complex64 for "single" and "half"."""
     return np.dtype(PRECISIONS[precision])
 
 
@@ -72,7 +78,7 @@ class DenseInverse:
 class CycleLevels:
     """What the preconditioner applies, in one precision: ``fine`` (M, for the level-0 smoother), ``kd`` (X^-1 or
     None), ``ops`` (None, A = X^-1 M, then the coarse stencils), ``transfers`` and ``lu`` (the coarsest factor or
-    None). In double these are the hierarchy's own objects; in single, copies (see the module docstring). The
+    None). In double these are the hierarchy's own objects; in single and half, copies (see the module docstring). The
     counters are the hierarchy's, so the statistics count applications in either precision."""
 
     def __init__(self, hierarchy, precision: str):
@@ -89,7 +95,8 @@ class CycleLevels:
         else:
             lvl = h.ops[1]
             self.ops = [None, LevelOperator(M, lvl.stencil.converted(dtype), self.kd, lvl.counter)]
-            self.ops += [op.converted(dtype) for op in h.ops[2:]]
+            coarse = HalfCoarseOperator if precision == "half" else (lambda op: op.converted(dtype))
+            self.ops += [coarse(op) for op in h.ops[2:]]
             self.transfers = [tr.converted(dtype) for tr in h.transfers]
         self.lu = None
 

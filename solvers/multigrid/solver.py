@@ -17,8 +17,9 @@ every rank, each solve gathers the right-hand side, solves redundantly and keeps
 to ``coarsest_tol``.
 
 Precision (:mod:`.precision`): the outer flexible GCR and its true residual are double; the preconditioner (every
-level >= 1, the KD step, the level-0 smoother) runs in ``precision`` ("double" or "single", QUDA's mixed-precision
-multigrid) on single-precision copies of the hierarchy made after each set-up or rebuild.
+level >= 1, the KD step, the level-0 smoother) runs in ``precision`` ("double", "single" or "half", QUDA's
+mixed-precision multigrid) on single-precision copies of the hierarchy made after each set-up or rebuild (half: the
+coarse stencils in 16-bit integers, :mod:`.half`).
 
 Distributed: every level lives on the fine lattice's process grid (a coarse site belongs to the rank holding its
 aggregate); coarse shifts go through the halo exchange of ``comms`` (every transport) and reductions through the
@@ -148,8 +149,9 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
       ``coarsest_tol``), or "auto" (LU up to 200 000 coarsest unknowns);
     * ``nkrylov``: restart length of the outer flexible GCR (32: 12^4 needs 53 outer iterations against 56 with 16);
     * ``kd=False``: aggregate M itself, without the Kahler-Dirac step (the negative control);
-    * ``precision``: of the preconditioner, "double" or "single" (complex64 copies of X^-1, the near-null vectors,
-      the coarse stencils and M's links; the outer GCR and the true residual stay double: :mod:`.precision`);
+    * ``precision``: of the preconditioner, "double", "single" (complex64 copies of X^-1, the near-null vectors,
+      the coarse stencils and M's links; the outer GCR and the true residual stay double: :mod:`.precision`) or
+      "half" (single, with the coarse stencils in 16-bit integers with a scale: :mod:`.half`);
     * ``subspace``: a :class:`Subspace` to share (near-null vectors of another mass: ``inv.subspace``);
     * ``refresh_every``: the new subspace's rule for new links (:class:`Subspace`: None refreshes the vectors on
       every link update, N >= 1 every N epochs with thin updates between, 0 never).

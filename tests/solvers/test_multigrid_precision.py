@@ -139,8 +139,8 @@ def test_single_preconditioner_meets_the_double_tolerance(l8888_base, mass):
 
 def test_bad_precision_is_one_line(l8888):
     D = l8888[1]
-    with pytest.raises(MultigridError, match=r"precision = 'half'.*double, single"):
-        multigrid(TOL, precision="half")(D.matrix(0.1))
+    with pytest.raises(MultigridError, match=r"precision = 'quarter'.*double, single, half"):
+        multigrid(TOL, precision="quarter")(D.matrix(0.1))
     with pytest.raises(MultigridError, match="complex128"):
         multigrid(TOL, precision="single")(D.matrix(0.1).converted(np.complex64))
 
