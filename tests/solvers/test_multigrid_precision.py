@@ -229,7 +229,7 @@ def test_deck_precision():
     assert deckmod.multigrid_options(d["multigrid"])["precision"] == "single"
     assert deckmod.multigrid_options(deckmod.loads(DECK + "[multigrid]\n")["multigrid"])["precision"] == "double"
     with pytest.raises(deckmod.DeckError, match="precision"):
-        deckmod.loads(DECK + "[multigrid]\nprecision = \"half\"\n")
+        deckmod.loads(DECK + "[multigrid]\nprecision = \"quarter\"\n")
 
 
 def test_hmc_solve_mg_precision(capsys):
