@@ -170,9 +170,9 @@ SETTINGS = {
     "cuda_device": Setting("HMC_CUDA_DEVICE", _optional(_int_in(0, None, "use a GPU ordinal >= 0")), None,
                            "this rank's GPU (None: node-local rank modulo the GPUs)"),
     "hisq_kernels": Setting("HMC_HISQ_KERNELS", _flag(True), True, "HISQ link and force CUDA kernels"),
-    "hisq_staged": Setting("HMC_HISQ_STAGED", _flag(False), False,
+    "hisq_staged": Setting("HMC_HISQ_STAGED", _flag(True), True,
                            "staged HISQ fat-link kernels (whole lattice on one GPU; needs hisq_kernels)"),
-    "hisq_staged_vjp": Setting("HMC_HISQ_STAGED_VJP", _flag(False), False,
+    "hisq_staged_vjp": Setting("HMC_HISQ_STAGED_VJP", _flag(True), True,
                                "staged all-direction HISQ fat-link chain rule (one GPU, whole lattice)"),
     "mg_kernels": Setting("HMC_MG_KERNELS", _flag(True), True, "multigrid CUDA kernels"),
     "mg_timing_sync": Setting("HMC_MG_TIMING_SYNC", _flag(True), True, "multigrid clocks synchronize the device"),
@@ -236,8 +236,8 @@ class RunConfig:
     p2p_fabric: bool = True
     cuda_device: int | None = None
     hisq_kernels: bool = True
-    hisq_staged: bool = False
-    hisq_staged_vjp: bool = False
+    hisq_staged: bool = True
+    hisq_staged_vjp: bool = True
     mg_kernels: bool = True
     mg_timing_sync: bool = True
     solver_fused: str = "on"

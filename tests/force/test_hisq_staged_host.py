@@ -47,7 +47,7 @@ def test_each_term_alone(geoms):
 
 def test_placement_picks_the_staged_kernel_only_when_switched_on(geoms):
     _, host = geoms
-    on, off = RunConfig(hisq_staged=True), RunConfig()
+    on, off = RunConfig(), RunConfig(hisq_staged=False)   # on by default
     assert choose("hisq.fat_link", host, on, c=sm.FAT7).fn.__name__ == "_fat_link_staged"
     assert choose("hisq.fat_link", host, off, c=sm.FAT7).fn.__name__ == "_fat_link_unpadded"
     assert choose("hisq.fat_link", host, RunConfig(hisq_staged=True, hisq_kernels=False),

@@ -43,11 +43,13 @@ def test_staged_vjp_equals_twin(geoms, fields, name):
         assert rel(got, sd.fat_link_vjp(cpu, u, COEFFS[name], d_fat)) <= TOL, kind
 
 
-def test_lookup_takes_staged_only_when_switched_on(geoms, fields):
+def test_lookup_takes_staged_unless_switched_off(geoms, fields):
     _, host = geoms
     old = staged.set_enabled(None)
     try:
-        assert choose("hisq.fat_link_vjp", host, c=sm.FAT7).fn is hisq_cuda._fat_link_vjp_unpadded   # default off
+        assert choose("hisq.fat_link_vjp", host, c=sm.FAT7).fn is staged._fat_link_vjp_staged   # default on
+        staged.set_enabled(False)
+        assert choose("hisq.fat_link_vjp", host, c=sm.FAT7).fn is hisq_cuda._fat_link_vjp_unpadded
         staged.set_enabled(True)
         assert choose("hisq.fat_link_vjp", host, c=sm.FAT7).fn is staged._fat_link_vjp_staged
         prev = hisq_cuda.set_enabled(False)

@@ -93,7 +93,7 @@ def test_hisq_smearing_kernels():
     from force import hisq_force, smearing as sm, smearing_derivative  # noqa: F401  (register the array twins)
 
     three = sm.PathCoefficients(one_link=1.0, three_staple=0.5)
-    cases = [("hisq.fat_link", dict(c=sm.FAT7), {WHOLE: "_fat_link_unpadded", SUBGRID: "_fat_link_unpadded",
+    cases = [("hisq.fat_link", dict(c=sm.FAT7), {WHOLE: "_fat_link_staged", SUBGRID: "_fat_link_staged",
                                                  DIST: "_fat_link_padded", THIN: "_fat_link_padded",
                                                  CPU: "_fat_link_array"}),
              ("hisq.fat_link", dict(c=sm.HISQ_LEVEL2), {DIST: "_fat_link_padded", THIN: "_fat_link_array"}),
@@ -102,7 +102,7 @@ def test_hisq_smearing_kernels():
                                      DIST: "_naik_link_padded", THIN: "_naik_link_array", CPU: "_naik_link_array"}),
              ("hisq.smear", dict(c=sm.HISQ_LEVEL2), {WHOLE: "_smear_apart", DIST: "_smear_padded",
                                                      THIN: "_smear_apart", CPU: "_smear_apart"}),
-             ("hisq.fat_link_vjp", dict(c=sm.FAT7), {WHOLE: "_fat_link_vjp_unpadded", DIST: "_fat_link_vjp_padded",
+             ("hisq.fat_link_vjp", dict(c=sm.FAT7), {WHOLE: "_fat_link_vjp_staged", DIST: "_fat_link_vjp_padded",
                                                      THIN: "_fat_link_vjp_array", CPU: "_fat_link_vjp_array"}),
              ("hisq.naik_link_vjp", {}, {SUBGRID: "_naik_link_vjp_unpadded", DIST: "_naik_link_vjp_padded",
                                          CPU: "_naik_link_vjp_array"}),
@@ -128,7 +128,7 @@ def test_hisq_switch_from_the_configuration_and_the_override():
         hisq_cuda.set_enabled(old)
     assert hisq_cuda.set_enabled(True) is None
     try:
-        assert _chosen("hisq.fat_link", off, c=sm.FAT7) == "_fat_link_unpadded"
+        assert _chosen("hisq.fat_link", off, c=sm.FAT7) == "_fat_link_staged"
     finally:
         hisq_cuda.set_enabled(None)
 
@@ -207,7 +207,7 @@ def test_priority_orders_implementations_on_one_placement(monkeypatch):
     pl.implements("test.ranked", Placement.WHOLE, switch=("hisq_staged", "hisq_kernels"), priority=1)(
         lambda: "new")
     assert pl.choose("test.ranked", Placement.WHOLE, RunConfig(hisq_staged=True)).priority == 1
-    assert pl.choose("test.ranked", Placement.WHOLE, RunConfig()).priority == 0
+    assert pl.choose("test.ranked", Placement.WHOLE, RunConfig(hisq_staged=False)).priority == 0
     assert pl.choose("test.ranked", Placement.WHOLE, RunConfig(hisq_staged=True, hisq_kernels=False)).priority == 0
     with pytest.raises(ValueError, match="already has an implementation on whole"):
         pl.implements("test.ranked", Placement.WHOLE, priority=1)(lambda: None)
