@@ -22,6 +22,7 @@ def add_parsers(sub) -> None:
     _add_dslash(bsub)
     _add_mg(bsub)
     _add_rhmc(bsub)
+    _add_precision(bsub)
     _add_smear(bsub)
     _add_suite(bsub)
 
@@ -84,6 +85,15 @@ def _add_mg(bsub):
                         description=mg.__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     mg.add_arguments(b, backend=False)
     b.set_defaults(run_command=_run_mg)
+
+
+def _add_precision(bsub):
+    from . import precision
+
+    b = bsub.add_parser("precision", help="a mixed-precision solver setting against double: the same seed, the "
+                        "physics compared, reversibility", description=precision.__doc__.split("\n\n")[0])
+    precision.add_arguments(b)
+    b.set_defaults(run_command=_run_precision)
 
 
 def _add_rhmc(bsub):
@@ -178,6 +188,12 @@ def _run_mg(args) -> int:
     from . import mg
 
     return mg.main_terminable(args=mg.finish_args(args))
+
+
+def _run_precision(args) -> int:
+    from .precision import bench_precision
+
+    return bench_precision(args)
 
 
 def _run_rhmc(args) -> int:

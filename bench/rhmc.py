@@ -44,11 +44,14 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="folder of the deck, run file, logs and the report")
 
 
-def make_deck(src: Path, dst: Path, L: int, steps: int | None, trajectories: int, cgprec=None) -> None:
-    """``src`` with the lattice, steps, rationals path, trajectories and warm-ups replaced, line by line; with
-    ``cgprec`` (MD, FA, GR) the same [fermions] cgprec_md_fa_gr triple for every pseudofermion."""
+def make_deck(src: Path, dst: Path, L: int, steps: int | None, trajectories: int, cgprec=None,
+              warmups: int | None = None) -> None:
+    """``src`` with the lattice, steps, rationals path, trajectories and warm-ups (default all: no Metropolis test)
+    replaced, line by line; with ``cgprec`` (MD, FA, GR) the same [fermions] cgprec_md_fa_gr triple for every
+    pseudofermion."""
+    warmups = trajectories if warmups is None else warmups
     subs = [(r"^dims = .*", f"dims = [{L}, {L}, {L}, {L}]"), (r"^rationals = .*", f'rationals = "{RATIONALS}"'),
-            (r"^trajectories = .*", f"trajectories = {trajectories}"), (r"^warmups = .*", f"warmups = {trajectories}")]
+            (r"^trajectories = .*", f"trajectories = {trajectories}"), (r"^warmups = .*", f"warmups = {warmups}")]
     if steps is not None:
         subs.append((r"^steps = .*", f"steps = {steps}"))
     text = src.read_text()
