@@ -14,6 +14,5 @@ def random_momenta(geom, rng, stream: str = "momenta"):
 def kinetic_energy(geom, p) -> float:
     """MILC's ``hmom_action``: h = sum_{x,mu} [1/2 Tr(P^dag P) - 4]; the -4 (1/2 per real degree of freedom)
     only keeps the number small."""
-    xp = geom.xp
     half_tr = 0.5 * (p.real * p.real + p.imag * p.imag).sum(axis=(-1, -2))
     return geom.sum(half_tr - 4.0)

@@ -35,11 +35,7 @@ from typing import Mapping, Sequence
 
 from .rational import (NMASS, PseudofermionRational, RationalApprox, RationalsError, check_ordering,
                        error_extrema, target_function)
-from .remez_exchange import exchange_reference
-
-
-class RemezError(RuntimeError):
-    """The Remez iteration failed (no alternation, a pole inside the interval, or no convergence)."""
+from .remez_exchange import RemezError, exchange_reference
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -4,6 +4,10 @@ Brent's parabolic minimisation for the extrema)."""
 from __future__ import annotations
 
 
+class RemezError(RuntimeError):
+    """The Remez iteration failed (no alternation, a pole inside the interval, or no convergence)."""
+
+
 def exchange_reference(err, ref, lo, hi):
     """The 2n+2 extrema of err: zeros between consecutive reference points, one extremum per zero-bounded piece."""
     import mpmath as mp

@@ -327,3 +327,15 @@ def test_error_extrema_runs():
     ext = error_extrema(pfs[1].gr)
     assert len(ext) == 20
     assert ext[0][0] == pytest.approx(1e-15) and ext[-1][0] == pytest.approx(90.0)
+
+
+def test_exchange_refuses_a_non_alternating_error_with_remez_error():
+    """The exchange step's own failure is the RemezError that remez() catches to retry at higher precision (it was
+    a NameError: remez_exchange.py used the name without defining or importing it)."""
+    import mpmath as mp
+
+    from hmc.remez import RemezError
+    from hmc.remez_exchange import exchange_reference
+
+    with pytest.raises(RemezError, match="does not alternate"):
+        exchange_reference(lambda x: x - 2, [mp.mpf(3), mp.mpf(4), mp.mpf(5)], mp.mpf(1), mp.mpf(6))
