@@ -138,7 +138,13 @@ def _trajectory_lines(r, t_op) -> list:
     if t_op:
         frac = iters * t_op / solver if solver > 0 else float("nan")
         line += f"; Dslash share of solver time ~ {100 * frac:.0f}% ({iters} x {1e3 * t_op:.3f} ms)"
-    return [head, line]
+    lines = [head, line]
+    if "time_momenta" in r:                 # run files written before these timers lack them
+        lines.append(f"        outside the molecular dynamics: momenta {g('time_momenta'):.3f} s, heat baths "
+                     f"{g('time_refresh'):.3f} s (GR solves {solve['GR']:.3f}), actions {g('time_actions'):.3f} s "
+                     f"(FA solves {solve['FA']:.3f}), re-unitarization {g('time_reunitarize'):.3f} s, monitors "
+                     f"{g('time_monitor'):.3f} s (each with its link smearing)")
+    return lines
 
 
 def steps_for(args) -> int | None:

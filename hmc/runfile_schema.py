@@ -78,12 +78,20 @@ _MG = {"mg_solves": "multigrid solves of the light heat-bath and action poles, r
        "mg_setup_fine_applies": "fine-operator vector applications of the multigrid set-up work"}
 
 
+_OUTSIDE_MD = {"time_momenta": "momentum draw", "time_refresh": "pseudofermion heat baths (their GR solves and link "
+                "smearing included)", "time_actions": "start and end action measurements (their FA solves included)",
+               "time_reunitarize": "re-unitarization after the molecular dynamics",
+               "time_monitor": "action measurements inside the molecular dynamics (the integrator's monitors)"}
+
+
 def history_column(name: str) -> tuple[str, str, str]:
     """(dtype, units, description) of a history column; an unknown name gets float64 and says it is undescribed."""
     if name in _FIXED:
         return _FIXED[name]
     if name == "time_total":
         return "f8", "s", "wall-clock seconds of the whole trajectory"
+    if name in _OUTSIDE_MD:
+        return "f8", "s", f"wall-clock seconds of the trajectory's {_OUTSIDE_MD[name]}"
     if name == "time_links":
         return "f8", "s", "wall-clock seconds of the link updates (and re-unitarizations) of the molecular dynamics"
     if m := re.fullmatch(r"time_fermion_(\w+)", name):
@@ -106,9 +114,13 @@ def history_column(name: str) -> tuple[str, str, str]:
 
 
 def history_columns(rows: list[dict]) -> dict[str, np.ndarray]:
-    """The rows as one array per column, each of its schema dtype (rows must share their keys)."""
-    names = list(rows[0].keys())
-    for i, r in enumerate(rows):
-        if list(r.keys()) != names:
-            raise ValueError(f"history row {i + 1} has columns {list(r)} but row 1 has {names}")
-    return {n: np.array([r[n] for r in rows], dtype=history_column(n)[0]) for n in names}
+    """The rows as one array per column, each of its schema dtype. The columns are every row's, in first-seen order:
+    a row without a column (written by a version of hmc that did not record it, before a resume) holds
+    :func:`missing_value` there."""
+    names = list(dict.fromkeys(n for r in rows for n in r))
+    return {n: np.array([r.get(n, missing_value(n)) for r in rows], dtype=history_column(n)[0]) for n in names}
+
+
+def missing_value(name: str):
+    """What a history column holds for a trajectory that did not record it: NaN for floats, -1 for counts."""
+    return -1 if history_column(name)[0] == "i8" else float("nan")

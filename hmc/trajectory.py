@@ -96,6 +96,25 @@ def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3,
     return timers
 
 
+class _PhaseClock:
+    """Seconds of the trajectory's work outside the molecular dynamics, by phase: each ``stop(name)`` adds the time
+    since the last stop (or restart) to ``times[name]``, after the device has finished (a GPU call returns before)."""
+
+    def __init__(self, backend):
+        self.backend, self.times = backend, {}
+        self.t = time.perf_counter()
+
+    def restart(self):
+        self.backend.synchronize()
+        self.t = time.perf_counter()
+
+    def stop(self, name: str):
+        self.backend.synchronize()
+        now = time.perf_counter()
+        self.times[name] = self.times.get(name, 0.0) + now - self.t
+        self.t = now
+
+
 @dataclass
 class TrajectoryResult:
     start: Hamiltonian
@@ -119,16 +138,24 @@ def hmc_trajectory(u: GaugeField, rng, monomials, schedule, expm=su3.expm_su3, r
     links are re-unitarized at the end, unless the schedule does it itself (``("R", 0)`` operations) or is empty
     (no molecular dynamics: the links are the start's, and dH = 0 exactly)."""
     t0 = time.perf_counter()
+    clock = _PhaseClock(u.geom.backend)
     p = draw_momenta(u.geom, rng)
+    clock.stop("momenta")
     for m in monomials:
         m.refresh(u, rng)
+    clock.stop("refresh")
     start = measured_action(u, p, monomials)
+    clock.stop("actions")
     v = u.copy()
     monitors = []
     timers = molecular_dynamics(v, p, schedule, monomials, expm, monitors=monitors)
+    clock.restart()
     if reunitarize and schedule and not any(op[0] == "R" for op in schedule):
         v.reunitarize()
+    clock.stop("reunitarize")
     end = measured_action(v, p, monomials)
+    clock.stop("actions")
+    timers.update(clock.times)
     xr = rng.global_uniform("metropolis")
     dh = end.total - start.total
     accepted = (not metropolis) or (dh <= 0 or math.exp(-dh) >= xr)

@@ -118,7 +118,8 @@ def test_every_history_column_is_described():
 
     names = ["traj", "warmup", "accepted", "dH", "exp_mdH", "xrandom", "g_start", "h_start", "f_start", "g_end",
              "h_end", "f_end", "plaq_ss", "plaq_st", "ploop_re", "ploop_im", "link_trace", "time_total",
-             "time_links", "time_force_gauge", "time_force_fermion"] + list(RHMCStats().totals())
+             "time_links", "time_force_gauge", "time_force_fermion", "time_momenta", "time_refresh", "time_actions",
+             "time_reunitarize", "time_monitor"] + list(RHMCStats().totals())
     names += [f"pbp1_{k}" for k in ("re_even", "re_odd", "im_even", "im_odd", "faction", "iters")]
     doc = (ROOT / "docs" / "runfile.md").read_text()
     for n in names:
@@ -126,5 +127,26 @@ def test_every_history_column_is_described():
         assert "not described" not in description and units, n
         assert dtype == ("i8" if n in ("traj", "warmup", "accepted", "fermion_link_builds", "pbp1_iters")
                          or n.startswith(("cg_", "solves_")) else "f8"), n
-    for n in ("traj", "dH", "f_start", "plaq_ss", "time_total", "fermion_link_builds"):
+    for n in ("traj", "dH", "f_start", "plaq_ss", "time_total", "fermion_link_builds", "time_momenta", "time_refresh"):
         assert f"`{n}`" in doc
+
+
+def test_run_resumed_from_a_file_without_a_newer_column(tmp_path, cli_env):
+    """A run file written by an hmc that did not record a column (here: the trajectory's time outside the molecular
+    dynamics) resumes: the new column holds NaN for the old trajectories, the old columns keep their values."""
+    from hmc.runfile import load
+
+    hmc(["init", "-o", "r.h5"], tmp_path, cli_env)
+    hmc(["run", "r.h5", "--trajectories", "1", "--no-progress"], tmp_path, cli_env)
+    with h5py.File(tmp_path / "r.h5", "a") as f:           # as an older hmc wrote it
+        cols = f["history"].attrs["columns"]
+        cols = (cols.decode() if isinstance(cols, bytes) else cols).split(",")
+        assert "time_momenta" in cols and f["history/time_momenta"][0] >= 0
+        del f["history/time_momenta"]
+        f["history"].attrs["columns"] = ",".join(c for c in cols if c != "time_momenta")
+    first = load(tmp_path / "r.h5").history[0]
+    assert "time_momenta" not in first
+    hmc(["run", "r.h5", "--trajectories", "1", "--no-progress"], tmp_path, cli_env)
+    st = load(tmp_path / "r.h5")
+    assert st.trajectory == 2 and np.isnan(st.history[0]["time_momenta"]) and st.history[1]["time_momenta"] >= 0
+    assert st.history[0]["plaq_ss"] == first["plaq_ss"] and st.history[0]["traj"] == 1
