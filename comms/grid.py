@@ -279,7 +279,12 @@ class ProcessGrid:
         arr = np.asarray(a)
         if arr.size == 1 and arr.dtype.kind in "fc":
             return _sum_scalars(comm, arr.item())
-        parts = _reduce.local_parts(a)
+        return self.sum_exact_parts(_reduce.local_parts(a))
+
+    def sum_exact_parts(self, parts):
+        """The correctly rounded global sum from every rank's exact parts of its local array
+        (comms.reduce.local_parts: (real, imaginary or None)). Collective."""
+        comm = self.active_comm if self._ctx is not None else self.comm
         allparts = comm.allgather(parts) if comm.size > 1 else [parts]
         re = _reduce.combine([p[0] for p in allparts])
         if parts[1] is None:

@@ -1,5 +1,5 @@
 """Exact fixed-point accumulators of float64 sums (a Kulisch-style superaccumulator): the NumPy twin of the device
-kernels of solvers/kernels/exact_sum.cu, and the format the ranks exchange (docs/reductions.md, 'The accumulator').
+kernels of lattice/kernels/exact_sum.cu, and the format the ranks exchange (docs/reductions.md, 'The accumulator').
 
 Every finite double is x = (-1)**sign * m * 2**(s - 1074) with an integer mantissa m < 2**53 and s = max(e, 1) - 1
 (e: its biased exponent, 1..2046 for normal numbers, 0 for subnormals), so s is in 0..2045. An accumulator
@@ -139,6 +139,15 @@ def to_float(record) -> float:
         mag[:NLIMBS] = [-x for x in limbs]
         limbs = [int(x) for x in normalise(mag)[:NLIMBS]]
     return _from_bits(_round_bits(limbs) | (int(neg) << 63))
+
+
+def to_parts(record) -> tuple:
+    """The record as comms.reduce's exact parts: (N, -1074) with the sum = N 2**-1074, or ('nonfinite', the IEEE
+    sum of the non-finite values) when its flags are set."""
+    rec = normalise(np.array(record, dtype=np.int64).reshape(WIDTH))
+    if rec[FLAGS]:
+        return ("nonfinite", _special(int(rec[FLAGS])))
+    return (sum(int(x) << (DIGIT_BITS * i) for i, x in enumerate(rec[:NLIMBS])), -1074)
 
 
 def _round_bits(limbs: list) -> int:

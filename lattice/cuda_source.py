@@ -28,13 +28,13 @@ CXX14, CXX17 = "--std=c++14", "--std=c++17"
 #: and pack_double at C++17, exp_update at C++14: the same arithmetic, other instruction choices), and CuPy's
 #: complex.cuh (coarse.cu) needs C++17 with CUDA 13. fused_blas.cu compiles without contraction of a*b + c to fused
 #: multiply-adds, so that its vector updates are bitwise NumPy's (solvers/blas_cuda.py); exact_sum.cu likewise, so
-#: that its products are NumPy's (solvers/exact_sum_cuda.py).
+#: that its products are NumPy's (lattice/exact_sum_cuda.py).
 OPTIONS = {
     ("lattice", "su3_exp.cu"): (CXX17,),
     ("lattice", "su3_taylor.cu"): (CXX17,),
     ("solvers", "staggered_hop.cu"): (CXX14,),
     ("solvers", "fused_blas.cu"): (CXX14, "--fmad=false"),
-    ("solvers", "exact_sum.cu"): (CXX17, "--fmad=false"),
+    ("lattice", "exact_sum.cu"): (CXX17, "--fmad=false"),
     ("solvers.multigrid", "coarse.cu"): (CXX17,),
     ("solvers.multigrid", "coarse_half.cu"): (CXX17,),
     ("force", "gauge_force.cu"): (CXX14,),

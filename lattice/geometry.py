@@ -23,6 +23,9 @@ from .backend import Backend, get_backend
 from .placement import Placement, placement_of
 
 DIRS = "xyzt"
+#: device arrays of at least this many elements are summed on the device (lattice.exact_sum_cuda), smaller ones on
+#: the host: the same correctly rounded sum either way
+DEVICE_SUM_MIN = 4096
 
 
 class GeometryError(ValueError):
@@ -172,7 +175,13 @@ class Geometry(SiteLattice):
 
     def sum(self, a):
         """Global sum of a local array (a Python float or complex): the correctly rounded sum of every element,
-        bitwise the same for every decomposition and rank count."""
+        bitwise the same for every decomposition and rank count. A large float64 or complex128 device array is
+        summed on the device into exact records (lattice.exact_sum_cuda), the rest on the host (comms.reduce)."""
+        if (self.backend.is_gpu and not isinstance(a, np.ndarray) and a.size >= DEVICE_SUM_MIN
+                and np.dtype(a.dtype) in (np.float64, np.complex128)):
+            from .exact_sum_cuda import device_parts
+
+            return self.grid.sum_exact_parts(device_parts(self.backend, a))
         a = self.backend.to_numpy(a)
         if a.dtype.kind in "biu":
             return float(self.grid.sum(int(a.sum())))

@@ -79,9 +79,9 @@ class CudaBlas:
     def __init__(self, geom, dtype, parity=None, exact=False):
         be = geom.backend
         cp = be.xp
-        self.exact = bool(exact)             # the "exact" reduction mode: sums through solvers.exact_sum_cuda
+        self.exact = bool(exact)             # the "exact" reduction mode: sums through lattice.exact_sum_cuda
         if self.exact:
-            from .exact_sum_cuda import ExactReducer, accumulator
+            from lattice.exact_sum_cuda import ExactReducer, accumulator
 
             self._exact, self._records = ExactReducer(be), accumulator(cp, 2)
         self.cp, self.geom = cp, geom

@@ -15,7 +15,7 @@ One iteration on the device, all on the loop's stream:
 4. the fused reduction (|r|^2, Re<r, A r>) writes this rank's pair into device memory; :class:`DeviceSums` sums the
    pairs over the ranks through the halo engine (ring exchanges along each partitioned dimension, then the pairs
    added in grid-coordinate order, x first: every rank gets the same bits); in the "exact" reduction mode each
-   rank's exact records (solvers/exact_sum_cuda.py) travel instead and are added as integers, so the sums are the
+   rank's exact records (lattice/exact_sum_cuda.py) travel instead and are added as integers, so the sums are the
    same bits for any decomposition;
 5. a one-thread kernel takes the new residual, counts the iteration and applies the solver's stop test; once it
    holds (or on a breakdown) the state is *frozen*: every later kernel of the graph returns at once, and the
@@ -89,7 +89,7 @@ class DeviceSums:
     ``st[res:res + 2]``; :meth:`reduce` runs on the current stream. Fast sums: the fused kernel's pair of each rank
     (:attr:`local`) travels P - 1 steps around the ring along each partitioned dimension of extent P (halo-engine
     exchanges of 16 bytes), then every rank adds the pairs in coordinate order; the dimensions are reduced x, y, z, t.
-    Exact sums (the "exact" reduction mode): each rank's exact records (solvers.exact_sum_cuda, 2 x 68 integers)
+    Exact sums (the "exact" reduction mode): each rank's exact records (lattice.exact_sum_cuda, 2 x 68 integers)
     travel the same rings and are added as integers, so the result is the correctly rounded sum of every element's
     products, the same bits for any decomposition; one rank rounds its own records in the reduction kernel."""
 
@@ -104,7 +104,7 @@ class DeviceSums:
         res = SLOT["res"]
         self.result = st[res:res + 2]
         if self.exact:
-            from .exact_sum_cuda import WIDTH, ExactReducer
+            from lattice.exact_sum_cuda import WIDTH, ExactReducer
 
             self.reducer = ExactReducer(geom.backend)
             shape, dtype = (2, WIDTH), np.int64
@@ -132,7 +132,7 @@ class DeviceSums:
         self._ranks()
 
     def _ranks(self):
-        from .exact_sum_cuda import round_records
+        from lattice.exact_sum_cuda import round_records
 
         for i, mu in enumerate(self.rdims):
             P, c, v = self.dims[mu], self.coords[mu], self.vals[mu]

@@ -351,7 +351,7 @@ def norm2_and_redot(geom, a, b) -> tuple[float, float]:
 # where the kernels do not fit the call (an odd local x extent, a source that is not C-contiguous; with several
 # ranks the kernels' sums go through geom.sum), and when switched off (the configuration's solver_fused:
 # HMC_SOLVER_FUSED=0, or the override set_fused_blas(False)). In the "exact" reduction mode the kernels' sums are
-# exact (solvers.exact_sum_cuda: per-rank fixed-point records added as integers, rounded once), so the iterates keep
+# exact (lattice.exact_sum_cuda: per-rank fixed-point records added as integers, rounded once), so the iterates keep
 # the mode's guarantee: the same bits for any decomposition. For an even-odd operator the kernels visit only the sites of its parity;
 # solver_fused "all" (HMC_SOLVER_FUSED=all, set_fused_blas("all")) makes them
 # visit every site (the NumPy path's full-array arithmetic; the other parity holds zeros): in the interleaved

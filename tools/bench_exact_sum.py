@@ -1,4 +1,4 @@
-"""Time the device exact sums (solvers/exact_sum_cuda.py) against plain CuPy sums, per reduction, on half-lattice
+"""Time the device exact sums (lattice/exact_sum_cuda.py) against plain CuPy sums, per reduction, on half-lattice
 colour fields ((V/2, 3) complex) of 16^4 and 32^4. Run on the device machine::
 
     PYTHONPATH=. python3 tools/bench_exact_sum.py [--dims 16 32] [--reps 200]
@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 
 from comms import superacc  # noqa: E402
 from lattice import get_backend  # noqa: E402
-from solvers.exact_sum_cuda import ExactReducer, accumulator, round_records  # noqa: E402
+from lattice.exact_sum_cuda import ExactReducer, accumulator, round_records  # noqa: E402
 
 
 def cases(be, reducer, a, b):

@@ -80,7 +80,7 @@ def test_graph_stops_at_maxiter_like_the_host(fields):
 
 @pytest.mark.parametrize("name", ["cg", "cg_light", "multishift"])
 def test_exact_sums_graph_equals_host_driven(fields, name):
-    """The "exact" reduction mode: device-resident iterations with exact device sums (solvers.exact_sum_cuda)
+    """The "exact" reduction mode: device-resident iterations with exact device sums (lattice.exact_sum_cuda)
     against the host-driven fused path with the same exact sums: the same bits."""
     from solvers import set_reductions
 

@@ -1,4 +1,4 @@
-"""Exact, decomposition-independent reductions on the device (solvers/kernels/exact_sum.cu): the driver.
+"""Exact, decomposition-independent reductions on the device (lattice/kernels/exact_sum.cu): the driver.
 
 The solvers' "exact" reduction mode (solvers/operator.py) sums the per-element products |a_i|^2 and
 Re(conj(a_i) b_i) so that every iterate is bitwise the same for any decomposition. Here each rank sums them on the
@@ -11,6 +11,9 @@ device memory, where the next kernel reads it (alpha and beta of a CG).
   (complex128 or complex64, C-contiguous, n = a.size < 2**31 elements) into ``out`` ((1, WIDTH) or (2, WIDTH)
   int64, normalised records, overwritten), and, when ``result`` ((1,) or (2,) float64) is given, their rounded
   values as well (one rank: no second launch).
+* :meth:`ExactReducer.sum`: the same for the elements of a real float64 array; :func:`device_parts` gives a CuPy
+  float64 or complex128 array's exact parts (comms.reduce.local_parts) from it, so that ``Geometry.sum`` of a device
+  array moves 68 integers to the host instead of the array (the same correctly rounded sum, bitwise).
 * :func:`round_records`: ``accs`` (k, nq, WIDTH) int64, the k ranks' records in one buffer, nq <= 4, into ``result``
   (nq,) float64, and optionally their normalised sum into ``total`` (nq, WIDTH) int64.
 
@@ -41,7 +44,7 @@ ROUND_THREADS = 128
 MAX_QUANTITIES = 4       # EXS_QMAX of exact_sum.cu
 MAX_ELEMENTS = 2 ** 31   # a limb takes 2**31 digits before it can overflow
 
-_SUFFIX = {np.dtype(np.complex128): "f64", np.dtype(np.complex64): "f32"}
+_SUFFIX = {np.dtype(np.complex128): "f64", np.dtype(np.complex64): "f32", np.dtype(np.float64): "f64"}
 _NULL = np.uintp(0)
 
 
@@ -61,9 +64,10 @@ def accumulator(xp, nq: int = 1):
     return xp.zeros((nq, WIDTH), dtype=np.int64)
 
 
-def _check_field(a, what: str):
-    if np.dtype(a.dtype) not in _SUFFIX:
-        raise TypeError(f"exact device sum: {what} is {a.dtype}; give a complex128 or complex64 field")
+def _check_field(a, what: str, real: bool = False):
+    if real != (np.dtype(a.dtype) == np.float64) or np.dtype(a.dtype) not in _SUFFIX:
+        raise TypeError(f"exact device sum: {what} is {a.dtype}; give "
+                        f"{'a float64 array' if real else 'a complex128 or complex64 field'}")
     if not a.flags.c_contiguous:
         raise ValueError(f"exact device sum: {what} is not C-contiguous; pass xp.ascontiguousarray({what})")
     if a.size >= MAX_ELEMENTS:
@@ -96,13 +100,13 @@ class ExactReducer:
     def _launch(self, name: str, fields: tuple, out, result, nq: int):
         a = fields[0]
         for f, what in zip(fields, ("a", "b")):
-            _check_field(f, what)
+            _check_field(f, what, real=name == "exact_sum")
         if len(fields) == 2 and (fields[1].dtype != a.dtype or fields[1].size != a.size):
             raise ValueError(f"exact device sum: b is {fields[1].dtype} of {fields[1].size} elements, a "
                              f"{a.dtype} of {a.size}; give fields of one precision and size")
         _check_buffer(out, (nq, WIDTH), np.int64, "out")
         _check_buffer(result, (nq,), np.float64, "result")
-        kernel = cuda_source.function(self.backend, "solvers", "exact_sum.cu", f"{name}_{_SUFFIX[np.dtype(a.dtype)]}")
+        kernel = cuda_source.function(self.backend, "lattice", "exact_sum.cu", f"{name}_{_SUFFIX[np.dtype(a.dtype)]}")
         n = int(a.size)
         kernel((self.blocks(n),), (THREADS,), fields + (np.int64(n), self.scratch, self.counter, out,
                                                         _NULL if result is None else result))
@@ -111,6 +115,11 @@ class ExactReducer:
     def norm2(self, a, out, result=None):
         """out[0] = the exact record of |a|^2 (sum of a.real**2 + a.imag**2); result[0] its rounded value."""
         return self._launch("exact_norm2", (a,), out, result, 1)
+
+    def sum(self, a, out, result=None):
+        """out[0] = the exact record of the sum of the elements of the real float64 array ``a``; result[0] its
+        rounded value."""
+        return self._launch("exact_sum", (a,), out, result, 1)
 
     def norm2_redot(self, a, b, out, result=None):
         """out[0], out[1] = the exact records of |a|^2 and Re<a, b>, one pass (the Chronopoulos-Gear pair);
@@ -132,6 +141,24 @@ def round_records(backend, accs, result, total=None):
         raise ValueError("round_records: give result, a (nq,) float64 device array for the rounded sums")
     _check_buffer(result, (nq,), np.float64, "result")
     _check_buffer(total, (nq, WIDTH), np.int64, "total")
-    kernel = cuda_source.function(backend, "solvers", "exact_sum.cu", "exact_round")
+    kernel = cuda_source.function(backend, "lattice", "exact_sum.cu", "exact_round")
     kernel((1,), (ROUND_THREADS,), (accs, np.int32(k), np.int32(nq), result, _NULL if total is None else total))
     return result
+
+
+def device_parts(backend, a) -> tuple:
+    """comms.reduce.local_parts(a) of a CuPy float64 or complex128 array, summed exactly on the device: ((N, e0) of
+    the real part, (N, e0) of the imaginary part or None), or ('nonfinite', IEEE sum) where non-finite values are."""
+    xp = backend.xp
+    reducer = backend.kernel(("exact_sum_cuda", "reducer"), lambda: ExactReducer(backend))
+    out = accumulator(xp, 1)
+    comps = (a.real, a.imag) if xp.iscomplexobj(a) else (a,)
+    parts = []
+    for c in comps:
+        flat = xp.ascontiguousarray(c).ravel()
+        records = []
+        for start in range(0, max(flat.size, 1), MAX_ELEMENTS - 1):
+            reducer.sum(flat[start:start + MAX_ELEMENTS - 1], out)
+            records.append(backend.to_numpy(out)[0].copy())
+        parts.append(superacc.to_parts(superacc.add(*records)))
+    return parts[0], (parts[1] if len(parts) == 2 else None)

@@ -1,9 +1,10 @@
-// Exact, decomposition-independent reductions on the device: |a|^2 and Re<a, b> of complex fields summed exactly into
+// Exact, decomposition-independent reductions on the device: |a|^2 and Re<a, b> of complex fields (and the elements
+// of a real float64 array: exact_sum_f64, lattice.geometry's global sums) summed exactly into
 // fixed-point accumulators (67 limbs of 32-bit digits from 2^-1074 up, one slot of non-finite flags), and k such
 // accumulators (one per rank) added and rounded once to the correctly rounded doubles. The format, the formulas and
 // the NumPy twin line by line: comms/superacc.py; why this layout: docs/reductions.md. Compiled with --fmad=false so
 // that every product is formed as the NumPy "exact" mode forms it (solvers/operator.py).
-// Driver: solvers/exact_sum_cuda.py.
+// Driver: lattice/exact_sum_cuda.py.
 #include "hmc_common.cuh"
 
 #define EXS_NL 67            // limbs of digits (superacc.NLIMBS)
@@ -119,8 +120,14 @@ __device__ double exs_round(i64 *L) {
 // the per-element products, formed as solvers/operator.py's exact mode forms them (in the field's precision R)
 template <typename R> struct Pair {
     typedef typename C2<R>::T T;
-    static __device__ __forceinline__ double norm2(T a) { const R p = a.x * a.x + a.y * a.y; return (double)p; }
-    static __device__ __forceinline__ double redot(T a, T b) { const R p = a.x * b.x + a.y * b.y; return (double)p; }
+    static __device__ __forceinline__ double first(T a) { const R p = a.x * a.x + a.y * a.y; return (double)p; }
+    static __device__ __forceinline__ double second(T a, T b) { const R p = a.x * b.x + a.y * b.y; return (double)p; }
+};
+// the elements themselves of a real float64 array (lattice.geometry's global sums on the device)
+struct Plain {
+    typedef double T;
+    static __device__ __forceinline__ double first(double a) { return a; }
+    static __device__ __forceinline__ double second(double, double) { return 0.0; }
 };
 
 // the last block's work: read and clear the scratch limbs (atomicExch: L2's values), normalise each quantity's
@@ -135,12 +142,13 @@ template <int Q> __device__ void exs_finish(u64 *sh, u64 *scratch, i64 *out, dou
     if (result != 0 && threadIdx.x < Q) result[threadIdx.x] = exs_round((i64 *)sh + threadIdx.x * EXS_W);
 }
 
-// Q = 1: out[0] = the record of |a|^2; Q = 2: out[0], out[1] = the records of |a|^2 and Re<a, b>, over n complex
-// elements. scratch (Q x 68 u64) and counter are zero before the launch and are left zero by its last block.
-template <typename R, int Q>
-__device__ void exs_reduce(const typename C2<R>::T *a, const typename C2<R>::T *b, long long n, u64 *scratch,
+// Q = 1: out[0] = the record of the sum of V::first(a_i) (|a_i|^2, or a_i itself); Q = 2: out[0], out[1] = the
+// records of |a|^2 and Re<a, b>, over n elements. scratch (Q x 68 u64) and counter are zero before the launch and
+// are left zero by its last block.
+template <typename V, int Q>
+__device__ void exs_reduce(const typename V::T *a, const typename V::T *b, long long n, u64 *scratch,
                            unsigned *counter, i64 *out, double *result) {
-    typedef typename C2<R>::T T;
+    typedef typename V::T T;
     __shared__ u64 sh[Q * EXS_W];
     __shared__ bool last;
     for (int i = threadIdx.x; i < Q * EXS_W; i += blockDim.x) sh[i] = 0;
@@ -150,8 +158,8 @@ __device__ void exs_reduce(const typename C2<R>::T *a, const typename C2<R>::T *
     double x[Q];
     {
         const T ai = i < n ? a[i] : T();
-        x[0] = i < n ? Pair<R>::norm2(ai) : 0.0;
-        if (Q == 2) x[Q - 1] = i < n ? Pair<R>::redot(ai, b[i]) : 0.0;
+        x[0] = i < n ? V::first(ai) : 0.0;
+        if (Q == 2) x[Q - 1] = i < n ? V::second(ai, b[i]) : 0.0;
     }
     int K[Q];
     i64 w[Q][EXS_WIN];
@@ -166,8 +174,8 @@ __device__ void exs_reduce(const typename C2<R>::T *a, const typename C2<R>::T *
     }
     for (i += stride; i < n; i += stride) {
         const T ai = a[i];
-        exs_add(Pair<R>::norm2(ai), K[0], w[0], sh, flags[0]);
-        if (Q == 2) exs_add(Pair<R>::redot(ai, b[i]), K[Q - 1], w[Q - 1], sh + (Q - 1) * EXS_W, flags[Q - 1]);
+        exs_add(V::first(ai), K[0], w[0], sh, flags[0]);
+        if (Q == 2) exs_add(V::second(ai, b[i]), K[Q - 1], w[Q - 1], sh + (Q - 1) * EXS_W, flags[Q - 1]);
     }
 #pragma unroll
     for (int q = 0; q < Q; ++q) {              // the warp's windows share their anchor: add them lane by lane
@@ -196,19 +204,23 @@ __device__ void exs_reduce(const typename C2<R>::T *a, const typename C2<R>::T *
 
 extern "C" __global__ void exact_norm2_f64(const double2 *a, long long n, u64 *scratch, unsigned *counter, i64 *out,
                                            double *result) {
-    exs_reduce<double, 1>(a, a, n, scratch, counter, out, result);
+    exs_reduce<Pair<double>, 1>(a, a, n, scratch, counter, out, result);
 }
 extern "C" __global__ void exact_norm2_f32(const float2 *a, long long n, u64 *scratch, unsigned *counter, i64 *out,
                                            double *result) {
-    exs_reduce<float, 1>(a, a, n, scratch, counter, out, result);
+    exs_reduce<Pair<float>, 1>(a, a, n, scratch, counter, out, result);
+}
+extern "C" __global__ void exact_sum_f64(const double *a, long long n, u64 *scratch, unsigned *counter, i64 *out,
+                                         double *result) {
+    exs_reduce<Plain, 1>(a, a, n, scratch, counter, out, result);
 }
 extern "C" __global__ void exact_norm2_redot_f64(const double2 *a, const double2 *b, long long n, u64 *scratch,
                                                  unsigned *counter, i64 *out, double *result) {
-    exs_reduce<double, 2>(a, b, n, scratch, counter, out, result);
+    exs_reduce<Pair<double>, 2>(a, b, n, scratch, counter, out, result);
 }
 extern "C" __global__ void exact_norm2_redot_f32(const float2 *a, const float2 *b, long long n, u64 *scratch,
                                                  unsigned *counter, i64 *out, double *result) {
-    exs_reduce<float, 2>(a, b, n, scratch, counter, out, result);
+    exs_reduce<Pair<float>, 2>(a, b, n, scratch, counter, out, result);
 }
 
 // result[q] = the correctly rounded sum of the k records accs[r][q] (accs: k x nq x 68 int64, normalised, nq <= 4);

@@ -1,4 +1,4 @@
-"""The exact-sum kernels (solvers/kernels/exact_sum.cu) run on the host against their twin (comms/superacc.py).
+"""The exact-sum kernels (lattice/kernels/exact_sum.cu) run on the host against their twin (comms/superacc.py).
 
 The kernel file is compiled as C++20 (g++) with a CUDA shim in which every thread of a block is a std::thread:
 __syncthreads is a barrier of the block, the warp shuffles and warp reductions are barriers of 32 threads around an
@@ -24,7 +24,7 @@ from comms import reduce as R
 from comms import superacc as S
 from lattice import cuda_source
 from lattice.backend import Backend
-from solvers.exact_sum_cuda import ExactReducer, accumulator, round_records, twin_records
+from lattice.exact_sum_cuda import ExactReducer, accumulator, device_parts, round_records, twin_records
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile the kernels for the host")
 
@@ -131,7 +131,7 @@ def compile_host(source: str) -> dict:
 
 @pytest.fixture(scope="module")
 def lib():
-    return compile_host(cuda_source.source("solvers", "exact_sum.cu"))
+    return compile_host(cuda_source.source("lattice", "exact_sum.cu"))
 
 
 class _HostKernel:
@@ -153,7 +153,7 @@ class _HostKernel:
 
 class HostCuPy(types.ModuleType):
     """NumPy under cupy's name, with RawModule compiled for the host and a one-SM device: the driver
-    (solvers/exact_sum_cuda.py) runs unchanged on a Backend("cupy", HostCuPy())."""
+    (lattice/exact_sum_cuda.py) runs unchanged on a Backend("cupy", HostCuPy())."""
 
     def __init__(self):
         super().__init__("cupy_exact_sum_host")
@@ -304,7 +304,7 @@ def test_rounding_edges_in_the_round_kernel(lib):
 
 
 def test_the_driver_on_the_host():
-    """solvers/exact_sum_cuda.py's checks, launch configuration and buffers, with the host-compiled kernels."""
+    """lattice/exact_sum_cuda.py's checks, launch configuration and buffers, with the host-compiled kernels."""
     be = Backend("cupy", HostCuPy())
     red = ExactReducer(be)
     rng = np.random.default_rng(9)
@@ -338,18 +338,41 @@ def test_the_driver_on_the_host():
         round_records(be, np.stack([out, out]), None)
 
 
+def test_device_parts_are_the_host_parts_of_geometry_sum():
+    """Geometry.sum's device path (lattice.exact_sum_cuda.device_parts: exact_sum_f64 over the real and imaginary
+    parts) gives comms.reduce.local_parts exactly, so the rounded global sum is bitwise the host's: real and complex
+    arrays, wide exponent spreads, subnormals, cancellation and non-finite values."""
+    be = Backend("cupy", HostCuPy())
+    rng = np.random.default_rng(17)
+    cases = [field(rng, 600, np.complex128, 300), field(rng, 600, np.complex128, 0).real.copy(),
+             np.array([1e308, 1e308, -1e308, 5e-324, -2.5e-320, 1.0, -1.0]),
+             np.array([3.0, -np.inf, 1.0]), np.array([np.inf, 2.0, -np.inf]), np.array([np.nan, 1.0]),
+             np.zeros((4, 4, 3)), np.ones(7) * 0.1]
+    for a in cases:
+        got, want = device_parts(be, a), R.local_parts(a)
+        if want[0][0] == "nonfinite":
+            assert got[0][0] == "nonfinite"           # NaN's sign bit is NumPy's choice: compare NaN as NaN
+            assert np.isnan(got[0][1]) if np.isnan(want[0][1]) else bits(got[0][1]) == bits(want[0][1])
+            continue
+        assert got == want, a
+        re = R.combine([got[0]])
+        assert bits(re) == bits(R.combine([want[0]]))
+    with pytest.raises(TypeError, match="float64 array"):
+        ExactReducer(be).sum(np.ones(4, dtype=np.float32), accumulator(np, 1))
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit) to compile for sm_90")
 def test_the_kernel_file_compiles_for_the_h200_without_contraction(tmp_path):
     """nvcc with the file's nvrtc options (lattice.cuda_source.OPTIONS) for sm_90: it compiles, and no product is
     contracted into a fused multiply-add (the products must be NumPy's)."""
     src = tmp_path / "exact_sum.cu"
-    src.write_text(cuda_source.source("solvers", "exact_sum.cu"))
+    src.write_text(cuda_source.source("lattice", "exact_sum.cu"))
     ptx = tmp_path / "exact_sum.ptx"
-    subprocess.run(["nvcc", "-arch=sm_90", "-ptx", *cuda_source.options("solvers", "exact_sum.cu"), "-o", str(ptx),
+    subprocess.run(["nvcc", "-arch=sm_90", "-ptx", *cuda_source.options("lattice", "exact_sum.cu"), "-o", str(ptx),
                     str(src)], check=True, timeout=600)
     text = ptx.read_text()
     for kernel in ("exact_norm2_f64", "exact_norm2_f32", "exact_norm2_redot_f64", "exact_norm2_redot_f32",
-                   "exact_round"):
+                   "exact_sum_f64", "exact_round"):
         assert f".entry {kernel}(" in text
     assert "fma." not in text
 

@@ -1,14 +1,14 @@
-"""The device exact sums (solvers/exact_sum_cuda.py) equal their twin (comms/superacc.py) record for record and
+"""The device exact sums (lattice/exact_sum_cuda.py) equal their twin (comms/superacc.py) record for record and
 comms.reduce's correctly rounded sums bit for bit, on 4^4 and 16^4 half-lattice fields, complex128 and complex64;
 rank records added by the rounding kernel give the whole field's bits; a captured CUDA graph replays them (run on
-the device: PYTHONPATH=. python3 -m pytest -m gpu tests/solvers/test_exact_sum_gpu.py)."""
+the device: PYTHONPATH=. python3 -m pytest -m gpu tests/lattice/test_exact_sum_gpu.py)."""
 import numpy as np
 import pytest
 
 from comms import reduce as R
 from comms import superacc as S
 from lattice import get_backend
-from solvers.exact_sum_cuda import ExactReducer, accumulator, round_records, twin_records
+from lattice.exact_sum_cuda import ExactReducer, accumulator, round_records, twin_records
 
 pytestmark = pytest.mark.gpu
 
@@ -147,3 +147,21 @@ def test_a_captured_graph_replays_the_reduction(be):
             ha = xp.asnumpy(da)
             assert np.array_equal(bits(xp.asnumpy(res)), bits(reference(ha, b)))
     assert not reducer.scratch.any()
+
+
+def test_geometry_sum_on_the_device_is_the_host_sum_bitwise(be):
+    """Geometry.sum of a device array (summed on the device: lattice.exact_sum_cuda.device_parts) is bitwise the
+    NumPy backend's sum of the same numbers: float64 and complex128 site fields, and a plaquette field."""
+    from lattice import GaugeField, Geometry, su3
+    from lattice.gauge import plaquette_field
+
+    geom_np, geom_cp = Geometry((8, 8, 8, 8), backend=get_backend("numpy")), Geometry((8, 8, 8, 8), backend=be)
+    rng = np.random.default_rng(5)
+    real = rng.standard_normal(geom_np.shape + (4,)) * np.exp2(rng.integers(-300, 300, geom_np.shape + (4,)))
+    cplx = rng.standard_normal(geom_np.shape) + 1j * rng.standard_normal(geom_np.shape)
+    g = rng.standard_normal((4,) + geom_np.shape + (3, 3)) + 1j * rng.standard_normal((4,) + geom_np.shape + (3, 3))
+    plaq = plaquette_field(GaugeField(geom_cp, be.xp.asarray(su3.reunitarize(g))), 0, 3)
+    for a in (be.xp.asarray(real), be.xp.asarray(cplx), plaq):
+        dev, host = geom_cp.sum(a), geom_np.sum(be.xp.asnumpy(a))
+        assert type(host) is type(dev) and bits(np.real(host)) == bits(np.real(dev))
+        assert bits(np.imag(host)) == bits(np.imag(dev))
