@@ -357,6 +357,11 @@ class HaloEngine:
             self._mpi_views[key] = v
         return v
 
+    def receives_in_place(self) -> bool:
+        """Whether exchanges may be received in place (the GPU engine's stream_gated links, HMC_P2P_IN_PLACE); never
+        on the host engine."""
+        return False
+
     def _route(self, k) -> _Route:
         r = self._routes.get(k)
         if r is None:

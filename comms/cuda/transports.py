@@ -288,6 +288,17 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
         self.graph_mode = bool(on)
         self._reset_slots()
 
+    def receives_in_place(self) -> bool:
+        """Whether this rank's exchanges are received in place (HMC_P2P_IN_PLACE on and every link's transport
+        reads in place, i.e. stream_gated): ``GpuExchange.finish_in_place`` / ``release``. A receiver's choice
+        alone: the senders' steps do not change."""
+        return bool(self.config.p2p_in_place and self.links and self.seg is not None and all(
+            l.p2p and l.kind.reads_in_place for l in self.links.values()))
+
+    def face_address(self, b: int, dim: int, side: int) -> int:
+        """Device address of this rank's receive buffer b for side (dim, side) (where an in-place reader finds it)."""
+        return self.seg.ptr + data_offset(b, dim, side, self.capacity)
+
     def watchdog(self) -> Watchdog:
         """The bound on this engine's device-side waits (comms/watchdog.py), made on first use."""
         if self._watchdog is None:

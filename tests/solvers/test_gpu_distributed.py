@@ -49,6 +49,44 @@ def test_twin_layout_equals_the_hop(partition, naik):
         geom.grid.close()
 
 
+@pytest.mark.parametrize("partition,naik", [("xt", True), ("yzt", False)])
+def test_twin_exterior_reads_faces_in_place(partition, naik):
+    """In-place receive (HMC_P2P_IN_PLACE): the exterior kernel's ghost + goff[2 mu + side] read every face where
+    the engine's receive buffer holds it (a stand-in segment of buffers [b][dim][side] of ``cap`` bytes after a
+    header, comms/cuda/segment.py), through the offsets of ``in_place_offsets``; the hop equals the copying one."""
+    from comms import ProcessGrid
+    from lattice import Geometry, get_backend
+    from solvers import StaggeredDslash
+    from solvers.staggered_dist_cuda import DistHop, in_place_offsets
+
+    geom = Geometry((4, 6, 4, 8), get_backend("numpy"), ProcessGrid((1, 1, 1, 1), partitioned=partition))
+    try:
+        fat, long, psi = _fields(geom, naik)
+        h = DistHop(StaggeredDslash(geom, fat, long), twin=True)
+        cap, b = 1 << 16, 1
+        seg = np.zeros((4096 + 16 * cap) // 16, dtype=np.complex128)
+        for p in (0, 1):
+            ref = np.zeros_like(psi)
+            h(psi, p, ref, 0.3, psi, -1.0)                    # the copying path: faces in h.ghost
+            where = {}
+            for key, at, shape in h.stencil.ghost_rows():
+                addr = 4096 + ((b * 4 + key[0]) * 2 + key[1]) * cap
+                face = h.ghost[3 * at:3 * (at + int(np.prod(shape)))]
+                assert 16 * face.size <= cap
+                seg[addr // 16:addr // 16 + face.size] = face
+                where[key] = addr
+            goff = in_place_offsets(where, 16)
+            out = np.zeros_like(psi)
+            h.compute(psi, p, out, 0.3, psi, -1.0, 0)
+            h.compute(psi, p, out, 0.3, psi, -1.0, 1, (seg[min(where.values()) // 16:], goff))
+            assert np.array_equal(out, ref)
+            seg[:] = 0
+            h.compute(psi, p, out, 0.3, psi, -1.0, 1, (seg[min(where.values()) // 16:], goff))
+            assert not np.array_equal(out, ref)                # the faces were read from the segment
+    finally:
+        geom.grid.close()
+
+
 def _random_links(geom, rng, stream, scale):
     g = rng.gaussian(stream, geom.site_ids(), 4 * 18).reshape(tuple(geom.shape) + (4, 3, 3, 2))
     m = (g[..., 0] + 1j * g[..., 1]) * scale
