@@ -362,6 +362,10 @@ class HaloEngine:
         on the host engine."""
         return False
 
+    def peer_sum(self):
+        """The one-step rank sums over all node peers (the GPU engine's, HMC_P2P_PEER_SUMS); None here."""
+        return None
+
     def _route(self, k) -> _Route:
         r = self._routes.get(k)
         if r is None:

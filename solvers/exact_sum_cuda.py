@@ -11,6 +11,8 @@ device memory, where the next kernel reads it (alpha and beta of a CG).
   (complex128 or complex64, C-contiguous, n = a.size < 2**31 elements) into ``out`` ((1, WIDTH) or (2, WIDTH)
   int64, normalised records, overwritten), and, when ``result`` ((1,) or (2,) float64) is given, their rounded
   values as well (one rank: no second launch).
+* :func:`gather_words`: the k ranks' partials, wherever they are (a device table of k addresses), into one
+  contiguous (k, ...) buffer in rank order (the one-step rank sums of comms/cuda/peersum.py).
 * :func:`round_records`: ``accs`` (k, nq, WIDTH) int64, the k ranks' records in one buffer, nq <= 4, into ``result``
   (nq,) float64, and optionally their normalised sum into ``total`` (nq, WIDTH) int64.
 
@@ -135,3 +137,19 @@ def round_records(backend, accs, result, total=None):
     kernel = cuda_source.function(backend, "solvers", "exact_sum.cu", "exact_round")
     kernel((1,), (ROUND_THREADS,), (accs, np.int32(k), np.int32(nq), result, _NULL if total is None else total))
     return result
+
+
+GATHER_THREADS = 128
+
+
+def gather_words(backend, table, out) -> None:
+    """out[r] = the ``out[r].nbytes`` bytes at device address table[r], for r in range(k) (``table``: (k,) uint64
+    device array; ``out``: a C-contiguous (k, ...) device array of 8-byte words, any dtype); one launch."""
+    k = int(table.shape[0])
+    if not out.flags.c_contiguous or out.shape[0] != k or out.dtype.itemsize != 8:
+        raise ValueError(f"gather_words: out must be a C-contiguous (k={k}, ...) array of 8-byte elements, not "
+                         f"{out.dtype} {tuple(out.shape)}")
+    words = out.size // k
+    kernel = cuda_source.function(backend, "solvers", "exact_sum.cu", "gather_u64")
+    n = k * words
+    kernel(((n + GATHER_THREADS - 1) // GATHER_THREADS,), (GATHER_THREADS,), (table, np.int32(k), np.int64(words), out))

@@ -321,6 +321,61 @@ def in_place_offsets(where: dict, itemsize: int) -> np.ndarray:
     return goff
 
 
+class PeerRankSums:
+    """The rank sums of the device-resident solvers (solvers/krylov_graph.py, ``DeviceSums``) in one step over all
+    node peers (HMC_P2P_PEER_SUMS; comms/cuda/peersum.py, docs/halo-protocol.md "Peer sums"): this rank's partial
+    (the fused pair, or the exact records) is written into its own area of the halo segment (:meth:`local`); then
+    :meth:`total` signals every peer and waits for all of them (two batches of memory operations), gathers the k
+    partials in rank order (one kernel, reading the peers' areas through their mappings) and sums them: fast pairs
+    left to right in rank order (``rank_sum``), exact records as integers, rounded once (the same bits for any rank
+    count). Every graph must span an even number of sums (the areas alternate; comms/cuda/peersum.py)."""
+
+    def __init__(self, geom, shape, dtype, peer):
+        self.backend, self.peer, self.xp = geom.backend, peer, geom.xp
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.gathered = self.xp.zeros((peer.k,) + self.shape, self.dtype)
+        self._key = None
+        self._refresh()
+
+    def _refresh(self):
+        """Address tables and own-area views, (re)made when a segment moved (a grow); never during a capture."""
+        peer = self.peer
+        key = tuple(peer.base(r) for r in range(peer.k))
+        if key == self._key:
+            return
+        if self._key is not None and self.xp.cuda.get_current_stream().is_capturing():
+            raise RuntimeError("the halo segments moved since the peer-sum tables were made: capture again")
+        self.tables = [self.xp.asarray(np.asarray(peer.areas(b), dtype=np.uint64)) for b in (0, 1)]
+        self.own = [peer.engine._dev_view(peer.own(b), self.shape, self.dtype) for b in (0, 1)]
+        self._key = key
+
+    def local(self):
+        """Where this rank's partial of the next sum goes (its own area of that sum's parity)."""
+        self._refresh()
+        return self.own[self.peer.index]
+
+    def total(self, rank_sum, result, exact: bool) -> None:
+        """The sum over the ranks of the partials just written to :meth:`local`, into ``result`` ((2,) float64)."""
+        from .exact_sum_cuda import gather_words, round_records
+
+        b = self.peer.parity()
+        self.peer.exchange(self.xp.cuda.get_current_stream().ptr, b)
+        gather_words(self.backend, self.tables[b], self.gathered)
+        if exact:
+            round_records(self.backend, self.gathered, result)
+        else:
+            rank_sum((1,), (1,), (self.gathered, np.int32(self.peer.k), result))
+
+
+def peer_rank_sums(geom, shape, dtype):
+    """A :class:`PeerRankSums` for partials of ``shape`` and ``dtype`` where the grid's halo engine does one-step
+    peer sums (collective decision, comms/cuda/transports.py ``_decide_peer_sums``), else None (the rings)."""
+    peer = geom.grid.halo.peer_sum()
+    if peer is None or not peer.fits(int(np.prod(shape)) * np.dtype(dtype).itemsize):
+        return None
+    return PeerRankSums(geom, shape, dtype, peer)
+
+
 def _layout_fits(geom, dslash) -> bool:
     """Even local extents, each partitioned one at least the face depth (else the array body)."""
     depth = 3 if dslash.naik else 1

@@ -36,7 +36,7 @@ from . import alloc as alloc_policy
 from . import cu, vmm
 from .cu import WAIT_GEQ, call, try_call
 from .exchange import GpuExchange
-from .segment import ACK, ACKF, HEADER, SCRATCH, SIG, SIGF, SegmentMixin, data_offset, notice
+from .segment import ACK, ACKF, HEADER, MAX_PEERS, SCRATCH, SIG, SIGF, SegmentMixin, data_offset, notice
 
 
 class GpuLink:
@@ -118,6 +118,8 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
         self.capacity = 0
         self.peer_maps = {}               # node rank -> PeerMapping of its segment
         self.graph_mode = False
+        self.peer_sums = False
+        self._peer_sum = None
         self.notices = []
         self._sendbufs = {}
         self._views = {}
@@ -164,10 +166,33 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
         # compute stream. Decided collectively (it changes no protocol step, only where the steps are enqueued).
         par = self.config.p2p_parallel_recv
         self.parallel_recv = all(self.comm.allgather(par))
+        self._decide_peer_sums()
         if any_p2p:
             self._new_segment(MIN_CAPACITY)
             self._map_peers()
             self._reset_slots()
+
+    def _decide_peer_sums(self):
+        """Whether the device-resident solvers' rank sums take one step over all node peers (HMC_P2P_PEER_SUMS,
+        comms/cuda/peersum.py): asked for on every rank, every rank of the communicator on this node (at most
+        MAX_PEERS), every link stream_gated everywhere (the binary flags of graph mode). Collective; the segments of
+        all node peers are then mapped, not only the neighbours'."""
+        want = bool(self.config.p2p_peer_sums and self.links and all(
+            l.p2p and l.kind.capabilities.graph_capture for l in self.links.values()))
+        self.peer_sums = (all(self.comm.allgather(want)) and self.node.size == self.comm.size
+                          and 1 < self.comm.size <= MAX_PEERS)
+        self._peer_sum = None
+
+    def peer_sum(self):
+        """The one-step rank sums of this engine (comms/cuda/peersum.py), or None where :meth:`_decide_peer_sums`
+        said no (the rings of the halo engine serve)."""
+        if not self.peer_sums:
+            return None
+        if self._peer_sum is None:
+            from .peersum import PeerSum
+
+            self._peer_sum = PeerSum(self)
+        return self._peer_sum
 
     # device and host synchronisation --------------------------------------------------------------------------
     def _streams(self):

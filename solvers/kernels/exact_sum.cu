@@ -233,3 +233,14 @@ extern "C" __global__ void exact_round(const i64 *accs, int k, int nq, double *r
     __syncthreads();
     if (threadIdx.x < nq) result[threadIdx.x] = exs_round(sh + threadIdx.x * EXS_W);
 }
+
+// One-step rank sums (comms/cuda/peersum.py): out[r * words + i] = table[r][i] for the k ranks' partials (fast pairs
+// or exact records), read where their owners left them (the own area and the peers' mapped areas), into one
+// contiguous (k, ...) buffer in rank order, which rank_sum or exact_round then sums. One thread a 64-bit word.
+extern "C" __global__ void gather_u64(const unsigned long long *const *table, int k, long long words,
+                                      unsigned long long *out) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)k * words) return;
+    const int r = (int)(i / words);
+    out[i] = table[r][i - (long long)r * words];
+}
