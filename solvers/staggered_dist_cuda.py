@@ -196,17 +196,20 @@ class DistHop(CudaHop):
         return self.stencil.post(self.bufs)
 
     def finish(self, ex):
-        """Wait for the halo (device-side for the GPU transports) and land it in the ghost buffer: None. Received in
-        place (HMC_P2P_IN_PLACE, ``engine.receives_in_place()``): only the device waits, no copy; returns (the held
-        exchange, whose ``release()`` follows the exterior kernel, the (ghost, goff) kernel arguments that read the
+        """Wait for the halo (device-side for the GPU transports) and land it in the ghost buffer."""
+        if ex is not None:
+            self.stencil.complete(ex)
+
+    def receive(self, ex):
+        """What the exterior kernel reads: None after :meth:`finish` (the ghost buffer), or, received in place
+        (HMC_P2P_IN_PLACE, ``engine.receives_in_place()``), only the device waits and no copy: (the held exchange,
+        whose ``release()`` must follow the exterior kernel, the (ghost, goff) kernel arguments that read the
         engine's receive buffer) (docs/halo-protocol.md "In-place receive")."""
-        if ex is None:
+        if ex is None or not self.in_place:
+            self.finish(ex)
             return None
-        if self.in_place:
-            held, where = self.stencil.receive_in_place(ex)
-            return held, self.in_place_ghost(where)
-        self.stencil.complete(ex)
-        return None
+        held, where = self.stencil.receive_in_place(ex)
+        return held, self.in_place_ghost(where)
 
     def in_place_ghost(self, where: dict) -> tuple:
         """(base address as a kernel argument, device goff) that make the exterior kernel read face (mu, side) at
@@ -252,7 +255,7 @@ class DistHop(CudaHop):
         mark(2)
         self.compute(psi, parity, out, a, x, b, 0)
         mark(3)
-        held = self.finish(ex)
+        held = self.receive(ex)
         mark(4)
         self.compute(psi, parity, out, a, x, b, 1, None if held is None else held[1])
         if held is not None:

@@ -18,7 +18,7 @@ The flags' reset is ordered the same way: a peer writes flag (b, r) again (sum n
 n + 1, which this rank signals after its reset of sum n. The flags are zeroed with the other slots in lock-step
 (``_reset_slots``). The data are read by the kernel after the wait that saw the writer's flag, which the writer set
 with the default (ordered) write after the kernel that made the partial: a remote read behind an ordered signal,
-not a remote write (docs/halo-protocol.md, "Corruption" 3 does not apply).
+not a remote write behind a signal (which needs a FLUSH wait; docs/halo-protocol.md "Invariants").
 """
 from __future__ import annotations
 
