@@ -143,7 +143,7 @@ class DistHop(CudaHop):
         if self.gpu_engine:
             self.engine.reserve(int(max(size.values(), default=1)) * dtype.itemsize)
         # received in place (HMC_P2P_IN_PLACE with every link stream_gated): the exterior kernel reads the faces in
-        # the engine's receive buffer; goff of that layout, made on the first exchange (outside any capture)
+        # the engine's receive buffer; goff of that layout, made here (outside any capture)
         self.in_place = bool(self.gpu_engine and not self.twin and self.keys and self.engine.receives_in_place())
         self._goff_ip = None
         if self.in_place:
@@ -349,7 +349,7 @@ class PeerRankSums:
         if self._key is not None and self.xp.cuda.get_current_stream().is_capturing():
             raise RuntimeError("the halo segments moved since the peer-sum tables were made: capture again")
         self.tables = [self.xp.asarray(np.asarray(peer.areas(b), dtype=np.uint64)) for b in (0, 1)]
-        self.own = [peer.engine._dev_view(peer.own(b), self.shape, self.dtype) for b in (0, 1)]
+        self.own = [peer.own_array(b, self.shape, self.dtype) for b in (0, 1)]
         self._key = key
 
     def local(self):

@@ -22,6 +22,8 @@ not a remote write behind a signal (which needs a FLUSH wait; docs/halo-protocol
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .cu import batch, wait_op, write_op
 from .segment import AREA_BYTES, area_offset, rsf_slot
 
@@ -47,6 +49,12 @@ class PeerSum:
 
     def own(self, b: int) -> int:
         return self.engine.seg.ptr + area_offset(b)
+
+    def own_array(self, b: int, shape, dtype):
+        """The own area b as a CuPy array of ``shape`` and ``dtype`` (where this rank writes its partial)."""
+        if not self.fits(int(np.prod(shape)) * np.dtype(dtype).itemsize):
+            raise ValueError(f"a peer-sum partial of {tuple(shape)} {np.dtype(dtype)} exceeds {AREA_BYTES} bytes")
+        return self.engine._dev_view(self.own(b), tuple(shape), np.dtype(dtype))
 
     @staticmethod
     def fits(nbytes: int) -> bool:
