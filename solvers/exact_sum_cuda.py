@@ -13,6 +13,7 @@ device memory, where the next kernel reads it (alpha and beta of a CG).
   values as well (one rank: no second launch).
 * :func:`gather_words`: the k ranks' partials, wherever they are (a device table of k addresses), into one
   contiguous (k, ...) buffer in rank order (the one-step rank sums of comms/cuda/peersum.py).
+* :func:`pair_sum`: the k ranks' fast (|a|^2, Re<a, b>) pairs, wherever they are, added left to right in rank order.
 * :func:`round_records`: ``accs`` (k, nq, WIDTH) int64, the k ranks' records in one buffer, nq <= 4, into ``result``
   (nq,) float64, and optionally their normalised sum into ``total`` (nq, WIDTH) int64.
 
@@ -153,3 +154,10 @@ def gather_words(backend, table, out) -> None:
     kernel = cuda_source.function(backend, "solvers", "exact_sum.cu", "gather_u64")
     n = k * words
     kernel(((n + GATHER_THREADS - 1) // GATHER_THREADS,), (GATHER_THREADS,), (table, np.int32(k), np.int64(words), out))
+
+
+def pair_sum(backend, table, result) -> None:
+    """result[0:2] = sum over r, left to right, of the (2,) float64 pair at device address table[r] (``table``:
+    (k,) uint64 device array; one thread: the additions of ``rank_sum`` in solvers/kernels/fused_blas.cu)."""
+    kernel = cuda_source.function(backend, "solvers", "exact_sum.cu", "peer_pair_sum")
+    kernel((1,), (1,), (table, np.int32(table.shape[0]), result))

@@ -138,7 +138,7 @@ class DeviceSums:
                 blas.norm2_redot_into(a, w, shift, self.scratch)
             self.reducer.norm2_redot(a, w, local, None if self.rdims else self.result)
         if self.peers is not None:
-            self.peers.total(self.kernel, self.result, self.exact)
+            self.peers.total(self.result, self.exact)
             return
         self._ranks()
 

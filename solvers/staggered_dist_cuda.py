@@ -329,9 +329,9 @@ class PeerRankSums:
     node peers (HMC_P2P_PEER_SUMS; comms/cuda/peersum.py, docs/halo-protocol.md "Peer sums"): this rank's partial
     (the fused pair, or the exact records) is written into its own area of the halo segment (:meth:`local`); then
     :meth:`total` signals every peer and waits for all of them (two batches of memory operations), gathers the k
-    partials in rank order (one kernel, reading the peers' areas through their mappings) and sums them: fast pairs
-    left to right in rank order (``rank_sum``), exact records as integers, rounded once (the same bits for any rank
-    count). Every graph must span an even number of sums (the areas alternate; comms/cuda/peersum.py)."""
+    partials in rank order, reading the peers' areas through their mappings, and sums them: fast pairs left to right
+    in rank order (one kernel, the additions of ``rank_sum``), exact records gathered (one kernel) and added as
+    integers, rounded once (the same bits for any rank count). Every graph must span an even number of sums (the areas alternate; comms/cuda/peersum.py)."""
 
     def __init__(self, geom, shape, dtype, peer):
         self.backend, self.peer, self.xp = geom.backend, peer, geom.xp
@@ -357,17 +357,17 @@ class PeerRankSums:
         self._refresh()
         return self.own[self.peer.index]
 
-    def total(self, rank_sum, result, exact: bool) -> None:
+    def total(self, result, exact: bool) -> None:
         """The sum over the ranks of the partials just written to :meth:`local`, into ``result`` ((2,) float64)."""
-        from .exact_sum_cuda import gather_words, round_records
+        from .exact_sum_cuda import gather_words, pair_sum, round_records
 
         b = self.peer.parity()
         self.peer.exchange(self.xp.cuda.get_current_stream().ptr, b)
-        gather_words(self.backend, self.tables[b], self.gathered)
         if exact:
+            gather_words(self.backend, self.tables[b], self.gathered)
             round_records(self.backend, self.gathered, result)
         else:
-            rank_sum((1,), (1,), (self.gathered, np.int32(self.peer.k), result))
+            pair_sum(self.backend, self.tables[b], result)       # rank_sum's additions, read in place
 
 
 def peer_rank_sums(geom, shape, dtype):

@@ -244,3 +244,12 @@ extern "C" __global__ void gather_u64(const unsigned long long *const *table, in
     const int r = (int)(i / words);
     out[i] = table[r][i - (long long)r * words];
 }
+
+// The fast pairs of the one-step rank sums summed where they lie: dst = sum over r of table[r][0..1], left to right in
+// rank order (the same operations as gather_u64 then rank_sum of fused_blas.cu: one kernel instead of two).
+extern "C" __global__ void peer_pair_sum(const double *const *table, int k, double *dst) {
+    double a = table[0][0], b = table[0][1];
+    for (int r = 1; r < k; ++r) { a += table[r][0]; b += table[r][1]; }
+    dst[0] = a;
+    dst[1] = b;
+}
