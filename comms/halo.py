@@ -357,6 +357,15 @@ class HaloEngine:
             self._mpi_views[key] = v
         return v
 
+    def receives_in_place(self) -> bool:
+        """Whether exchanges may be received in place (the GPU engine's stream_gated links, HMC_P2P_IN_PLACE); never
+        on the host engine."""
+        return False
+
+    def peer_sum(self):
+        """The one-step rank sums over all node peers (the GPU engine's, HMC_P2P_PEER_SUMS); None here."""
+        return None
+
     def _route(self, k) -> _Route:
         r = self._routes.get(k)
         if r is None:

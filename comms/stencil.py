@@ -298,6 +298,22 @@ class Stencil:
                 ex.finish(bufs.ghost_views[stage])
         return bufs.ghost_views[stage]
 
+    def receive_in_place(self, bufs: _Buffers):
+        """Finish the exchange of ``bufs`` in place (a device engine whose ``receives_in_place()`` holds, one stage):
+        the device waits are enqueued, nothing is copied into the ghost buffer; returns (the engine's exchange, whose
+        ``release()`` the caller enqueues after the last kernel that reads the faces, {(mu, side): device address of
+        the face in the engine's receive buffer}) (docs/halo-protocol.md "In-place receive")."""
+        if not bufs.busy or bufs.exchange is None or bufs.exchange[0] != "device" or self.padded:
+            raise CommsError("stencil: receive_in_place() needs a device exchange of an unpadded stencil in flight")
+        ex = bufs.exchange[1]
+        bufs.exchange = None
+        try:
+            where = ex.finish_in_place()
+        finally:
+            bufs.busy = False
+            self._in_flight.remove(bufs)
+        return ex, where
+
     def complete(self, bufs: _Buffers | None = None):
         """Finish the exchange of ``bufs`` (default: the oldest in flight): the ghosts {(mu, side): face} (side 0
         from the backward neighbour, 1 from the forward one), or for a padded stencil the box with every stage's

@@ -14,6 +14,9 @@ device memory, where the next kernel reads it (alpha and beta of a CG).
 * :meth:`ExactReducer.sum`: the same for the elements of a real float64 array; :func:`device_parts` gives a CuPy
   float64 or complex128 array's exact parts (comms.reduce.local_parts) from it, so that ``Geometry.sum`` of a device
   array moves 68 integers to the host instead of the array (the same correctly rounded sum, bitwise).
+* :func:`gather_words`: the k ranks' partials, wherever they are (a device table of k addresses), into one
+  contiguous (k, ...) buffer in rank order (the one-step rank sums of comms/cuda/peersum.py).
+* :func:`pair_sum`: the k ranks' fast (|a|^2, Re<a, b>) pairs, wherever they are, added left to right in rank order.
 * :func:`round_records`: ``accs`` (k, nq, WIDTH) int64, the k ranks' records in one buffer, nq <= 4, into ``result``
   (nq,) float64, and optionally their normalised sum into ``total`` (nq, WIDTH) int64.
 
@@ -162,3 +165,26 @@ def device_parts(backend, a) -> tuple:
             records.append(backend.to_numpy(out)[0].copy())
         parts.append(superacc.to_parts(superacc.add(*records)))
     return parts[0], (parts[1] if len(parts) == 2 else None)
+
+
+GATHER_THREADS = 128
+
+
+def gather_words(backend, table, out) -> None:
+    """out[r] = the ``out[r].nbytes`` bytes at device address table[r], for r in range(k) (``table``: (k,) uint64
+    device array; ``out``: a C-contiguous (k, ...) device array of 8-byte words, any dtype); one launch."""
+    k = int(table.shape[0])
+    if not out.flags.c_contiguous or out.shape[0] != k or out.dtype.itemsize != 8:
+        raise ValueError(f"gather_words: out must be a C-contiguous (k={k}, ...) array of 8-byte elements, not "
+                         f"{out.dtype} {tuple(out.shape)}")
+    words = out.size // k
+    kernel = cuda_source.function(backend, "lattice", "exact_sum.cu", "gather_u64")
+    n = k * words
+    kernel(((n + GATHER_THREADS - 1) // GATHER_THREADS,), (GATHER_THREADS,), (table, np.int32(k), np.int64(words), out))
+
+
+def pair_sum(backend, table, result) -> None:
+    """result[0:2] = sum over r, left to right, of the (2,) float64 pair at device address table[r] (``table``:
+    (k,) uint64 device array; one thread: the additions of ``rank_sum`` in solvers/kernels/fused_blas.cu)."""
+    kernel = cuda_source.function(backend, "lattice", "exact_sum.cu", "peer_pair_sum")
+    kernel((1,), (1,), (table, np.int32(table.shape[0]), result))

@@ -93,7 +93,7 @@ class DeviceSums:
     travel the same rings and are added as integers, so the result is the correctly rounded sum of every element's
     products, the same bits for any decomposition; one rank rounds its own records in the reduction kernel."""
 
-    def __init__(self, geom, st, kernel, exact=False):
+    def __init__(self, geom, st, kernel, exact=False, peers=False):
         grid = geom.grid
         cp = geom.xp
         self.grid = grid                  # held, so that the loop cache's key (the grid's id) stays this grid's
@@ -117,18 +117,29 @@ class DeviceSums:
         self.local = self._own(self.rdims[0]) if self.rdims else (self.alone if self.exact else self.result)
         if self.engine is not None:
             self.engine.reserve(2 * int(np.prod(shape)) * 8)
+        # --- hook (issue 17, HMC_P2P_PEER_SUMS): one step over all node peers instead of the rings, where the
+        # engine does it and the graph spans an even number of sums (solvers/staggered_dist_cuda.PeerRankSums)
+        self.peers = None
+        if peers and self.rdims:
+            from .staggered_dist_cuda import peer_rank_sums
+
+            self.peers = peer_rank_sums(geom, shape, dtype)
 
     def _own(self, mu):
         return self.vals[mu][self.coords[mu]]
 
     def reduce(self, blas, a, w, shift) -> None:
         """w += shift a (when shift != 0), then the global (|a|^2, Re<a, w>) into ``st[res:res + 2]``."""
+        local = self.local if self.peers is None else self.peers.local()
         if not self.exact:
-            blas.norm2_redot_into(a, w, shift, self.local)
+            blas.norm2_redot_into(a, w, shift, local)
         else:
             if shift != 0.0:
                 blas.norm2_redot_into(a, w, shift, self.scratch)
-            self.reducer.norm2_redot(a, w, self.local, None if self.rdims else self.result)
+            self.reducer.norm2_redot(a, w, local, None if self.rdims else self.result)
+        if self.peers is not None:
+            self.peers.total(self.result, self.exact)
+            return
         self._ranks()
 
     def _ranks(self):
@@ -182,7 +193,7 @@ class GraphLoop:
         self.table = (table[:n], table[n:])
         self.coef = cp.zeros(4 * n, dtype=real)
         self.readback = NSTATE + 2 * n              # what comes back per replay: the state and the zetas
-        self.sums = DeviceSums(geom, self.st, self.k["rank_sum"], exact)
+        self.sums = DeviceSums(geom, self.st, self.k["rank_sum"], exact, peers=self.iters % 2 == 0)
         self.done = cp.cuda.Event(disable_timing=True)
         self.joined = cp.cuda.Event(disable_timing=True)
         self.graphs = OrderedDict()

@@ -142,6 +142,12 @@ class DistHop(CudaHop):
         size = {mu: int(np.prod(fs)) for mu, fs in self.face_shape.items()}
         if self.gpu_engine:
             self.engine.reserve(int(max(size.values(), default=1)) * dtype.itemsize)
+        # received in place (HMC_P2P_IN_PLACE with every link stream_gated): the exterior kernel reads the faces in
+        # the engine's receive buffer; goff of that layout, made here (outside any capture)
+        self.in_place = bool(self.gpu_engine and not self.twin and self.keys and self.engine.receives_in_place())
+        self._goff_ip = None
+        if self.in_place:
+            self.in_place_ghost({f.recv_key: self.engine.face_address(0, *f.recv_key) for f in faces})
         if not self.twin:
             be = geom.backend
             cp = xp
@@ -152,9 +158,10 @@ class DistHop(CudaHop):
 
     def graph_key(self) -> tuple:
         """:meth:`CudaHop.graph_key` plus this hop's own buffers and site lists (their addresses are baked into a
-        captured application) and its engine."""
+        captured application) and its engine (in place: its segment and capacity as well)."""
         own = (self.sendbuf, self.ghost, self.goff, self.table) + tuple(a for p in (0, 1) for a in self.sites[p])
-        return super().graph_key() + tuple(a.data.ptr for a in own) + (id(self.engine),)
+        seg = (self.engine.seg.ptr, self.engine.capacity) if self.in_place else ()
+        return super().graph_key() + tuple(a.data.ptr for a in own) + (id(self.engine),) + seg
 
     def _decode(self, j, parity):
         nx, ny, nz, nt = self.local
@@ -193,42 +200,54 @@ class DistHop(CudaHop):
         if ex is not None:
             self.stencil.complete(ex)
 
-    def compute(self, psi, parity, out, a, x, b, which):
-        """The hop on the interior (which=0) or exterior (1) sites of ``parity``."""
+    def receive(self, ex):
+        """What the exterior kernel reads: None after :meth:`finish` (the ghost buffer), or, received in place
+        (HMC_P2P_IN_PLACE, ``engine.receives_in_place()``), only the device waits and no copy: (the held exchange,
+        whose ``release()`` must follow the exterior kernel, the (ghost, goff) kernel arguments that read the
+        engine's receive buffer) (docs/halo-protocol.md "In-place receive")."""
+        if ex is None or not self.in_place:
+            self.finish(ex)
+            return None
+        held, where = self.stencil.receive_in_place(ex)
+        return held, self.in_place_ghost(where)
+
+    def in_place_ghost(self, where: dict) -> tuple:
+        """(base address as a kernel argument, device goff) that make the exterior kernel read face (mu, side) at
+        ``where[(mu, side)]``: goff[2 mu + side] = (where - base) / itemsize, base the lowest address. The offsets
+        are the same for both halo buffers (one layout, shifted) and change only when the segment grows: then a
+        new goff is made, which a capture cannot do (capture again after the grow)."""
+        base = min(where.values())
+        goff = in_place_offsets(where, self.dtype.itemsize)
+        if self._goff_ip is None or not np.array_equal(self._goff_ip[0], goff):
+            if not self.twin and self.xp.cuda.get_current_stream().is_capturing():
+                raise RuntimeError("the halo segment changed since the in-place offsets were made: capture again")
+            self._goff_ip = (goff, self.xp.asarray(goff))
+        return np.uintp(base), self._goff_ip[1]
+
+    def compute(self, psi, parity, out, a, x, b, which, ghost=None):
+        """The hop on the interior (which=0) or exterior (1) sites of ``parity``; ``ghost``: (ghost, goff) kernel
+        arguments where the faces are read (default: this hop's ghost buffer)."""
         sites = self.sites[parity][which]
         n = int(sites.size)
         if n == 0:
             return
+        ghost, goff = (self.ghost, self.goff) if ghost is None else ghost
         if self.twin:
-            return self._twin_compute(psi, parity, out, a, x, b, sites)
+            return self._twin_compute(psi, parity, out, a, x, b, sites, ghost, goff)
         nx, ny, nz, nt = self.local
         links = self._links(parity)
         xarg = x if (x is not None and a != 0.0) else 0
         self.k_hop(((n + BLOCK - 1) // BLOCK,), (BLOCK,),
                    (psi, links, out, xarg, self.real(a), self.real(b), np.int32(parity), np.int32(links.shape[0]),
-                    np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), sites, np.int64(n), self.ghost,
-                    self.goff, np.int32(self.pmask), np.int32(self.depth)))
+                    np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), sites, np.int64(n), ghost,
+                    goff, np.int32(self.pmask), np.int32(self.depth)))
 
     def __call__(self, psi, parity, out, a, x, b):
         xp = self.xp
         psi = xp.ascontiguousarray(psi)
         if x is not None and a != 0.0:
             x = xp.ascontiguousarray(x)
-        prof = self.profile
-        if prof is None:
-            self.pack(psi)
-            ex = self.start()
-            self.compute(psi, parity, out, a, x, b, 0)
-            self.finish(ex)
-            self.compute(psi, parity, out, a, x, b, 1)
-            return
-        cp = self.cp
-        evs, hs = [cp.cuda.Event() for _ in range(6)], []
-
-        def mark(k):
-            evs[k].record()
-            hs.append(time.perf_counter())
-
+        mark = self._marks()
         mark(0)
         self.pack(psi)
         mark(1)
@@ -236,14 +255,29 @@ class DistHop(CudaHop):
         mark(2)
         self.compute(psi, parity, out, a, x, b, 0)
         mark(3)
-        self.finish(ex)
+        held = self.receive(ex)
         mark(4)
-        self.compute(psi, parity, out, a, x, b, 1)
+        self.compute(psi, parity, out, a, x, b, 1, None if held is None else held[1])
+        if held is not None:
+            held[0].release()                      # the credits, after the exterior kernel read the faces
         mark(5)
+
+    def _marks(self):
+        """mark(k): phase boundary k of the profile (device event and host clock), a no-op without a profile."""
+        prof = self.profile
+        if prof is None:
+            return lambda k: None
+        cp = self.cp
+        evs, hs = [cp.cuda.Event() for _ in range(6)], []
         prof.pending.append((evs, hs))
 
+        def mark(k):
+            evs[k].record()
+            hs.append(time.perf_counter())
+        return mark
+
     # --- the NumPy twin of the kernel's index arithmetic (CPU tests) --------------------------------------------
-    def _twin_compute(self, psi, parity, out, a, x, b, sites):
+    def _twin_compute(self, psi, parity, out, a, x, b, sites, ghost, goff):
         from .staggered import hop_table
 
         sites = np.asarray(sites)
@@ -268,14 +302,81 @@ class DistHop(CudaHop):
                 cg = list(c)
                 cg[mu] = r
                 s = cg[0] + d[0] * (cg[1] + d[1] * (cg[2] + d[2] * cg[3]))
-                g = s + self.goff_host[2 * mu + side] // 3
-                v[out_of] = self.ghost.reshape(-1, 3)[g[out_of]]
+                g = np.asarray(goff)[2 * mu + side] + 3 * s                 # complex elements, as the kernel
+                v[out_of] = ghost.ravel()[g[out_of, None] + np.arange(3)]
             acc += np.einsum("sij,sj->si", links[h, sites], v)
         res = b * acc
         o = c[0] + n[0] * (c[1] + n[1] * (c[2] + n[2] * c[3]))
         if x is not None and a != 0.0:
             res += a * x.reshape(-1, 3)[o]
         out.reshape(-1, 3)[o] = res
+
+
+def in_place_offsets(where: dict, itemsize: int) -> np.ndarray:
+    """goff (8 int64, [2 mu + side]) of faces at device addresses ``where[(mu, side)]`` read from the lowest one, in
+    elements of ``itemsize`` bytes (the exterior kernel's ``ghost + goff[2 mu + side]``)."""
+    base = min(where.values())
+    goff = np.zeros(8, dtype=np.int64)
+    for (mu, side), addr in where.items():
+        if (addr - base) % itemsize:
+            raise ValueError(f"face ({mu}, {side}) at {addr:#x} is not {itemsize}-byte aligned to {base:#x}")
+        goff[2 * mu + side] = (addr - base) // itemsize
+    return goff
+
+
+class PeerRankSums:
+    """The rank sums of the device-resident solvers (solvers/krylov_graph.py, ``DeviceSums``) in one step over all
+    node peers (HMC_P2P_PEER_SUMS; comms/cuda/peersum.py, docs/halo-protocol.md "Peer sums"): this rank's partial
+    (the fused pair, or the exact records) is written into its own area of the halo segment (:meth:`local`); then
+    :meth:`total` signals every peer and waits for all of them (two batches of memory operations), gathers the k
+    partials in rank order, reading the peers' areas through their mappings, and sums them: fast pairs left to right
+    in rank order (one kernel, the additions of ``rank_sum``), exact records gathered (one kernel) and added as
+    integers, rounded once (the same bits for any rank count). Every graph must span an even number of sums (the areas alternate; comms/cuda/peersum.py)."""
+
+    def __init__(self, geom, shape, dtype, peer):
+        self.backend, self.peer, self.xp = geom.backend, peer, geom.xp
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.gathered = self.xp.zeros((peer.k,) + self.shape, self.dtype)
+        self._key = None
+        self._refresh()
+
+    def _refresh(self):
+        """Address tables and own-area views, (re)made when a segment moved (a grow); never during a capture."""
+        peer = self.peer
+        key = tuple(peer.base(r) for r in range(peer.k))
+        if key == self._key:
+            return
+        if self._key is not None and self.xp.cuda.get_current_stream().is_capturing():
+            raise RuntimeError("the halo segments moved since the peer-sum tables were made: capture again")
+        self.tables = [self.xp.asarray(np.asarray(peer.areas(b), dtype=np.uint64)) for b in (0, 1)]
+        self.own = [peer.own_array(b, self.shape, self.dtype) for b in (0, 1)]
+        self._key = key
+
+    def local(self):
+        """Where this rank's partial of the next sum goes (its own area of that sum's parity)."""
+        self._refresh()
+        return self.own[self.peer.index]
+
+    def total(self, result, exact: bool) -> None:
+        """The sum over the ranks of the partials just written to :meth:`local`, into ``result`` ((2,) float64)."""
+        from lattice.exact_sum_cuda import gather_words, pair_sum, round_records
+
+        b = self.peer.parity()
+        self.peer.exchange(self.xp.cuda.get_current_stream().ptr, b)
+        if exact:
+            gather_words(self.backend, self.tables[b], self.gathered)
+            round_records(self.backend, self.gathered, result)
+        else:
+            pair_sum(self.backend, self.tables[b], result)       # rank_sum's additions, read in place
+
+
+def peer_rank_sums(geom, shape, dtype):
+    """A :class:`PeerRankSums` for partials of ``shape`` and ``dtype`` where the grid's halo engine does one-step
+    peer sums (collective decision, comms/cuda/transports.py ``_decide_peer_sums``), else None (the rings)."""
+    peer = geom.grid.halo.peer_sum()
+    if peer is None or not peer.fits(int(np.prod(shape)) * np.dtype(dtype).itemsize):
+        return None
+    return PeerRankSums(geom, shape, dtype, peer)
 
 
 def _layout_fits(geom, dslash) -> bool:

@@ -112,21 +112,39 @@ def device(node_rank: int = 0, cuda_device: int | None = None) -> Device:
     return _DEVICE
 
 
+def wait_op(addr: int, value: int, flags=None):
+    """One 64-bit wait of a batch of memory operations: until the word at ``addr`` is ``value`` (``flags``: EQ
+    unless given, e.g. GEQ for a monotonic counter)."""
+    op = drv.CUstreamBatchMemOpParams()
+    op.waitValue.operation = drv.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_64
+    op.waitValue.address = addr
+    op.waitValue.value64 = value
+    op.waitValue.flags = WAIT_EQ if flags is None else flags
+    return op
+
+
+def write_op(addr: int, value: int):
+    """One 64-bit write of a batch of memory operations (default flags: ordered after the stream's earlier work)."""
+    op = drv.CUstreamBatchMemOpParams()
+    op.writeValue.operation = drv.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_64
+    op.writeValue.address = addr
+    op.writeValue.value64 = value
+    op.writeValue.flags = WRITE_DEFAULT
+    return op
+
+
+def batch(stream_ptr: int, ops: list) -> None:
+    """Enqueue ``ops`` as ONE ``cuStreamBatchMemOp`` (one graph node when captured), run in array order; nothing
+    when ``ops`` is empty."""
+    if ops:
+        call(drv.cuStreamBatchMemOp, stream_ptr, len(ops), list(ops), 0)
+
+
 def wait_and_reset(stream_ptr: int, addr: int, value: int = 1):
     """Enqueue, as ONE batch of memory operations (one graph node when captured), a wait until the 64-bit word at
     ``addr`` equals ``value`` and then its reset to 0: the two steps of a binary flag (docs/halo-protocol.md "CUDA
     graphs", option 1). cuStreamBatchMemOp runs the operations in array order, so the reset follows the wait."""
-    op = drv.CUstreamBatchMemOpType
-    wait, reset = drv.CUstreamBatchMemOpParams(), drv.CUstreamBatchMemOpParams()
-    wait.waitValue.operation = op.CU_STREAM_MEM_OP_WAIT_VALUE_64
-    wait.waitValue.address = addr
-    wait.waitValue.value64 = value
-    wait.waitValue.flags = WAIT_EQ
-    reset.writeValue.operation = op.CU_STREAM_MEM_OP_WRITE_VALUE_64
-    reset.writeValue.address = addr
-    reset.writeValue.value64 = 0
-    reset.writeValue.flags = WRITE_DEFAULT
-    call(drv.cuStreamBatchMemOp, stream_ptr, 2, [wait, reset], 0)
+    batch(stream_ptr, [wait_op(addr, value), write_op(addr, 0)])
 
 
 def stream_ptr(stream) -> int:

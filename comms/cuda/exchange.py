@@ -2,6 +2,10 @@
 out and the credits on the exchange's compute stream, or, for a transport with receive chains (stream_gated, with
 parallel receives), on the link's own receive stream joined back by an event (docs/halo-protocol.md,
 "stream_gated (CUDA)"). The transports' steps are theirs (comms/transport/gpu.py); the order is this module's.
+
+In-place receive (``finish_in_place`` / ``release``, HMC_P2P_IN_PLACE, docs/halo-protocol.md "In-place receive"):
+every link's arrival wait in one batch of memory operations on the compute stream, no copy out: the consumer reads
+the faces where the peers wrote them, then ``release`` returns every credit in one batch after it.
 """
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import numpy as np
 from cuda.bindings import driver as drv
 
 from ..base import CommsError, link_name
-from .cu import call
+from .cu import batch, call
 from .segment import data_offset
 
 
@@ -17,7 +21,7 @@ class GpuExchange:
     """One posted GPU exchange; ``finish`` enqueues the waits and the unpack on the exchange's compute stream."""
 
     __slots__ = ("engine", "buffer", "stream", "host_in", "recvs", "sends", "sent", "done", "observed", "keep",
-                 "fenced")
+                 "fenced", "held")
 
     def __init__(self, engine, buffer, stream, host_in):
         self.engine, self.buffer, self.stream, self.host_in = engine, buffer, stream, host_in
@@ -27,7 +31,51 @@ class GpuExchange:
         self.keep = []
         self.done = False
         self.fenced = False
+        self.held = False
         self.observed = {}
+
+    def in_place_ok(self) -> bool:
+        """Whether this exchange can be received in place: device faces, every receive on a peer-to-peer link whose
+        transport reads in place (stream_gated), no mpi send to complete."""
+        links = self.engine.links
+        return (not self.host_in and not self.sends and all(
+            links[(dim, side)].p2p and links[(dim, side)].kind.reads_in_place for dim, side, *_ in self.recvs))
+
+    def finish_in_place(self) -> dict:
+        """Enqueue on the exchange's stream, after this exchange's sends (my sends before my waits), every link's
+        arrival wait as ONE batch of memory operations; returns {(dim, side): device address of the face in this
+        rank's receive buffer}. The faces stay valid, and the buffer held, until :meth:`release`, which the caller
+        enqueues after the last kernel that reads them (docs/halo-protocol.md "In-place receive")."""
+        if self.done:
+            raise CommsError("finish() called twice on one halo exchange")
+        if not self.in_place_ok():
+            raise CommsError("in-place receive needs device faces and every link of the exchange stream_gated")
+        eng, b, csp = self.engine, self.buffer, self.stream.ptr
+        for ev in self.sent:
+            call(drv.cuStreamWaitEvent, csp, ev.ptr, 0)
+        ops, where = [], {}
+        for dim, side, shape, dtype, expected, _, _ in self.recvs:
+            link = eng.links[(dim, side)]
+            ops += link.kind.arrival_ops(eng, self, link, dim, side, expected)
+            where[(dim, side)] = eng.seg.ptr + data_offset(b, dim, side, eng.capacity)
+        batch(csp, ops)
+        self._watch(csp)
+        self.done = self.held = True
+        return where
+
+    def release(self, stream=None) -> None:
+        """After the kernels that read the faces of :meth:`finish_in_place` (on ``stream``, default the exchange's):
+        every link's credit as ONE batch of memory operations; the buffer is free for the next exchange."""
+        if not self.held:
+            raise CommsError("release() of a halo exchange not finished in place (or released twice)")
+        eng, b = self.engine, self.buffer
+        sp = self.stream.ptr if stream is None else int(getattr(stream, "ptr", stream))
+        batch(sp, [eng.links[(dim, side)].kind.credit_op(eng, eng.links[(dim, side)], dim, side, b, expected)
+                   for dim, side, _, _, expected, _, _ in self.recvs])
+        self.held = False
+        eng.state.busy[b] = None
+        eng.state.outstanding -= 1
+        self.keep = []
 
     def finish(self, out: dict | None = None) -> dict:
         if self.done:

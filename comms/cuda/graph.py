@@ -33,6 +33,21 @@ class CapturedGraph:
     def node_count(self) -> int:
         return int(drv.cuGraphGetNodes(self.graph, 0)[-1])
 
+    def node_census(self) -> dict:
+        """{node type: count} of the captured graph, the type named as the driver names it without its prefix
+        (KERNEL, MEMCPY, MEMSET, BATCH_MEM_OP, EVENT_RECORD, WAIT_EVENT, EMPTY, ...); divided by the iterations
+        a graph holds it gives the nodes of one iteration (docs/halo-protocol.md "Counting what a graph holds")."""
+        count = self.node_count()
+        if count == 0:
+            return {}
+        nodes, _ = call(drv.cuGraphGetNodes, self.graph, count)
+        census: dict = {}
+        for node in nodes:
+            kind = call(drv.cuGraphNodeGetType, node)
+            name = getattr(kind, "name", str(kind)).replace("CU_GRAPH_NODE_TYPE_", "")
+            census[name] = census.get(name, 0) + 1
+        return census
+
     def close(self) -> None:
         """Destroy the graph now (also done when the object is collected)."""
         if getattr(self, "exec", None) is not None:

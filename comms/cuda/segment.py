@@ -7,6 +7,9 @@ neighbour on its node, its header layout, and the collective steps that make and
         [ACK  + (dim*2 + dir)*2 + b]      credits: the message number the receiver consumed from buffer b
         [SIGF + (b*4 + dim)*2 + side]     binary signal flags (graph mode)
         [ACKF + (b*4 + dim)*2 + dir]      binary credit flags (graph mode; 1 = the peer may write buffer b)
+        [RSF + b*MAX_PEERS + r]           peer sums: rank r's partial of parity b is ready (binary flags)
+    peer-sum areas [b] at PEER_AREA + b * AREA_BYTES: this rank's partial of the rank sums of parity b (read in
+        place by every node peer, comms/cuda/peersum.py)
     receive buffers [b][dim][side], ``capacity`` bytes each (grown collectively, never shrunk)
 """
 from __future__ import annotations
@@ -22,8 +25,10 @@ from . import alloc as alloc_policy
 from . import ipc, vmm
 from .cu import WAIT_FLUSH, WAIT_GEQ, call, try_call
 
-HEADER = 4096
+HEADER = 8192                    # 4096 bytes of slots, then the two peer-sum areas
 SIG, ACK, SIGF, ACKF, SCRATCH = 0, 8, 24, 40, 56
+RSF, MAX_PEERS = 64, 64          # peer-sum flags [b][rank] (slots 64..191), for up to 64 ranks on a node
+PEER_AREA, AREA_BYTES = 4096, 2048
 _NOTICES_SHOWN: set = set()
 
 
@@ -41,6 +46,14 @@ def sigf_slot(b, dim, side):
 
 def ackf_slot(b, dim, dir_):
     return ACKF + (b * 4 + dim) * 2 + dir_
+
+
+def rsf_slot(b, r):
+    return RSF + b * MAX_PEERS + r
+
+
+def area_offset(b):
+    return PEER_AREA + b * AREA_BYTES
 
 
 def data_offset(b, dim, side, capacity):
@@ -198,6 +211,8 @@ class SegmentMixin:
         """Import every peer-to-peer neighbour's segment (collective over the node) and open its events."""
         self._views.clear()
         peers = {self.node_rank_of[l.peer] for l in self.links.values() if l.p2p and l.peer != self.rank}
+        if getattr(self, "peer_sums", False):          # one-step rank sums read every node peer's area
+            peers |= set(range(self.node.size)) - {self.node.rank}
         shared = self._share(self.seg, peers)
         try:
             for nr, h in shared.items():

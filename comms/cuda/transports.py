@@ -36,7 +36,7 @@ from . import alloc as alloc_policy
 from . import cu, vmm
 from .cu import WAIT_GEQ, call, try_call
 from .exchange import GpuExchange
-from .segment import ACK, ACKF, HEADER, SCRATCH, SIG, SIGF, SegmentMixin, data_offset, notice
+from .segment import ACK, ACKF, HEADER, MAX_PEERS, SCRATCH, SIG, SIGF, SegmentMixin, data_offset, notice
 
 
 class GpuLink:
@@ -118,6 +118,8 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
         self.capacity = 0
         self.peer_maps = {}               # node rank -> PeerMapping of its segment
         self.graph_mode = False
+        self.peer_sums = False
+        self._peer_sum = None
         self.notices = []
         self._sendbufs = {}
         self._views = {}
@@ -164,10 +166,33 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
         # compute stream. Decided collectively (it changes no protocol step, only where the steps are enqueued).
         par = self.config.p2p_parallel_recv
         self.parallel_recv = all(self.comm.allgather(par))
+        self._decide_peer_sums()
         if any_p2p:
             self._new_segment(MIN_CAPACITY)
             self._map_peers()
             self._reset_slots()
+
+    def _decide_peer_sums(self):
+        """Whether the device-resident solvers' rank sums take one step over all node peers (HMC_P2P_PEER_SUMS,
+        comms/cuda/peersum.py): asked for on every rank, every rank of the communicator on this node (at most
+        MAX_PEERS), every link stream_gated everywhere (the binary flags of graph mode). Collective; the segments of
+        all node peers are then mapped, not only the neighbours'."""
+        want = bool(self.config.p2p_peer_sums and self.links and all(
+            l.p2p and l.kind.capabilities.graph_capture for l in self.links.values()))
+        self.peer_sums = (all(self.comm.allgather(want)) and self.node.size == self.comm.size
+                          and 1 < self.comm.size <= MAX_PEERS)
+        self._peer_sum = None
+
+    def peer_sum(self):
+        """The one-step rank sums of this engine (comms/cuda/peersum.py), or None where :meth:`_decide_peer_sums`
+        said no (the rings of the halo engine serve)."""
+        if not self.peer_sums:
+            return None
+        if self._peer_sum is None:
+            from .peersum import PeerSum
+
+            self._peer_sum = PeerSum(self)
+        return self._peer_sum
 
     # device and host synchronisation --------------------------------------------------------------------------
     def _streams(self):
@@ -287,6 +312,17 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
                 raise CommsError("graph capture is implemented for the copy_engine policy only")
         self.graph_mode = bool(on)
         self._reset_slots()
+
+    def receives_in_place(self) -> bool:
+        """Whether this rank's exchanges are received in place (HMC_P2P_IN_PLACE on and every link's transport
+        reads in place, i.e. stream_gated): ``GpuExchange.finish_in_place`` / ``release``. A receiver's choice
+        alone: the senders' steps do not change."""
+        return bool(self.config.p2p_in_place and self.links and self.seg is not None and all(
+            l.p2p and l.kind.reads_in_place for l in self.links.values()))
+
+    def face_address(self, b: int, dim: int, side: int) -> int:
+        """Device address of this rank's receive buffer b for side (dim, side) (where an in-place reader finds it)."""
+        return self.seg.ptr + data_offset(b, dim, side, self.capacity)
 
     def watchdog(self) -> Watchdog:
         """The bound on this engine's device-side waits (comms/watchdog.py), made on first use."""

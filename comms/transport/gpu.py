@@ -16,6 +16,9 @@ class GpuTransport:
 
     name = ""
     capabilities = None
+    #: whether a consumer may read a received face where it landed (no copy out) and return the credit after it
+    #: (comms/cuda/exchange.py ``finish_in_place``; docs/halo-protocol.md "In-place receive")
+    reads_in_place = False
 
     def check_device(self, engine, facts: list) -> None:
         """Start-up check of every rank's device facts (collective result: raise the same error everywhere)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from cuda.bindings import driver as drv
 
 from ..base import CommsError
-from ..cuda.cu import WAIT_FLUSH, WAIT_GEQ, WRITE_DEFAULT, call, wait_and_reset
+from ..cuda.cu import WAIT_FLUSH, WAIT_GEQ, WRITE_DEFAULT, call, wait_and_reset, wait_op, write_op
 from ..cuda.segment import ack_slot, ackf_slot, notice, sig_slot, sigf_slot
 from .gpu import GpuTransport
 from .registry import lookup
@@ -19,6 +19,7 @@ from .registry import lookup
 
 class StreamGated(GpuTransport):
     name = "stream_gated"
+    reads_in_place = True
 
     def __init__(self):
         self.capabilities = lookup(self.name).capabilities
@@ -86,6 +87,21 @@ class StreamGated(GpuTransport):
             wait_and_reset(stream_ptr, own + 8 * sigf_slot(ex.buffer, dim, side))
         else:
             call(drv.cuStreamWaitValue64, stream_ptr, own + 8 * sig_slot(dim, side), expected, engine.wait_flags)
+
+    def arrival_ops(self, engine, ex, link, dim, side, expected) -> list:
+        """:meth:`wait_arrival` as operations of one batch (in-place receive: every link's wait in one batch): the
+        flag's wait EQ 1 and its reset in graph mode, else the counter's wait."""
+        addr = engine.seg.ptr + 8 * (sigf_slot(ex.buffer, dim, side) if engine.graph_mode else sig_slot(dim, side))
+        if engine.graph_mode:
+            return [wait_op(addr, 1), write_op(addr, 0)]
+        return [wait_op(addr, expected, engine.wait_flags)]
+
+    def credit_op(self, engine, link, dim, side, b, expected):
+        """:meth:`return_credit` as one operation of a batch (in-place receive: every link's credit in one batch,
+        after the kernel that read the faces)."""
+        if engine.graph_mode:
+            return write_op(link.peer_ptr + 8 * ackf_slot(b, dim, 1 - side), 1)
+        return write_op(link.peer_ptr + 8 * ack_slot(dim, 1 - side, b), expected)
 
     def return_credit(self, engine, link, dim, side, b, expected, stream_ptr):
         if engine.graph_mode:

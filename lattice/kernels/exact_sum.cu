@@ -245,3 +245,23 @@ extern "C" __global__ void exact_round(const i64 *accs, int k, int nq, double *r
     __syncthreads();
     if (threadIdx.x < nq) result[threadIdx.x] = exs_round(sh + threadIdx.x * EXS_W);
 }
+
+// One-step rank sums (comms/cuda/peersum.py): out[r * words + i] = table[r][i] for the k ranks' partials (fast pairs
+// or exact records), read where their owners left them (the own area and the peers' mapped areas), into one
+// contiguous (k, ...) buffer in rank order, which rank_sum or exact_round then sums. One thread a 64-bit word.
+extern "C" __global__ void gather_u64(const unsigned long long *const *table, int k, long long words,
+                                      unsigned long long *out) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)k * words) return;
+    const int r = (int)(i / words);
+    out[i] = table[r][i - (long long)r * words];
+}
+
+// The fast pairs of the one-step rank sums summed where they lie: dst = sum over r of table[r][0..1], left to right in
+// rank order (the same operations as gather_u64 then rank_sum of fused_blas.cu: one kernel instead of two).
+extern "C" __global__ void peer_pair_sum(const double *const *table, int k, double *dst) {
+    double a = table[0][0], b = table[0][1];
+    for (int r = 1; r < k; ++r) { a += table[r][0]; b += table[r][1]; }
+    dst[0] = a;
+    dst[1] = b;
+}

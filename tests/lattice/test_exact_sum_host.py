@@ -395,3 +395,35 @@ def test_any_doubles_through_the_redot_channel(lib, values, grid):
     except OverflowError:
         ref = S.to_float(S.accumulate(x))             # +-inf: comms.reduce raises where the sum overflows
     assert bits(result[1]) == bits(ref)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_gather_words_pulls_every_ranks_partial_in_rank_order(k):
+    """The one-step peer sums (comms/cuda/peersum.py): gather_u64 reads the k partials where their owners left them
+    (a table of addresses) into one (k, ...) buffer in rank order, which exact_round then rounds as it rounds the
+    ranks' records stacked."""
+    from lattice.exact_sum_cuda import gather_words, pair_sum
+
+    be = Backend("cupy", HostCuPy())
+    rng = np.random.default_rng(k)
+    parts = [twin_records(field(rng, 40, np.complex128, 100), field(rng, 40, np.complex128, 100)) for _ in range(k)]
+    table = np.array([p.ctypes.data for p in parts], dtype=np.uint64)
+    out = np.full((k, 2, S.WIDTH), -1, dtype=np.int64)
+    gather_words(be, table, out)
+    assert np.array_equal(out, np.stack(parts))
+    result, want = np.zeros(2), np.zeros(2)
+    round_records(be, out, result)
+    round_records(be, np.ascontiguousarray(np.stack(parts[::-1])), want)    # integers: the order does not matter
+    assert np.array_equal(bits(result), bits(want))
+    pairs = [rng.standard_normal(2) * 10.0 ** rng.integers(-8, 8, 2) for _ in range(k)]
+    ptable = np.array([p.ctypes.data for p in pairs], dtype=np.uint64)
+    got = np.zeros((k, 2))
+    gather_words(be, ptable, got)
+    assert np.array_equal(got, np.stack(pairs))
+    summed, want = np.full(2, np.nan), pairs[0].copy()
+    for p in pairs[1:]:
+        want += p                                            # rank_sum's additions, left to right in rank order
+    pair_sum(be, ptable, summed)
+    assert np.array_equal(bits(summed), bits(want))
+    with pytest.raises(ValueError, match="8-byte elements"):
+        gather_words(be, table, np.zeros((k, 4), dtype=np.float32))

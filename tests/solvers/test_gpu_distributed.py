@@ -49,6 +49,44 @@ def test_twin_layout_equals_the_hop(partition, naik):
         geom.grid.close()
 
 
+@pytest.mark.parametrize("partition,naik", [("xt", True), ("yzt", False)])
+def test_twin_exterior_reads_faces_in_place(partition, naik):
+    """In-place receive (HMC_P2P_IN_PLACE): the exterior kernel's ghost + goff[2 mu + side] read every face where
+    the engine's receive buffer holds it (a stand-in segment of buffers [b][dim][side] of ``cap`` bytes after a
+    header, comms/cuda/segment.py), through the offsets of ``in_place_offsets``; the hop equals the copying one."""
+    from comms import ProcessGrid
+    from lattice import Geometry, get_backend
+    from solvers import StaggeredDslash
+    from solvers.staggered_dist_cuda import DistHop, in_place_offsets
+
+    geom = Geometry((4, 6, 4, 8), get_backend("numpy"), ProcessGrid((1, 1, 1, 1), partitioned=partition))
+    try:
+        fat, long, psi = _fields(geom, naik)
+        h = DistHop(StaggeredDslash(geom, fat, long), twin=True)
+        cap, b = 1 << 16, 1
+        seg = np.zeros((4096 + 16 * cap) // 16, dtype=np.complex128)
+        for p in (0, 1):
+            ref = np.zeros_like(psi)
+            h(psi, p, ref, 0.3, psi, -1.0)                    # the copying path: faces in h.ghost
+            where = {}
+            for key, at, shape in h.stencil.ghost_rows():
+                addr = 4096 + ((b * 4 + key[0]) * 2 + key[1]) * cap
+                face = h.ghost[3 * at:3 * (at + int(np.prod(shape)))]
+                assert 16 * face.size <= cap
+                seg[addr // 16:addr // 16 + face.size] = face
+                where[key] = addr
+            goff = in_place_offsets(where, 16)
+            out = np.zeros_like(psi)
+            h.compute(psi, p, out, 0.3, psi, -1.0, 0)
+            h.compute(psi, p, out, 0.3, psi, -1.0, 1, (seg[min(where.values()) // 16:], goff))
+            assert np.array_equal(out, ref)
+            seg[:] = 0
+            h.compute(psi, p, out, 0.3, psi, -1.0, 1, (seg[min(where.values()) // 16:], goff))
+            assert not np.array_equal(out, ref)                # the faces were read from the segment
+    finally:
+        geom.grid.close()
+
+
 def _random_links(geom, rng, stream, scale):
     g = rng.gaussian(stream, geom.site_ids(), 4 * 18).reshape(tuple(geom.shape) + (4, 3, 3, 2))
     m = (g[..., 0] + 1j * g[..., 1]) * scale
@@ -105,6 +143,30 @@ def test_distributed_dslash_and_cg(tmp_path, mps, n, grid, lattice):  # noqa: F8
     g = rep["graph"]
     assert g["replays"] == 1000 and g["replays_bad"] == 0
     assert rep["registry_after_close"] == []
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@needs_mpi
+@pytest.mark.parametrize("n,grid,lattice", CASES)
+def test_in_place_receive_and_peer_sums(tmp_path, mps, n, grid, lattice):  # noqa: F811
+    """stream_gated with HMC_P2P_IN_PLACE and HMC_P2P_PEER_SUMS on against both off (docs/halo-protocol.md
+    "In-place receive", "Peer sums"): the halo and D bitwise the copying path's, the device-resident CG (8 iterations
+    a graph) within the fast sums' rounding, the exact-sum CG and multishift bitwise; the CG graph holds fewer
+    memory-operation and copy nodes an iteration (CapturedGraph.node_census, kept in the GPU report)."""
+    launch(n, [str(Path(__file__)), "switches", str(tmp_path), grid, lattice], mps)
+    rep = json.loads(Path(tmp_path, "switches.json").read_text())
+    keep_gpu_report(f"switches_{n}.json", rep)
+    off, on = rep["off"], rep["on"]
+    assert (off["in_place"], off["peer_sums"], on["in_place"], on["peer_sums"]) == (False, False, True, True), rep
+    assert all(rep["all_ranks"]), rep         # D, exact CG and multishift bitwise, both halos right, on every rank
+    assert on["cg_graph_iterations"] == off["cg_graph_iterations"] == 8, rep
+    rel, diter = rep["cg_on_vs_off"]
+    assert rel < 1e-7 and abs(diter) <= 3, rep
+    assert rep["cg_exact_bitwise"] and rep["multishift_exact_bitwise"], rep
+    con, coff = on["census"], off["census"]
+    comm_nodes = lambda c: sum(v for k, v in c.items() if k not in ("KERNEL", "EMPTY"))  # noqa: E731
+    assert con.get("MEMCPY", 0) < coff.get("MEMCPY", 0) and comm_nodes(con) < comm_nodes(coff), rep
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -277,7 +339,101 @@ def _graph_checks(d, lpsi, fails):
     return {"replays": n, "replays_bad": len(bad), "dslash_graph_s": run.time(100), "dslash_s": plain.time(100)}
 
 
+def _halo_in_place(h, lpsi):
+    """The ghost buffer one exchange delivers, read where it landed when the hop receives in place."""
+    import cupy as cp
+
+    h.pack(lpsi)
+    held = h.receive(h.start())
+    if held is None:
+        return cp.asnumpy(h.ghost)
+    ex, (base, _) = held
+    got = cp.zeros_like(h.ghost)
+    for (mu, side), v in h.recvs.items():
+        k = (v.data.ptr - h.ghost.data.ptr) // h.dtype.itemsize
+        at = int(base) + int(h._goff_ip[0][2 * mu + side]) * h.dtype.itemsize
+        src = h.engine._dev_view(at, (v.size,), h.dtype)
+        got[k:k + v.size] = src
+    ex.release()
+    return cp.asnumpy(got)
+
+
+def _switched(gdims, dims, fat, long, psi, bglob, on):
+    """One stream_gated grid with the in-place receive and peer sums ``on`` or off: its halo, D, CG (fast and
+    exact sums) and exact multishift, and the census of one CG graph per iteration."""
+    import dataclasses
+
+    import cupy as cp
+
+    from comms import ProcessGrid
+    from comms.config import RunConfig
+    from lattice import Geometry, get_backend
+    from solvers import StaggeredDslash, cg, multishift_cg
+    from solvers.krylov_graph import loop_for
+    from solvers.operator import set_reductions
+    from bench.dslash_dist_cuda import close_graph_mode
+
+    cfg = dataclasses.replace(RunConfig.from_environment(), p2p_in_place=on, p2p_peer_sums=on, solver_graph=8)
+    grid = ProcessGrid(gdims, transport="stream_gated", config=cfg)
+    geom = Geometry(dims, get_backend("cupy"), grid)
+    loc = lambda a: cp.asarray(np.ascontiguousarray(geom.local_part(a)))  # noqa: E731
+    links = lambda a: cp.asarray(np.ascontiguousarray(geom.local_part(a.transpose(1, 2, 3, 4, 0, 5, 6)).transpose(
+        4, 0, 1, 2, 3, 5, 6)))  # noqa: E731
+    d = StaggeredDslash(geom, links(fat), links(long))
+    h, lpsi, lb = d._hop_impl, loc(psi), loc(bglob)
+    r = {"in_place": bool(h.in_place), "peer_sums": grid.halo.peer_sum() is not None}
+    r["halo"] = _halo_in_place(h, lpsi)
+    r["halo_bitwise"] = bool(np.array_equal(r["halo"][:h.total], _expected_ghost(h, psi, geom)[:h.total]))
+    r["dslash"] = [cp.asnumpy(d.hop(lpsi, p, a=0.3, x=lpsi, b=-1.0)) for p in (0, 1)]
+    A = d.even_odd(0.05).normal
+    x, st = cg(1e-9, 2000)(A).solve(lb)
+    r["cg"], r["cg_iters"], r["cg_graph_iterations"] = cp.asnumpy(x), st.iters, st.extra["graph_iterations"]
+    census = loop_for(geom, "cg", 8, np.float64).graph.node_census()
+    r["census"] = {k: v / 8 for k, v in sorted(census.items())}
+    old = set_reductions("exact")
+    try:
+        r["cg_exact"] = cp.asnumpy(cg(1e-9, 2000)(A).solve(lb)[0])
+        r["ms_exact"] = [cp.asnumpy(v) for v in multishift_cg((0.0, 0.02, 0.3), 1e-9, 2000)(A).solve(lb)[0]]
+    finally:
+        set_reductions(old)
+    close_graph_mode(geom)
+    grid.close()
+    return r
+
+
+def _switches(out, grid_text, lattice_text):
+    sys.path.insert(0, str(ROOT))
+    from comms import world
+    from solvers import StaggeredDslash
+    from tests.force.cuda_host import single_rank_geometry
+
+    comm = world()
+    dims = tuple(int(v) for v in lattice_text.split("x"))
+    gdims = tuple(int(v) for v in grid_text.split("x"))
+    gnp = single_rank_geometry(dims)
+    fat, long, psi = _fields(gnp, True)
+    dnp = StaggeredDslash(gnp, fat, long)
+    bglob = np.asarray(dnp.even_odd(0.05).prepare(psi))
+    off, on = (_switched(gdims, dims, fat, long, psi, bglob, s) for s in (False, True))
+    rep = {"grid": gdims, "lattice": dims, "ranks": comm.size,
+           "dslash_bitwise": all(np.array_equal(a, b) for a, b in zip(off["dslash"], on["dslash"])),
+           "cg_on_vs_off": (_rel(on["cg"], off["cg"]), on["cg_iters"] - off["cg_iters"]),
+           "cg_exact_bitwise": bool(np.array_equal(on["cg_exact"], off["cg_exact"])),
+           "multishift_exact_bitwise": all(np.array_equal(a, b) for a, b in zip(on["ms_exact"], off["ms_exact"]))}
+    for name, r in (("off", off), ("on", on)):
+        rep[name] = {k: v for k, v in r.items() if not isinstance(v, (np.ndarray, list))}
+    flags = comm.allgather([rep["dslash_bitwise"], rep["cg_exact_bitwise"], rep["multishift_exact_bitwise"],
+                            on["halo_bitwise"], off["halo_bitwise"]])
+    rep["all_ranks"] = [all(f[i] for f in flags) for i in range(5)]
+    if comm.rank == 0:
+        Path(out, "switches.json").write_text(json.dumps(rep, indent=1, default=str))
+    print(f"rank {comm.rank}: {json.dumps(rep, default=str)}", flush=True)
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 5 and sys.argv[1] == "dist":
         sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
         _dist(sys.argv[2], sys.argv[3], sys.argv[4])
+    if len(sys.argv) >= 5 and sys.argv[1] == "switches":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        _switches(sys.argv[2], sys.argv[3], sys.argv[4])

@@ -1,0 +1,219 @@
+"""What the GPU halo engine enqueues for one exchange and what the one-step peer sums enqueue, executed on the CPU
+against a stand-in ``cuda.bindings.driver`` that records every stream call (in a subprocess, as in
+test_alloc_policy.py): the graph nodes of a captured exchange (each memory-operation batch, wait, write or copy is
+one node; event records and waits are edges), the addresses and values of the flags, and the order of the steps.
+The copying receive (default) against the in-place receive (HMC_P2P_IN_PLACE, docs/halo-protocol.md "In-place
+receive"), and the peer sums (HMC_P2P_PEER_SUMS, "Peer sums"), on 2 links (1x1x1x2) and 4 links (1x1x2x2)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.comms.test_alloc_policy import FAKE_DRIVER
+
+STREAM_CALLS = r'''
+CUstreamBatchMemOpType = _Enum(1, CU_STREAM_MEM_OP_WAIT_VALUE_64=4, CU_STREAM_MEM_OP_WRITE_VALUE_64=5)
+
+class _Op:
+    pass
+
+class CUstreamBatchMemOpParams:
+    def __init__(self):
+        self.waitValue, self.writeValue = _Op(), _Op()
+
+def _kind(op):
+    w = op.waitValue if hasattr(op.waitValue, "operation") else op.writeValue
+    return ("wait" if "WAIT" in w.operation.name else "write", int(w.address), int(w.value64))
+
+def cuStreamBatchMemOp(stream, n, ops, flags):
+    assert n == len(ops) > 0
+    CALLS.append(("batch", int(stream), [_kind(o) for o in ops]))
+    return _ok()
+
+def cuStreamWaitValue64(stream, addr, value, flags):
+    CALLS.append(("wait", int(stream), int(addr), int(value)))
+    return _ok()
+
+def cuStreamWriteValue64(stream, addr, value, flags):
+    CALLS.append(("write", int(stream), int(addr), int(value)))
+    return _ok()
+
+def cuMemcpyAsync(dst, src, n, stream):
+    CALLS.append(("memcpy", int(stream), int(dst), int(src), int(n)))
+    return _ok()
+
+def cuEventRecord(ev, stream):
+    CALLS.append(("record", int(stream), int(ev)))
+    return _ok()
+
+def cuStreamWaitEvent(stream, ev, flags):
+    CALLS.append(("waitevent", int(stream), int(ev)))
+    return _ok()
+'''
+
+SCENARIO = r'''
+import itertools, json, sys, types
+import numpy as np
+from cuda.bindings import driver as drv
+from comms.config import RunConfig
+from comms.cuda.exchange import GpuExchange
+from comms.cuda.peersum import PeerSum
+from comms.cuda.segment import HEADER, area_offset, data_offset, rsf_slot, sigf_slot, ackf_slot
+from comms.cuda.transports import GpuHaloEngine, GpuLink
+from comms.halo import ProtocolState
+
+_ids = itertools.count(1 << 20)
+def obj():
+    return types.SimpleNamespace(ptr=next(_ids))
+
+class FakeArray:
+    def __init__(self, shape, dtype=np.complex128):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.nbytes = int(np.prod(shape)) * self.dtype.itemsize
+        self.flags = types.SimpleNamespace(c_contiguous=True)
+        self.data = types.SimpleNamespace(ptr=next(_ids) << 8)
+
+COMPUTE = obj()
+cp = types.SimpleNamespace(ndarray=FakeArray, cuda=types.SimpleNamespace(get_current_stream=lambda: COMPUTE))
+
+def engine(dims, in_place, size=2):
+    e = GpuHaloEngine.__new__(GpuHaloEngine)
+    e.cp, e.state, e.config = cp, ProtocolState(), RunConfig(p2p_in_place=in_place)
+    e.world_rank = e.rank = 0
+    e.seg, e.capacity = types.SimpleNamespace(ptr=1 << 40), 1 << 16
+    e.links, e._used_streams, e.graph_mode, e.parallel_recv = {}, {}, True, True
+    e.policy, e.wait_flags, e.timeout = "copy_engine", None, 5.0
+    e.pack_event, e.fin_event = obj(), obj()
+    peer = {dim: (dim + 1) << 44 for dim in dims}
+    for dim in dims:
+        for d in (0, 1):
+            l = GpuLink(dim, d, 1, 1, "stream_gated", "test")
+            l.stream, l.rstream = obj(), obj()
+            l.ev_sent, l.ev_recv = [obj(), obj()], [obj(), obj()]
+            l.peer_ptr = peer[dim]
+            e.links[(dim, d)] = l
+    e.comm = types.SimpleNamespace(size=size, rank=0)
+    e.node_rank_of = {r: r for r in range(size)}
+    e.peer_maps = {r: types.SimpleNamespace(ptr=(r + 8) << 44) for r in range(1, size)}
+    return e, peer
+
+def nodes(calls):
+    return {k: sum(1 for c in calls if c[0] == k) for k in ("batch", "wait", "write", "memcpy")}
+
+out = {}
+for name, dims in (("2 links", [3]), ("4 links", [2, 3])):
+    for in_place in (False, True):
+        e, peer = engine(dims, in_place)
+        faces = {(dim, d): FakeArray((3, 4, 4, 4, 3)) for dim in dims for d in (0, 1)}
+        ghosts = {(dim, s): FakeArray((3, 4, 4, 4, 3)) for dim in dims for s in (0, 1)}
+        drv.CALLS.clear()
+        ex = e.start(faces)
+        sends = list(drv.CALLS)
+        drv.CALLS.clear()
+        assert e.receives_in_place() == in_place
+        if in_place:
+            where = ex.finish_in_place()
+            held_busy = e.state.busy[ex.buffer] is ex
+            drv.CALLS.append(("kernel", COMPUTE.ptr))              # the exterior kernel reads the faces here
+            ex.release()
+            out[f"{name} where"] = sorted([list(k), v] for k, v in where.items())
+            out[f"{name} held"] = held_busy
+        else:
+            ex.finish(ghosts)
+        recvs = list(drv.CALLS)
+        key = f"{name} {'in place' if in_place else 'copy'}"
+        out[key] = {"send": nodes(sends), "receive": nodes(recvs), "calls": recvs, "free": e.state.busy == [None, None],
+                    "seg": e.seg.ptr, "cap": e.capacity, "peers": {str(k): v for k, v in peer.items()}}
+for k in (2, 4):
+    e, _ = engine([3], False, size=k)
+    e.rank = 1
+    e.peer_maps = {r: types.SimpleNamespace(ptr=(r + 8) << 44) for r in range(k) if r != 1}
+    ps = PeerSum(e)
+    drv.CALLS.clear()
+    b = [ps.parity() for _ in range(3)]
+    ps.exchange(COMPUTE.ptr, 1)
+    out[f"peersum {k}"] = {"parities": b, "calls": list(drv.CALLS), "areas": ps.areas(1), "own": ps.own(1),
+                           "bases": [ps.base(r) for r in range(k)], "fits": [ps.fits(1088), ps.fits(4096)]}
+out["layout"] = {"header": HEADER, "area1": area_offset(1), "rsf": [rsf_slot(1, 0), rsf_slot(1, 3)],
+                 "sigf": sigf_slot(0, 3, 1), "data0": data_offset(0, 0, 0, 1 << 16)}
+print(json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    from tests.conftest import ROOT
+
+    tmp = tmp_path_factory.mktemp("capture_nodes")
+    pkg = tmp / "fake" / "cuda" / "bindings"
+    pkg.mkdir(parents=True)
+    (tmp / "fake" / "cuda" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "driver.py").write_text(FAKE_DRIVER + STREAM_CALLS)
+    (tmp / "scenario.py").write_text(SCENARIO)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HMC_", "OMPI_", "PMI"))}
+    env.update({"PYTHONPATH": f"{tmp / 'fake'}:{ROOT}", "OPENBLAS_NUM_THREADS": "1"})
+    r = subprocess.run([sys.executable, str(tmp / "scenario.py")], capture_output=True, text=True, env=env, cwd=tmp,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name,links", [("2 links", 2), ("4 links", 4)])
+def test_send_side_is_three_nodes_per_link_either_way(recorded, name, links):
+    for how in ("copy", "in place"):
+        assert recorded[f"{name} {how}"]["send"] == {"batch": links, "wait": 0, "write": links, "memcpy": links}
+
+
+@pytest.mark.parametrize("name,links", [("2 links", 2), ("4 links", 4)])
+def test_copying_receive_is_three_nodes_per_link(recorded, name, links):
+    got = recorded[f"{name} copy"]
+    assert got["receive"] == {"batch": links, "wait": 0, "write": links, "memcpy": links}
+    assert got["free"]
+
+
+@pytest.mark.parametrize("name,links", [("2 links", 2), ("4 links", 4)])
+def test_in_place_receive_is_two_batches_and_no_copy(recorded, name, links):
+    got = recorded[f"{name} in place"]
+    assert got["receive"] == {"batch": 2, "wait": 0, "write": 0, "memcpy": 0}
+    assert recorded[f"{name} held"] and got["free"]          # held until release(), free after it
+    calls = got["calls"]
+    kinds = [c[0] for c in calls]
+    assert kinds.index("kernel") > max(i for i, k in enumerate(kinds) if k == "waitevent")  # sends before waits
+    waits, credits = [c for c in calls if c[0] == "batch"]
+    assert kinds.index("kernel") < calls.index(credits)      # the credits follow the kernel that reads the faces
+    seg, cap = got["seg"], got["cap"]
+    ops = waits[2]
+    assert [o[0] for o in ops] == ["wait", "write"] * links
+    flags = [o[1] for o in ops[::2]]
+    assert [o[1] for o in ops[1::2]] == flags and {o[2] for o in ops[::2]} == {1} and {o[2] for o in ops[1::2]} \
+        == {0}                                               # wait EQ 1 then reset, on the own slots
+    assert all(seg < f < seg + 4096 for f in flags) and len(set(flags)) == links
+    assert {o[0] for o in credits[2]} == {"write"} and {o[2] for o in credits[2]} == {1}
+    peers = sorted(got["peers"].values())
+    assert all(any(p < o[1] < p + 4096 for p in peers) for o in credits[2])   # into the senders' headers
+    where = dict((tuple(k), v) for k, v in recorded[f"{name} where"])
+    assert all(seg + 8192 <= v < seg + 8192 + 16 * cap for v in where.values())
+    assert len({v - min(where.values()) for v in where.values()}) == links    # distinct faces, one layout
+
+
+def test_peer_sums_are_two_batches_over_every_peer(recorded):
+    lay = recorded["layout"]
+    for k in (2, 4):
+        got = recorded[f"peersum {k}"]
+        assert got["parities"] == [0, 1, 0] and got["fits"] == [True, False]
+        signal, wait = got["calls"]
+        assert signal[0] == wait[0] == "batch"
+        bases = got["bases"]
+        me = bases[1]
+        assert [o[:1] + o[2:] for o in signal[2]] == [["write", 1]] * (k - 1)
+        assert sorted(o[1] for o in signal[2]) == sorted(b + 8 * lay["rsf"][0] + 8 for i, b in enumerate(bases)
+                                                         if i != 1)            # flag (1, me = 1) of every peer
+        assert [o[0] for o in wait[2]] == ["wait", "write"] * (k - 1)
+        assert sorted(o[1] for o in wait[2][::2]) == [me + 8 * (lay["rsf"][0] + r) for r in range(k) if r != 1]
+        assert got["areas"] == [b + lay["area1"] for b in bases] and got["own"] == me + lay["area1"]
+    assert lay["area1"] + 2048 <= lay["header"] == lay["data0"] and lay["rsf"][1] * 8 < 4096
