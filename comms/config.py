@@ -165,9 +165,9 @@ SETTINGS = {
     "p2p_force_flush": Setting("HMC_P2P_FORCE_FLUSH", _flag(False), False, "ask for FLUSH waits anyway"),
     "p2p_parallel_recv": Setting("HMC_P2P_PARALLEL_RECV", _flag(True), True,
                                  "stream_gated receive chains on their own streams"),
-    "p2p_in_place": Setting("HMC_P2P_IN_PLACE", _flag(False), False,
+    "p2p_in_place": Setting("HMC_P2P_IN_PLACE", _flag(True), True,
                             "stream_gated: exterior kernels read received faces in the receive buffer"),
-    "p2p_peer_sums": Setting("HMC_P2P_PEER_SUMS", _flag(False), False,
+    "p2p_peer_sums": Setting("HMC_P2P_PEER_SUMS", _flag(True), True,
                              "device-resident solver rank sums in one step over all node peers"),
     "p2p_alloc": Setting("HMC_P2P_ALLOC", _choice("auto", "vmm", "legacy"), "auto", "GPU halo segment allocation"),
     "p2p_fabric": Setting("HMC_P2P_FABRIC", _flag(True), True, "try fabric handles"),
@@ -236,8 +236,8 @@ class RunConfig:
     p2p_data: str = "copy_engine"
     p2p_force_flush: bool = False
     p2p_parallel_recv: bool = True
-    p2p_in_place: bool = False
-    p2p_peer_sums: bool = False
+    p2p_in_place: bool = True
+    p2p_peer_sums: bool = True
     p2p_alloc: str = "auto"
     p2p_fabric: bool = True
     cuda_device: int | None = None
