@@ -26,7 +26,7 @@ import math
 from lattice import su3
 from lattice.gauge import GaugeField
 from lattice.padded import pad_links
-from lattice.placement import Placement, implements, lookup
+from lattice.placement import Placement, choose, implements, lookup
 
 from . import loops as _loops
 
@@ -205,11 +205,23 @@ class GaugeAction:
         return u.geom.sum(self._weighted_deficit(u)) / u.geom.volume
 
     def loop_traces(self, u: GaugeField) -> dict:
-        """{shape name: [<ReTr W>_x for each loop of that shape]}, MILC's ``G_LOOP`` averages (maximum 3)."""
-        links = _Links(u)
+        """{shape name: [<ReTr W>_x for each loop of that shape]}, MILC's ``G_LOOP`` averages (maximum 3). Where the
+        action-density kernel serves the lattice (a GPU), each loop is that kernel on the one loop and the average
+        3 - <3 - ReTr W>_x (at 32^4 the array path took 2.9 s for MILC's 34 loops); else the array path."""
         vol = u.geom.volume
-        return {k: [u.geom.sum(_loop_retrace(links, p)) / vol for p in paths]
-                for k, (_, paths) in self.shapes.items()}
+        if choose("gauge.deficit", u.geom, action=self).placement is Placement.ARRAY:
+            links = _Links(u)
+            return {k: [u.geom.sum(_loop_retrace(links, p)) / vol for p in paths]
+                    for k, (_, paths) in self.shapes.items()}
+        return {k: [3.0 - u.geom.sum(loop._weighted_deficit(u)) / vol for loop in self._single_loops(k)]
+                for k in self.shapes}
+
+    def _single_loops(self, shape: str) -> list:
+        """One GaugeAction per loop of ``shape`` (coefficient 1), kept: their kernels' path tables stay on the device."""
+        cache = self.__dict__.setdefault("_single", {})
+        if shape not in cache:
+            cache[shape] = [GaugeAction(self.beta, {shape: (1.0, (p,))}) for p in self.shapes[shape][1]]
+        return cache[shape]
 
     # force -----------------------------------------------------------------------------------------------
     def loop_derivative(self, u: GaugeField):
