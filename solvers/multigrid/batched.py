@@ -168,10 +168,15 @@ class _FineColumns:
 
 def solve_columns(inv, B):
     """M X = B for the k columns of B (..., 3, k) with one set-up and one batched outer flexible GCR; returns
-    (X, info): info holds ``iters`` (outer iterations per column), ``true_residual`` (per column), ``solve_time``
-    and ``fine_columns`` (columns of M applied by the outer solve)."""
+    (X, info): info holds ``iters`` (outer iterations per column), ``true_residual`` (per column), ``solve_time``,
+    ``fine_columns`` (columns of M applied by the outer solve), ``level_columns`` (columns applied per level of
+    the hierarchy, the K-cycle's), ``flops`` (of those applications), and the set-up this call triggered
+    (``setup``, ``setup_time``, ``setup_fine_applies``: as :class:`.solver.MultigridStats`)."""
     inv.setup()
+    pending, inv._pending = inv._pending, []
     p, h = inv.params, inv.hierarchy
+    for c in h.counters:
+        c.reset()
     geom = inv.op.geom
     B = geom.xp.asarray(B).astype(inv.op.dtype, copy=False)
     fine = _FineColumns(h.ops[1].stencil.with_mass(inv.mass))
@@ -180,8 +185,12 @@ def solve_columns(inv, B):
                             true_residual=True)
     geom.backend.synchronize()
     solve_time = time.perf_counter() - t0
+    level_columns = [c.columns + c.applies for c in h.counters]
+    flops = fine.columns * inv.op.flops + sum(n * op.flops_per_apply for n, op in zip(level_columns[1:], h.ops[1:]))
     R = B - fine.apply(X)
     rr, bb = col_sums(geom, [(R, R), (B, B)]).real
     true = [math.sqrt(a / b) if b > 0 else 0.0 for a, b in zip(rr, bb)]
     return X, {"iters": [int(i) for i in iters], "true_residual": true, "solve_time": solve_time,
-               "fine_columns": fine.columns}
+               "fine_columns": fine.columns, "level_columns": level_columns, "flops": float(flops),
+               "setup": ",".join(w for w, _, _ in pending) or "reused", "setup_time": sum(t for _, t, _ in pending),
+               "setup_fine_applies": sum(c for _, _, c in pending)}

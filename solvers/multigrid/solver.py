@@ -54,7 +54,7 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
               refresh_iters: int = 10, smoother_steps=(0, 4), kcycle_tol: float = 0.05, kcycle_maxiter: int = 20,
               coarsest: str = "auto", coarsest_tol: float = 0.25, coarsest_maxiter: int = 100, nkrylov: int = 32,
               kd: bool = True, seed: int = 2024, raise_on_fail: bool = True, precision: str = "double",
-              subspace=None, refresh_every: int | None = None):
+              half_rows: bool = False, subspace=None, refresh_every: int | None = None):
     """``multigrid(tol, ...)(M)``: M^-1 for a :class:`solvers.StaggeredMatrix` M = 2m + D, as an operator
     (:class:`MultigridInverse`): ``x = inv(b)``, ``x, stats = inv.solve(b)``.
 
@@ -77,6 +77,8 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
     * ``precision``: of the preconditioner, "double", "single" (complex64 copies of X^-1, the near-null vectors,
       the coarse stencils and M's links; the outer GCR and the true residual stay double: :mod:`.precision`) or
       "half" (single, with the coarse stencils in 16-bit integers with a scale: :mod:`.half`);
+    * ``half_rows``: with "half", the coarse lattices of fewer than :data:`.half.ROWS_MAX` rows get the
+      warp-per-row half kernel (their stencils stored row by row: :mod:`.half`); default off (one thread per row);
     * ``subspace``: a :class:`Subspace` to share (near-null vectors of another mass: ``inv.subspace``);
     * ``refresh_every``: the new subspace's rule for new links (:class:`Subspace`: None refreshes the vectors on
       every link update, N >= 1 every N epochs with thin updates between, 0 never).
@@ -90,7 +92,7 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
                              else (smoother_steps,),
                              kcycle_tol=kcycle_tol, kcycle_maxiter=kcycle_maxiter, coarsest=coarsest,
                              coarsest_tol=coarsest_tol, coarsest_maxiter=coarsest_maxiter, nkrylov=nkrylov, kd=kd,
-                             seed=seed, raise_on_fail=raise_on_fail, precision=precision)
+                             seed=seed, raise_on_fail=raise_on_fail, precision=precision, half_rows=bool(half_rows))
     if subspace is None:
         return lambda M: MultigridInverse(M, params, refresh_every=refresh_every)
     if refresh_every is not None:
@@ -171,6 +173,7 @@ class MultigridInverse(InverseOperator):
         self.hierarchy: Hierarchy | None = None
         self._stencil_links = None
         self._pending = []            # (what, seconds, fine columns) of set-up work not yet reported
+        self.progress = None          # callable(note): told what the set-up does (hmc solve's progress line)
 
     def _check_compatible(self, sub):
         a, b = sub.params, self.params
@@ -231,8 +234,10 @@ class MultigridInverse(InverseOperator):
         vector applications spent (the Galerkin probes)."""
         sub = self.subspace
         h = Hierarchy(self.op, self.params, self._stencil)
+        self._report(f"multigrid: X^-1 and the coarse operators for m = {self.mass:g} on the kept vectors")
         for tr in sub.transfers:
             h.add_level(tr)
+        self._report("multigrid: the coarsest factorization")
         h.factorize()
         if new_links:
             sub.links, sub.stencil = self._links(), self._stencil
@@ -260,11 +265,16 @@ class MultigridInverse(InverseOperator):
             else:
                 x = sub.vectors[l - 2].copy()
                 iters = int(p.refresh_iters)
-            x = relax_null_vectors(op, x, iters)
+            what = f"multigrid {'set-up' if fresh else 'refresh'}: level {l} of {p.levels - 1}, {nv} near-null vectors"
+            self._report(f"{what}, CG iteration 0 of {iters}")
+            x = relax_null_vectors(op, x, iters,
+                                   report=lambda i, w=what, n=iters: self._report(f"{w}, CG iteration {i} of {n}"))
             tr = Transfer(op, p.blocks[l - 2], x)
             new_vectors.append(x)
             new_transfers.append(tr)
+            self._report(f"multigrid: level {l} of {p.levels - 1}, the Galerkin coarse operator")
             h.add_level(tr)
+        self._report("multigrid: the coarsest factorization")
         h.factorize()
         sub.vectors, sub.transfers = new_vectors, new_transfers
         sub.links = self._links()
@@ -276,6 +286,10 @@ class MultigridInverse(InverseOperator):
             c.reset()
         self.hierarchy = h
         return columns
+
+    def _report(self, note: str) -> None:
+        if self.progress is not None:
+            self.progress(note)
 
     # ----------------------------------------------------------------------------------------------- the cycle
     def _coarsest_solve(self, f):

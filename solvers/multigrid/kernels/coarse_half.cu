@@ -33,3 +33,52 @@ extern "C" __global__ void mg_stencil_half(const short* __restrict__ Yq, const f
     out[2 * idx] = re;
     out[2 * idx + 1] = im;
 }
+
+// The warp-per-row variant (half.py's ``rows`` layout, for the small coarse lattices where one thread per row leaves
+// the device nearly empty): Yq here stored row by row, (9, nsite, n [row i], n [column j], 2), so that a group of
+// `lanes` consecutive threads (a warp: lanes = 32) per output (site, row, column) splits the sum over j and its
+// lanes read consecutive 4-byte (re, im) pairs of the row (coalesced), then a shuffle reduction; lane 0 writes.
+// Per direction the partial sum is taken over the integers and scaled once: y = scale * q, sum_j y_ij x_j =
+// scale * sum_j q_ij x_j. Threads: (outputs) x lanes, a whole number of warps per block, so a warp leaves together.
+#ifndef __CUDACC__
+// The host build of the CPU tests (tests/force/cuda_host.py) runs one thread after another: lanes = 1 there, and
+// the reduction loop below never runs.
+static inline float __shfl_down_sync(unsigned, float v, int) { return v; }
+#endif
+extern "C" __global__ void mg_stencil_half_rows(const short* __restrict__ Yq, const float* __restrict__ scale,
+                                                const float* __restrict__ v, const long long* __restrict__ nb,
+                                                float* __restrict__ out, long long nsite, int n, int k, int lanes) {
+    const long long gid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const long long idx = gid / lanes;
+    const int lane = (int)(gid % lanes);
+    const long long total = nsite * n * k;
+    if (idx >= total) return;
+    const int col = (int)(idx % k);
+    const int i = (int)((idx / k) % n);
+    const long long s = idx / ((long long)k * n);
+    float re = 0.f, im = 0.f;
+    for (int d = 0; d < 9; ++d) {
+        const long long b = d * nsite + s;
+        const long long t = nb[b];
+        const short* y = Yq + (b * n + i) * (long long)n * 2;           // row i: element j at y[2 j]
+        const float* x = v + (t * n * (long long)k + col) * 2;         // component j at x[2 j k]
+        float pr = 0.f, pi = 0.f;
+        for (int j = lane; j < n; j += lanes) {
+            const float yr = (float)y[2 * j], yi = (float)y[2 * j + 1];
+            const float xr = x[2LL * j * k], xi = x[2LL * j * k + 1];
+            pr += yr * xr - yi * xi;
+            pi += yr * xi + yi * xr;
+        }
+        const float sc = scale[b];
+        re += sc * pr;
+        im += sc * pi;
+    }
+    for (int off = lanes >> 1; off > 0; off >>= 1) {
+        re += __shfl_down_sync(0xffffffffu, re, off);
+        im += __shfl_down_sync(0xffffffffu, im, off);
+    }
+    if (lane == 0) {
+        out[2 * idx] = re;
+        out[2 * idx + 1] = im;
+    }
+}
