@@ -348,9 +348,12 @@ def format_result(r: dict) -> str:
              f"time {r['time_s']:.3f} s, {r['flops'] / 1e9:.3f} GFLOP, {r['gflops']:.3f} GFLOP/s"]
     if "mg" in r:
         g = r["mg"]
+        bt = g.get("batched")
+        solve = (f"solve {g['solve_time_s']:.3f} s, {g['outer_iters']} outer iterations, " if not bt else
+                 f"batched solve of {bt['columns']} sources {g['solve_time_s']:.3f} s, outer iterations "
+                 f"{', '.join(map(str, bt['iters']))}, ")
         lines.append(f"multigrid: set-up {g['setup_time_s']:.3f} s ({g['setup_fine_applies']} fine vector "
-                     f"applications), solve {g['solve_time_s']:.3f} s, {g['outer_iters']} outer iterations, "
-                     f"{g['fine_applies']} fine-operator applications")
+                     f"applications), {solve}{g['fine_applies']} fine-operator {'column ' if bt else ''}applications")
         lines += ["  " + line for line in g["level_lines"]]
     if "cg_compare" in r:
         c = r["cg_compare"]

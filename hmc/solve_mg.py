@@ -151,8 +151,9 @@ def batched_result(inv, D, sources, progress=None):
                "gflops": info["flops"] / total / 1e9 if total > 0 else 0.0}
               for j, (b, x) in enumerate(zip(sources, xs))]
     h = inv.hierarchy
-    lines = [f"level {l} ({'x'.join(map(str, op.geom.dims))}): {n} column applications"
-             for l, (op, n) in enumerate(zip(h.ops, info["level_columns"])) if op is not None and n]
+    dims = [D.geom.dims] + [op.geom.dims for op in h.ops[1:]]
+    lines = [f"level {l} ({'x'.join(map(str, d))}): {n} column applications"
+             for l, (d, n) in enumerate(zip(dims, info["level_columns"])) if n]
     res = combined(solves)
     res["precision"] = "double" if p.precision == "double" else f"{p.precision}/double"
     res["mg"] = {"setup_time_s": info["setup_time"], "solve_time_s": info["solve_time"],

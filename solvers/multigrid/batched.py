@@ -170,7 +170,7 @@ def solve_columns(inv, B):
     """M X = B for the k columns of B (..., 3, k) with one set-up and one batched outer flexible GCR; returns
     (X, info): info holds ``iters`` (outer iterations per column), ``true_residual`` (per column), ``solve_time``,
     ``fine_columns`` (columns of M applied by the outer solve), ``level_columns`` (columns applied per level of
-    the hierarchy, the K-cycle's), ``flops`` (of those applications), and the set-up this call triggered
+    the hierarchy: level 0 the outer solve's, then the K-cycle's), ``flops`` (of those applications), and the set-up this call triggered
     (``setup``, ``setup_time``, ``setup_fine_applies``: as :class:`.solver.MultigridStats`)."""
     inv.setup()
     pending, inv._pending = inv._pending, []
@@ -185,7 +185,7 @@ def solve_columns(inv, B):
                             true_residual=True)
     geom.backend.synchronize()
     solve_time = time.perf_counter() - t0
-    level_columns = [c.columns + c.applies for c in h.counters]
+    level_columns = [fine.columns] + [c.columns + c.applies for c in h.counters[1:]]
     flops = fine.columns * inv.op.flops + sum(n * op.flops_per_apply for n, op in zip(level_columns[1:], h.ops[1:]))
     R = B - fine.apply(X)
     rr, bb = col_sums(geom, [(R, R), (B, B)]).real
