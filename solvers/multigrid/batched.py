@@ -50,13 +50,14 @@ def gcr_smooth_columns(op, F, X, steps):
     pairs = [(Q[i], Q[j]) for i in range(s) for j in range(s)] + [(Q[i], R) for i in range(s)]
     sums = col_sums(geom, pairs)
     G, c = sums[:s * s].reshape(s, s, -1), sums[s * s:]
-    out = X.copy()
+    alpha = np.zeros((s, F.shape[-1]), dtype=complex)           # (basis vector, column), on the host
     for j in range(F.shape[-1]):
         Gj = G[:, :, j]
         scale = np.sqrt(np.abs(np.diag(Gj)).clip(min=1e-300))
-        alpha = np.linalg.lstsq(Gj / np.outer(scale, scale), c[:, j] / scale, rcond=1e-13)[0] / scale
-        for a, p in zip(alpha, P):
-            out[..., j] += complex(a) * p[..., j]
+        alpha[:, j] = np.linalg.lstsq(Gj / np.outer(scale, scale), c[:, j] / scale, rcond=1e-13)[0] / scale
+    out = X.copy()
+    for a, p in zip(alpha, P):                  # one update of all k columns per basis vector (not one per column)
+        out += _scaled(geom.xp, a, p)
     return out
 
 
