@@ -90,7 +90,7 @@ def solve_sources_mg(D, mass, sources, operator="M", tol=1e-10, maxiter=200, mg=
         xs, results = [], []
         for i, b in enumerate(sources):
             if progress is not None:
-                progress(f"multigrid solve {i + 1} of {len(sources)}")
+                progress("multigrid solve" + (f" {i + 1} of {len(sources)}" if len(sources) > 1 else ""))
             x, st = inv.solve(b)
             xs.append(x)
             results.append(single_result(inv, D, b, x, st))

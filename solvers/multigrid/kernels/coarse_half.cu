@@ -40,9 +40,9 @@ extern "C" __global__ void mg_stencil_half(const short* __restrict__ Yq, const f
 // lanes read consecutive 4-byte (re, im) pairs of the row (coalesced), then a shuffle reduction; lane 0 writes.
 // Per direction the partial sum is taken over the integers and scaled once: y = scale * q, sum_j y_ij x_j =
 // scale * sum_j q_ij x_j. Threads: (outputs) x lanes, a whole number of warps per block, so a warp leaves together.
-#ifndef __CUDACC__
-// The host build of the CPU tests (tests/force/cuda_host.py) runs one thread after another: lanes = 1 there, and
-// the reduction loop below never runs.
+#if !defined(__CUDACC__) && !defined(__CUDACC_RTC__)
+// The host build of the CPU tests (tests/force/cuda_host.py, g++) runs one thread after another: lanes = 1 there,
+// and the reduction loop below never runs (nvcc and nvrtc define __CUDACC__ / __CUDACC_RTC__: the intrinsic).
 static inline float __shfl_down_sync(unsigned, float v, int) { return v; }
 #endif
 extern "C" __global__ void mg_stencil_half_rows(const short* __restrict__ Yq, const float* __restrict__ scale,
