@@ -26,7 +26,8 @@ thread's 9 n products run in sequence; the H200 holds 132 x 2048 threads), so th
 single, whose kernel has a warp per output row (2.34 against 1.59 s per solve, runs/multigrid/README.md). There the
 blocks are stored row by row (``Yq[d, x, i, j] = Y_d(x)[i, j]``, not transposed) and the kernel
 ``mg_stencil_half_rows`` gives each output a warp whose 32 lanes split the sum over j, reading consecutive (re, im)
-pairs of the row, then a shuffle reduction, as :mod:`.cuda`'s ``mg_stencil_row``. Off by default (the old path);
+pairs of the row, then a shuffle reduction, as :mod:`.cuda`'s ``mg_stencil_row``; a warp serves :data:`TILE`
+columns of its row (the batched solve's k columns), so it reads the row once per tile. Off by default (the old path);
 the twin (:func:`stencil_reference` with ``rows``) decodes either layout.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ from .operators import CoarseOperator
 QMAX = 32767
 BLOCK = 128
 WARP = 32
+TILE = 4        # columns per group of the warp-per-row kernel (HALF_TILE of kernels/coarse_half.cu)
 #: local rows (sites x n) below which ``rows`` stores a level row by row for the warp-per-row kernel: fewer threads
 #: than the device holds (the H200: 132 SMs x 2048) with one thread per row
 ROWS_MAX = 1 << 17
@@ -86,7 +88,8 @@ def stencil_reference(Yq, scale, v, nb, ext=None, rows: bool = False):
 def stencil(backend, Yq, scale, v, nb, ext=None, rows: bool = False, lanes: int = WARP):
     """The 9-point stencil with half links by one kernel of ``backend`` (arguments as :func:`.cuda.stencil`):
     ``mg_stencil_half`` (one thread per output), or with ``rows`` (Yq stored row by row) ``mg_stencil_half_rows``
-    with ``lanes`` threads per output (a warp; 1 for the host build of the CPU tests); NumPy fields
+    with ``lanes`` threads per output row and :data:`TILE` columns (a warp; 1 for the host build of the CPU tests);
+    NumPy fields
     (:func:`.cuda.set_emulation`): :func:`stencil_reference`."""
     if isinstance(v, np.ndarray) and backend.xp is np:
         return stencil_reference(Yq, scale, v, nb, ext, rows)
@@ -98,7 +101,7 @@ def stencil(backend, Yq, scale, v, nb, ext=None, rows: bool = False, lanes: int 
     out = xp.empty((nsite, n, k), dtype=np.complex64)
     args = (xp.ascontiguousarray(Yq), xp.ascontiguousarray(scale), src, nb, out, np.int64(nsite), np.int32(n),
             np.int32(k))
-    threads = nsite * n * k * (lanes if rows else 1)
+    threads = nsite * n * (-(-k // TILE) * lanes if rows else k)
     name = "mg_stencil_half_rows" if rows else "mg_stencil_half"
     fn = cuda_source.function(backend, "solvers.multigrid", "coarse_half.cu", name)
     fn(((threads + BLOCK - 1) // BLOCK,), (BLOCK,), args + ((np.int32(lanes),) if rows else ()))

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from lattice import Geometry
+from lattice import Geometry, cuda_source
 from lattice.backend import Backend
 from solvers import StaggeredDslash, norm2
 from solvers.multigrid import cuda as mgcuda
@@ -90,7 +90,7 @@ def test_row_layout_decodes_to_the_same_stencil(monkeypatch):
 @needs_gxx
 def test_half_row_kernel_on_the_host_equals_twin():
     """The warp-per-row kernel with one lane per output (the host build runs one thread at a time): its row-layout
-    indexing and decoding against the twin, 1 and 2 columns."""
+    indexing and decoding against the twin, 1, 2 and TILE + 2 columns; TILE is the kernel's HALF_TILE."""
     if gpu_available():
         pytest.skip("the GPU test covers it")
     op = coarse_op(n=5)
@@ -98,10 +98,12 @@ def test_half_row_kernel_on_the_host_equals_twin():
     be = Backend("cupy", FakeCuPy())
     nb = mgcuda.neighbour_table(op.geom)
     rng = np.random.default_rng(6)
-    for shape in (op.shape, op.shape + (2,)):
+    for shape in (op.shape, op.shape + (2,), op.shape + (half.TILE + 2,)):      # one tile, part of one, two
         v = np.ascontiguousarray(crandn(rng, shape).astype(np.complex64))
         got = half.stencil(be, h.Yq, h.scale, v, nb, rows=True, lanes=1)
         assert rel(got, half.stencil_reference(h.Yq, h.scale, v, nb, rows=True)) < 1e-6
+    src = cuda_source.kernel_file("solvers.multigrid", "coarse_half.cu").read_text()
+    assert f"#define HALF_TILE {half.TILE}\n" in src
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +132,7 @@ def test_half_solve_meets_the_tolerance_within_a_few_outer_iterations(l8888):
 
 @pytest.mark.gpu
 def test_gpu_half_row_kernel_and_solve(l8888):
-    """On CuPy the warp-per-row half kernel (32 lanes) equals its twin (1 and 3 columns), and a half_rows solve
+    """On CuPy the warp-per-row half kernel (32 lanes) equals its twin (1, 3 and 12 columns), and a half_rows solve
     (coarsest level by GCR, so its 2^4 x 16 stencil goes through the kernel) meets the tolerance within 2 outer
     iterations of the one-thread-per-row half solve."""
     import cupy as cp
@@ -142,7 +144,7 @@ def test_gpu_half_row_kernel_and_solve(l8888):
     be = get_backend("cupy")
     nb = cp.asarray(mgcuda.neighbour_table(op.geom))
     rng = np.random.default_rng(7)
-    for shape in (op.shape, op.shape + (3,)):
+    for shape in (op.shape, op.shape + (3,), op.shape + (12,)):
         v = crandn(rng, shape).astype(np.complex64)
         got = half.stencil(be, cp.asarray(h.Yq), cp.asarray(h.scale), cp.asarray(v), nb, rows=True)
         assert rel(got.get(), half.stencil_reference(h.Yq, h.scale, v, nb.get(), rows=True)) < 1e-6
