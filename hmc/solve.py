@@ -5,7 +5,7 @@
               [--operator M|MdagM] [--solver cg|mixed|mg] [--tol T] [--maxiter N]
               [--mg-levels L] [--mg-block BX BY BZ BT ...] [--mg-nv N ...] [--mg-setup-iters N ...]
               [--mg-smoother-steps N ...] [--mg-coarsest auto|lu|gcr] [--mg-precision double|single|half]
-              [--no-mg-compare]
+              [--mg-half-rows] [--no-mg-batch] [--no-mg-compare]
               [--time-bc antiperiodic|periodic] [--reunitarize | --no-reunitarize]
               [--out FILE [--out-precision 32|64] [--ksprop]] [--check REFERENCE] [--json] [--no-progress]
 
@@ -28,7 +28,9 @@ so it does not depend on the decomposition).
 (``--operator M`` only; the tolerance is |b - M x| <= tol |b| on the full system). It prints the per-level
 iteration counts, set-up and solve time and fine-operator applications, and next to them the even-odd CG solve of
 the same source with the same tolerance (its M-equivalent applications: one per A_m product, plus one for the
-source preparation and reconstruction); ``--no-mg-compare`` leaves CG out.
+source preparation and reconstruction); ``--no-mg-compare`` leaves CG out. The three sources of ``--ksprop`` share one
+multigrid set-up and are solved together by the batched multigrid solve (:mod:`.solve_mg`; ``--no-mg-batch``: one
+after another on that set-up); the progress line says what the set-up does (level, near-null vectors' CG iteration).
 
 ``--check REFERENCE`` compares the solution with a stored one (SciDAC colour vector, ``.npy``, or the solution of
 colour ``--color`` in a USQCD KS propagator), as MILC's ``check_ks_invert`` does with its answer files, and reports
@@ -73,9 +75,8 @@ import os
 import sys
 import time
 
-import numpy as np
-
 from .progress import add_progress_arg, command_progress
+from .solve_mg import add_mg_args, combined, mg_options, solve_sources_mg
 from .solve_fields import SolveError, compare, is_ksprop_file, ksprop_sources, make_source, point_source, random_source, \
     read_vector, write_solution
 
@@ -138,22 +139,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--check", metavar="REFERENCE",
                    help="report |x - ref|/|ref| against a stored solution (SciDAC colour vector, .npy, or the "
                         "solution of colour --color in a USQCD KS propagator)")
-    g = p.add_argument_group("multigrid (--solver mg)")
-    g.add_argument("--mg-levels", type=int, default=3, help="levels: fine, KD, then aggregations (default 3)")
-    g.add_argument("--mg-block", type=int, nargs=4, action="append", metavar=("BX", "BY", "BZ", "BT"),
-                   help="aggregation block, once per aggregation level (default 4 4 4 4, then 2 2 2 2)")
-    g.add_argument("--mg-nv", type=int, nargs="+", default=[48], help="near-null vectors per level (default 48)")
-    g.add_argument("--mg-setup-iters", type=int, nargs="+", default=[50],
-                   help="CG iterations relaxing the near-null vectors, per level (default 50)")
-    g.add_argument("--mg-smoother-steps", type=int, nargs="+", default=[0, 4],
-                   help="GCR post-smoothing steps on level 0, 1, ... (default 0 4: a smoother on M itself does not pay)")
-    g.add_argument("--mg-coarsest", choices=("auto", "lu", "gcr"), default="auto",
-                   help="coarsest solve: sparse LU, GCR, or auto (LU on one rank)")
-    g.add_argument("--mg-precision", choices=("double", "single", "half"), default="double",
-                   help="precision of the preconditioner (K-cycle, smoothers, coarse operators, coarsest solve); the "
-                        "outer GCR and its true residual stay double (default double)")
-    g.add_argument("--no-mg-compare", dest="mg_compare", action="store_false",
-                   help="do not run the even-odd CG solve next to the multigrid one")
+    add_mg_args(p)
     return p
 
 
@@ -236,7 +222,8 @@ def solve_field(D, mass: float, b, operator: str = "M", solver: str = "cg", tol:
 
     geom, xp = D.geom, D.xp
     if solver == "mg":
-        return solve_field_mg(D, mass, b, operator, tol, maxiter, mg)
+        xs, res = solve_sources_mg(D, mass, [b], operator, tol, maxiter, mg)
+        return xs[0], res
     inner = inner_solver(solver, tol, maxiter)
     bb = norm2(geom, b)
     t0 = time.perf_counter()
@@ -273,54 +260,20 @@ def solve_field(D, mass: float, b, operator: str = "M", solver: str = "cg", tol:
     return x, res
 
 
-def mg_options(args) -> dict:
-    """The multigrid parameters of ``--mg-*`` (defaults where ``args`` has none, e.g. ``hmc spectrum``)."""
-    blocks = getattr(args, "mg_block", None)
-    return {"levels": getattr(args, "mg_levels", 3), "blocks": [tuple(b) for b in blocks] if blocks else (),
-            "nv": list(getattr(args, "mg_nv", [48])), "setup_iters": list(getattr(args, "mg_setup_iters", [50])),
-            "smoother_steps": list(getattr(args, "mg_smoother_steps", [0, 4])),
-            "coarsest": getattr(args, "mg_coarsest", "auto"), "precision": getattr(args, "mg_precision", "double"),
-            "compare": getattr(args, "mg_compare", True)}
-
-
-def solve_field_mg(D, mass, b, operator, tol, maxiter, mg):
-    """x = M^-1 b by multigrid (and, with mg["compare"], the even-odd CG solve next to it)."""
-    from solvers import cg, even_odd, norm2
-    from solvers.multigrid import MultigridError, multigrid
-
-    if operator != "M":
-        raise SolveError(f"--solver mg solves M x = b: use --operator M, not {operator}")
-    opts = dict(mg_options(None), compare=False)
-    opts.update(mg or {})
-    compare = opts.pop("compare")
-    geom = D.geom
-    try:
-        inv = multigrid(tol, maxiter, **opts)(D.matrix(mass))
-    except MultigridError as e:
-        raise SolveError(str(e)) from None
-    x, st = inv.solve(b)
-    bb = norm2(geom, b)
-    full = math.sqrt(norm2(geom, b - D.matrix(mass)(x)) / bb) if bb > 0 else 0.0
-    res = {"iters": st.iters, "milc_iters": st.iters, "true_residual": st.true_residual, "converged": st.converged,
-           "flops": st.flops, "time_s": st.time, "full_residual": full, "precision": st.precision,
-           "gflops": st.flops / st.time / 1e9 if st.time > 0 else 0.0,
-           "solves": [{"solver": st.solver, "converged": bool(st.converged), "iters": st.iters,
-                       "true_residual": st.true_residual, "time_s": st.time}],
-           "mg": {"setup_time_s": st.setup_time, "solve_time_s": st.solve_time, "outer_iters": st.iters,
-                  "fine_applies": st.fine_applies, "setup_fine_applies": st.setup_fine_applies,
-                  "levels": [{k: v for k, v in d.items() if k != "time_inclusive"} for d in st.levels],
-                  "level_lines": st.level_lines(),
-                  "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in
-                             (("levels", inv.params.levels), ("blocks", [list(b) for b in inv.params.blocks]),
-                              ("nv", inv.params.nv), ("setup_iters", inv.params.setup_iters),
-                              ("smoother_steps", inv.params.smoother_steps),
-                              ("precision", inv.params.precision))}}}
-    if compare:
-        xc, sc = even_odd(cg(tol, 100000), check_residual=True)(D.even_odd(mass)).solve(b)
-        res["cg_compare"] = {"iters": sc.iters, "fine_applies": sc.matvecs + 1, "time_s": sc.time,
-                             "full_residual": sc.full_residual, "converged": bool(sc.converged),
-                             "rel_diff_to_mg": math.sqrt(norm2(geom, x - xc) / norm2(geom, xc))}
-    return x, res
+def solve_sources(args, D, sources, bar):
+    """(solutions, result) of every source: by multigrid with one set-up (:func:`.solve_mg.solve_sources_mg`,
+    batched unless --no-mg-batch), else one even-odd solve after another; ``bar`` is the command's progress."""
+    if args.solver == "mg":
+        bar.step("multigrid")
+        return solve_sources_mg(D, args.mass, sources, args.operator, args.tol, args.maxiter, mg_options(args),
+                                progress=lambda note: bar.update(bar.done, note))
+    xs, results = [], []
+    for i, b in enumerate(sources):
+        bar.step(f"solve {i + 1} of {len(sources)}" + (f" (source colour {i})" if args.ksprop else ""))
+        x, res = solve_field(D, args.mass, b, args.operator, args.solver, args.tol, args.maxiter)
+        xs.append(x)
+        results.append(res)
+    return xs, results[0] if len(results) == 1 else combined(results)
 
 
 def _check_out_args(args) -> None:
@@ -341,7 +294,7 @@ def run(args) -> dict:
     from solvers import norm2
 
     _check_out_args(args)
-    nsolves = 3 if args.ksprop else 1
+    nsolves = 1 if args.solver == "mg" else 3 if args.ksprop else 1       # multigrid: one step, its notes
     with command_progress(2 + nsolves + bool(args.out), "hmc solve", not args.no_progress) as bar:
         bar.update(0, "reading the configuration")
         u, links, info = load_links(args)
@@ -357,16 +310,10 @@ def run(args) -> dict:
             raise SolveError("the source is zero everywhere: nothing to solve")
         colors = range(3) if args.ksprop else [args.color]
         refs = [read_vector(args.check, geom, "reference", c) for c in colors] if args.check else []
-        xs, results = [], []
-        for i, b in enumerate(sources):
-            bar.step(f"solve {i + 1} of {nsolves}" + (f" (source colour {i})" if args.ksprop else ""))
-            x, res = solve_field(D, args.mass, b, args.operator, args.solver, args.tol, args.maxiter,
-                                 mg_options(args))
-            xs.append(x)
-            results.append(res)
+        xs, res = solve_sources(args, D, sources, bar)
         out = describe_links(args, info)
         out.update({"operator": args.operator, "source": src_desc, "solver": args.solver, "tol": args.tol})
-        out.update(results[0] if len(results) == 1 else _combined(results))
+        out.update(res)
         if refs:
             checks = [compare(geom, x, r) for x, r in zip(xs, refs)]
             out["check"] = dict({k: max(c[k] for c in checks) for k in checks[0]}, reference=args.check)
@@ -380,18 +327,6 @@ def run(args) -> dict:
                 out["out"] = written
         bar.update(bar.total, f"{out['iters']} iterations")
     return out
-
-
-def _combined(results: list) -> dict:
-    """The result of the three solves of a KS propagator: totals, the worst residuals, each solve by colour."""
-    t = sum(r["time_s"] for r in results)
-    flops = sum(r["flops"] for r in results)
-    return {"iters": sum(r["iters"] for r in results), "milc_iters": sum(r["milc_iters"] for r in results),
-            "true_residual": max(r["true_residual"] or 0.0 for r in results),
-            "full_residual": max(r["full_residual"] for r in results),
-            "converged": all(r["converged"] for r in results), "flops": flops, "time_s": t,
-            "gflops": flops / t / 1e9 if t > 0 else 0.0, "precision": results[0]["precision"],
-            "solves": [dict(r, color=c) for c, r in enumerate(results)]}
 
 
 def format_result(r: dict) -> str:
@@ -413,9 +348,12 @@ def format_result(r: dict) -> str:
              f"time {r['time_s']:.3f} s, {r['flops'] / 1e9:.3f} GFLOP, {r['gflops']:.3f} GFLOP/s"]
     if "mg" in r:
         g = r["mg"]
+        bt = g.get("batched")
+        solve = (f"solve {g['solve_time_s']:.3f} s, {g['outer_iters']} outer iterations, " if not bt else
+                 f"batched solve of {bt['columns']} sources {g['solve_time_s']:.3f} s, outer iterations "
+                 f"{', '.join(map(str, bt['iters']))}, ")
         lines.append(f"multigrid: set-up {g['setup_time_s']:.3f} s ({g['setup_fine_applies']} fine vector "
-                     f"applications), solve {g['solve_time_s']:.3f} s, {g['outer_iters']} outer iterations, "
-                     f"{g['fine_applies']} fine-operator applications")
+                     f"applications), {solve}{g['fine_applies']} fine-operator {'column ' if bt else ''}applications")
         lines += ["  " + line for line in g["level_lines"]]
     if "cg_compare" in r:
         c = r["cg_compare"]

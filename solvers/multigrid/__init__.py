@@ -145,7 +145,10 @@ Flat in mass at 16^4 on the GPU: 24/26/26 outer iterations at m = 0.1/0.01/0.001
 
 Modules: :mod:`.lattice` (coarse lattices, blocking, parameter checks), :mod:`.operators` (batched M, the KD
 blocks X and X^-1, the level and coarse operators), :mod:`.transfer` (near-null vectors, P and R, Galerkin),
-:mod:`.krylov` (GCR smoother, flexible GCR), :mod:`.solver` (parameters, set-up reuse, K-cycle, statistics),
+:mod:`.krylov` (GCR smoother, flexible GCR), :mod:`.params` (parameters and their checks), :mod:`.hierarchy` (the
+shared near-null space, the per-mass levels), :mod:`.solver` (set-up reuse, K-cycle, statistics), :mod:`.batched`
+(k right-hand sides in one solve; hmc solve --ksprop and hmc spectrum with --solver mg), :mod:`.half` (16-bit
+coarse stencils),
 :mod:`.timing` (per-level clocks), :mod:`.precision` (the preconditioner's single-precision copies),
 :mod:`.split` (split-grid solves), :mod:`.shifts` (RHMC shifts), :mod:`.cuda`
 (GPU kernels).

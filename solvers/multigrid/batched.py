@@ -50,13 +50,14 @@ def gcr_smooth_columns(op, F, X, steps):
     pairs = [(Q[i], Q[j]) for i in range(s) for j in range(s)] + [(Q[i], R) for i in range(s)]
     sums = col_sums(geom, pairs)
     G, c = sums[:s * s].reshape(s, s, -1), sums[s * s:]
-    out = X.copy()
+    alpha = np.zeros((s, F.shape[-1]), dtype=complex)           # (basis vector, column), on the host
     for j in range(F.shape[-1]):
         Gj = G[:, :, j]
         scale = np.sqrt(np.abs(np.diag(Gj)).clip(min=1e-300))
-        alpha = np.linalg.lstsq(Gj / np.outer(scale, scale), c[:, j] / scale, rcond=1e-13)[0] / scale
-        for a, p in zip(alpha, P):
-            out[..., j] += complex(a) * p[..., j]
+        alpha[:, j] = np.linalg.lstsq(Gj / np.outer(scale, scale), c[:, j] / scale, rcond=1e-13)[0] / scale
+    out = X.copy()
+    for a, p in zip(alpha, P):                  # one update of all k columns per basis vector (not one per column)
+        out += _scaled(geom.xp, a, p)
     return out
 
 
@@ -168,10 +169,15 @@ class _FineColumns:
 
 def solve_columns(inv, B):
     """M X = B for the k columns of B (..., 3, k) with one set-up and one batched outer flexible GCR; returns
-    (X, info): info holds ``iters`` (outer iterations per column), ``true_residual`` (per column), ``solve_time``
-    and ``fine_columns`` (columns of M applied by the outer solve)."""
+    (X, info): info holds ``iters`` (outer iterations per column), ``true_residual`` (per column), ``solve_time``,
+    ``fine_columns`` (columns of M applied by the outer solve), ``level_columns`` (columns applied per level of
+    the hierarchy: level 0 the outer solve's, then the K-cycle's), ``flops`` (of those applications), and the set-up this call triggered
+    (``setup``, ``setup_time``, ``setup_fine_applies``: as :class:`.solver.MultigridStats`)."""
     inv.setup()
+    pending, inv._pending = inv._pending, []
     p, h = inv.params, inv.hierarchy
+    for c in h.counters:
+        c.reset()
     geom = inv.op.geom
     B = geom.xp.asarray(B).astype(inv.op.dtype, copy=False)
     fine = _FineColumns(h.ops[1].stencil.with_mass(inv.mass))
@@ -180,8 +186,12 @@ def solve_columns(inv, B):
                             true_residual=True)
     geom.backend.synchronize()
     solve_time = time.perf_counter() - t0
+    level_columns = [fine.columns] + [c.columns + c.applies for c in h.counters[1:]]
+    flops = fine.columns * inv.op.flops + sum(n * op.flops_per_apply for n, op in zip(level_columns[1:], h.ops[1:]))
     R = B - fine.apply(X)
     rr, bb = col_sums(geom, [(R, R), (B, B)]).real
     true = [math.sqrt(a / b) if b > 0 else 0.0 for a, b in zip(rr, bb)]
     return X, {"iters": [int(i) for i in iters], "true_residual": true, "solve_time": solve_time,
-               "fine_columns": fine.columns}
+               "fine_columns": fine.columns, "level_columns": level_columns, "flops": float(flops),
+               "setup": ",".join(w for w, _, _ in pending) or "reused", "setup_time": sum(t for _, t, _ in pending),
+               "setup_fine_applies": sum(c for _, _, c in pending)}

@@ -37,99 +37,24 @@ from lattice import CounterRNG
 
 from ..cg import InverseOperator, SolverConvergenceError, SolverStats
 from ..staggered import StaggeredMatrix
+from .hierarchy import Hierarchy, Subspace
 from .krylov import fgcr, gcr_smooth, norm2
-from .lattice import MultigridError, check_blocks, check_hypercubes
+from .lattice import MultigridError
 from . import timing
-from .operators import Counter, FineStencil, KDBlocks, LevelOperator
-from .precision import PRECISIONS, CycleLevels, FineOp
-from .transfer import Transfer, galerkin, relax_null_vectors
+from .operators import FineStencil
+from .params import MultigridParams, validate
+from .precision import FineOp
+from .transfer import Transfer, relax_null_vectors
 
-COARSEST = ("auto", "lu", "gcr")
-
-
-@dataclass
-class MultigridParams:
-    """Parameters of :func:`multigrid` (see there)."""
-
-    tol: float = 1e-10
-    maxiter: int = 200
-    levels: int = 3
-    blocks: tuple = ()
-    nv: tuple = (48,)
-    setup_iters: tuple = (50,)
-    refresh_iters: int = 10
-    smoother_steps: tuple = (0, 4)
-    kcycle_tol: float = 0.05
-    kcycle_maxiter: int = 20
-    coarsest: str = "auto"
-    coarsest_tol: float = 0.25
-    coarsest_maxiter: int = 100
-    lu_max_unknowns: int = 200_000
-    nkrylov: int = 32
-    kd: bool = True
-    seed: int = 2024
-    raise_on_fail: bool = True
-    precision: str = "double"
-
-    def per_level(self, values, l: int, what: str):
-        """The value of a per-aggregation-level parameter for aggregation level l (2, 3, ...): the last entry
-        is repeated."""
-        values = tuple(values) if isinstance(values, (tuple, list)) else (values,)
-        if not values:
-            raise MultigridError(f"{what}: give at least one value")
-        return values[min(l - 2, len(values) - 1)]
-
-    def steps(self, l: int) -> int:
-        s = tuple(self.smoother_steps) if isinstance(self.smoother_steps, (tuple, list)) else (self.smoother_steps,)
-        return int(s[min(l, len(s) - 1)])
-
-
-def _default_blocks(levels):
-    return ((4, 4, 4, 4),) + ((2, 2, 2, 2),) * max(0, levels - 3)
-
-
-def validate(params: MultigridParams, geom, naik: bool) -> MultigridParams:
-    """Check the parameters against the lattice; one-line :class:`MultigridError` naming the failed constraint.
-    Returns the parameters with ``blocks`` filled in."""
-    p = params
-    if not isinstance(p.levels, int) or p.levels < 3:
-        raise MultigridError(f"levels = {p.levels!r}: at least 3 (fine, Kahler-Dirac, one aggregation)")
-    if not (0 < p.tol < 1):
-        raise MultigridError(f"tol = {p.tol!r}: the tolerance must lie in (0, 1)")
-    if p.maxiter < 1:
-        raise MultigridError(f"maxiter = {p.maxiter!r}: at least 1")
-    if p.coarsest not in COARSEST:
-        raise MultigridError(f"coarsest = {p.coarsest!r}: use one of {', '.join(COARSEST)}")
-    if p.precision not in PRECISIONS:
-        raise MultigridError(f"precision = {p.precision!r}: the preconditioner's precision is one of "
-                             f"{', '.join(PRECISIONS)} (the outer solve is always double)")
-    nagg = p.levels - 2
-    blocks = tuple(tuple(b) for b in p.blocks) if p.blocks else _default_blocks(p.levels)[:nagg]
-    if len(blocks) != nagg:
-        raise MultigridError(f"blocks: {len(blocks)} given for {p.levels} levels, which need {nagg} (one per "
-                             "aggregation level)")
-    check_hypercubes(geom)
-    local = tuple(geom.local_dims)
-    checked = []
-    for i, b in enumerate(blocks):
-        b = check_blocks(local, b, naik, first=(i == 0), level=i + 2)
-        checked.append(b)
-        local = tuple(n // k for n, k in zip(local, b))
-    for l in range(2, p.levels):
-        nv = p.per_level(p.nv, l, "nv")
-        if not isinstance(nv, (int, np.integer)) or nv < 1:
-            raise MultigridError(f"nv = {nv!r} on level {l}: a positive number of near-null vectors")
-        it = p.per_level(p.setup_iters, l, "setup_iters")
-        if it < 0:
-            raise MultigridError(f"setup_iters = {it!r} on level {l}: must not be negative")
-    return replace(p, blocks=tuple(checked))
+__all__ = ["multigrid", "MultigridInverse", "MultigridStats", "MultigridParams", "Subspace", "Hierarchy",
+           "validate"]
 
 
 def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks=(), nv=48, setup_iters=50,
               refresh_iters: int = 10, smoother_steps=(0, 4), kcycle_tol: float = 0.05, kcycle_maxiter: int = 20,
               coarsest: str = "auto", coarsest_tol: float = 0.25, coarsest_maxiter: int = 100, nkrylov: int = 32,
               kd: bool = True, seed: int = 2024, raise_on_fail: bool = True, precision: str = "double",
-              subspace=None, refresh_every: int | None = None):
+              half_rows: bool = False, subspace=None, refresh_every: int | None = None):
     """``multigrid(tol, ...)(M)``: M^-1 for a :class:`solvers.StaggeredMatrix` M = 2m + D, as an operator
     (:class:`MultigridInverse`): ``x = inv(b)``, ``x, stats = inv.solve(b)``.
 
@@ -152,6 +77,8 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
     * ``precision``: of the preconditioner, "double", "single" (complex64 copies of X^-1, the near-null vectors,
       the coarse stencils and M's links; the outer GCR and the true residual stay double: :mod:`.precision`) or
       "half" (single, with the coarse stencils in 16-bit integers with a scale: :mod:`.half`);
+    * ``half_rows``: with "half", the coarse lattices of fewer than :data:`.half.ROWS_MAX` rows get the
+      warp-per-row half kernel (their stencils stored row by row: :mod:`.half`); default off (one thread per row);
     * ``subspace``: a :class:`Subspace` to share (near-null vectors of another mass: ``inv.subspace``);
     * ``refresh_every``: the new subspace's rule for new links (:class:`Subspace`: None refreshes the vectors on
       every link update, N >= 1 every N epochs with thin updates between, 0 never).
@@ -165,7 +92,7 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
                              else (smoother_steps,),
                              kcycle_tol=kcycle_tol, kcycle_maxiter=kcycle_maxiter, coarsest=coarsest,
                              coarsest_tol=coarsest_tol, coarsest_maxiter=coarsest_maxiter, nkrylov=nkrylov, kd=kd,
-                             seed=seed, raise_on_fail=raise_on_fail, precision=precision)
+                             seed=seed, raise_on_fail=raise_on_fail, precision=precision, half_rows=bool(half_rows))
     if subspace is None:
         return lambda M: MultigridInverse(M, params, refresh_every=refresh_every)
     if refresh_every is not None:
@@ -218,89 +145,6 @@ class MultigridStats(SolverStats):
                 f"{self.setup_time:.3g} s ({self.setup}), solve {self.solve_time:.3g} s")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# the near-null space (shared between masses) and the hierarchy (one per mass)
-# ---------------------------------------------------------------------------------------------------------------
-
-class Subspace:
-    """The near-null vectors and transfers of every aggregation level, shared by the hierarchies of several masses
-    of one operator D, and the rule that keeps them up to date when D's links change (docs/multigrid.md 6):
-
-    * ``refresh_every = None`` (the default): every new set of links refreshes the vectors (``refresh_iters`` CG
-      iterations from the kept vectors, then re-orthonormalized; QUDA's refresh);
-    * ``refresh_every = N >= 1``: the vectors are refreshed on the first new links after N epochs (``new_epoch``:
-      RHMC calls it once per trajectory) have begun since they were built or last refreshed; other new links only
-      rebuild X^-1 and the coarse operators on the kept vectors and transfers (QUDA's thin update);
-    * ``refresh_every = 0``: never refreshed, thin updates only.
-
-    ``counts`` says how often each happened: "built", "refreshed", "updated" (thin) and "rebuilt" (another mass on
-    the same links and vectors)."""
-
-    def __init__(self, params: MultigridParams, refresh_every: int | None = None):
-        if refresh_every is not None and (not isinstance(refresh_every, (int, np.integer)) or refresh_every < 0):
-            raise MultigridError(f"refresh_every = {refresh_every!r}: a number >= 0 of epochs (trajectories) between "
-                                 "refreshes of the near-null vectors (0: never), or None (every link update)")
-        self.params = params
-        self.refresh_every = refresh_every
-        self.epochs = 0             # epochs begun since the vectors were built or last refreshed
-        self.vectors = []           # per aggregation level: the batch of (unnormalized) near-null vectors
-        self.transfers = []         # per aggregation level: Transfer
-        self.links = None           # the link blocks the vectors belong to
-        self.stencil = None         # the full-lattice links of those blocks (FineStencil), shared by the masses
-        self.version = 0
-        self.counts = {"built": 0, "refreshed": 0, "updated": 0, "rebuilt": 0}
-
-    def new_epoch(self) -> None:
-        """One more epoch (an RHMC trajectory) has begun: counts towards ``refresh_every``."""
-        self.epochs += 1
-
-    def on_new_links(self) -> str:
-        """What new links do to the vectors under the rule: "built" (none yet), "refreshed" or "updated"."""
-        if not self.vectors:
-            return "built"
-        every = self.refresh_every
-        if every is None or (every > 0 and self.epochs >= every):
-            return "refreshed"
-        return "updated"
-
-
-class Hierarchy:
-    """The operators of every level for one mass, on the subspace's transfers."""
-
-    def __init__(self, M: StaggeredMatrix, params: MultigridParams, stencil: FineStencil):
-        self.M, self.params = M, params
-        self.counters = [Counter() for _ in range(params.levels)]
-        self.clocks = [timing.LevelClock() for _ in range(params.levels)]
-        self.stencil = stencil
-        self.kd = KDBlocks(stencil) if params.kd else None
-        self.ops = [None, LevelOperator(M, stencil, self.kd, self.counters[1])]
-        self.transfers = []
-        self.lu = None
-        self.cycle: CycleLevels | None = None
-        self.version = -1
-
-    def add_level(self, transfer: Transfer):
-        l = len(self.ops)
-        self.transfers.append(transfer)
-        self.ops.append(galerkin(self.ops[-1], transfer, self.counters[l], level=l))
-
-    def coarsest_mode(self):
-        p = self.params
-        op = self.ops[-1]
-        unknowns = op.geom.volume * op.n
-        if p.coarsest == "lu":
-            return "lu"
-        if p.coarsest == "auto" and unknowns <= p.lu_max_unknowns:
-            return "lu"
-        return "gcr"
-
-    def factorize(self):
-        """The levels in the preconditioner's precision (:class:`.precision.CycleLevels`) and the coarsest LU in
-        that precision (``lu``)."""
-        self.cycle = CycleLevels(self, self.params.precision)
-        self.cycle.factorize(self.coarsest_mode())
-        self.lu = self.cycle.lu
-
 
 class MultigridInverse(InverseOperator):
     """M^-1 by KD-preconditioned aggregation multigrid (made by :func:`multigrid`).
@@ -329,6 +173,7 @@ class MultigridInverse(InverseOperator):
         self.hierarchy: Hierarchy | None = None
         self._stencil_links = None
         self._pending = []            # (what, seconds, fine columns) of set-up work not yet reported
+        self.progress = None          # callable(note): told what the set-up does (hmc solve's progress line)
 
     def _check_compatible(self, sub):
         a, b = sub.params, self.params
@@ -389,8 +234,10 @@ class MultigridInverse(InverseOperator):
         vector applications spent (the Galerkin probes)."""
         sub = self.subspace
         h = Hierarchy(self.op, self.params, self._stencil)
+        self._report(f"multigrid: X^-1 and the coarse operators for m = {self.mass:g} on the kept vectors")
         for tr in sub.transfers:
             h.add_level(tr)
+        self._report("multigrid: the coarsest factorization")
         h.factorize()
         if new_links:
             sub.links, sub.stencil = self._links(), self._stencil
@@ -418,11 +265,16 @@ class MultigridInverse(InverseOperator):
             else:
                 x = sub.vectors[l - 2].copy()
                 iters = int(p.refresh_iters)
-            x = relax_null_vectors(op, x, iters)
+            what = f"multigrid {'set-up' if fresh else 'refresh'}: level {l} of {p.levels - 1}, {nv} near-null vectors"
+            self._report(f"{what}, CG iteration 0 of {iters}")
+            x = relax_null_vectors(op, x, iters,
+                                   report=lambda i, w=what, n=iters: self._report(f"{w}, CG iteration {i} of {n}"))
             tr = Transfer(op, p.blocks[l - 2], x)
             new_vectors.append(x)
             new_transfers.append(tr)
+            self._report(f"multigrid: level {l} of {p.levels - 1}, the Galerkin coarse operator")
             h.add_level(tr)
+        self._report("multigrid: the coarsest factorization")
         h.factorize()
         sub.vectors, sub.transfers = new_vectors, new_transfers
         sub.links = self._links()
@@ -434,6 +286,10 @@ class MultigridInverse(InverseOperator):
             c.reset()
         self.hierarchy = h
         return columns
+
+    def _report(self, note: str) -> None:
+        if self.progress is not None:
+            self.progress(note)
 
     # ----------------------------------------------------------------------------------------------- the cycle
     def _coarsest_solve(self, f):

@@ -53,12 +53,12 @@ RELAX_RESTART = 50
 RELAX_FLOOR = 1e-14
 
 
-def relax_null_vectors(op, x, iters: int, restart: int = RELAX_RESTART, floor: float = RELAX_FLOOR):
+def relax_null_vectors(op, x, iters: int, restart: int = RELAX_RESTART, floor: float = RELAX_FLOOR, report=None):
     """Up to ``iters`` iterations of CG on A^dag A x = 0 for every column of the batch x (..., k), independently,
     restarted from the unit-normalized iterate and its true residual every ``restart`` iterations or when a
     column's |r|^2 falls below ``floor`` times its value at the restart; a column whose cycle did not lower
     |A x|/|x| goes back to its best iterate and stops (see RELAX_RESTART). Returns the batch of best iterates, each
-    column of unit norm."""
+    column of unit norm. ``report(i)``, if given, is called after each CG iteration i (1, 2, ... of ``iters``)."""
     geom, xp = op.geom, op.xp
     restart = max(1, int(restart))
     best = _unit_columns(geom, x)
@@ -70,7 +70,8 @@ def relax_null_vectors(op, x, iters: int, restart: int = RELAX_RESTART, floor: f
     xa = best
     done = 0
     while done < iters and act.size:
-        xa, _, n = _cg_normal_null(op, xa.copy(), -op.apply_adjoint(ax), min(restart, iters - done), floor)
+        xa, _, n = _cg_normal_null(op, xa.copy(), -op.apply_adjoint(ax), min(restart, iters - done), floor,
+                                   None if report is None else (lambda it, d=done: report(d + it)))
         done += n
         xa = _unit_columns(geom, xa)
         ax = op.apply(xa)
@@ -89,10 +90,11 @@ def _unit_columns(geom, x):
     return x / xp.where(nrm > 0, nrm, 1.0)
 
 
-def _cg_normal_null(op, x, r, iters: int, floor: float = 0.0):
+def _cg_normal_null(op, x, r, iters: int, floor: float = 0.0, report=None):
     """At most ``iters`` iterations of CG on A^dag A x = 0 from x with residual r = -A^dag A x (each column its own
     CG: alpha, beta per column), r updated recursively; stops early (after at least one iteration) when a column's
-    |r|^2 falls below ``floor`` times its starting value. Returns (x and r, both updated in place, iterations)."""
+    |r|^2 falls below ``floor`` times its starting value; ``report(it)`` after each iteration. Returns (x and r, both
+    updated in place, iterations)."""
     geom, xp = op.geom, op.xp
     p = r.copy()
     rr = _norms2(geom, r)
@@ -104,6 +106,8 @@ def _cg_normal_null(op, x, r, iters: int, floor: float = 0.0):
         x += alpha * p
         r -= alpha * op.apply_adjoint(q)
         rr_new = _norms2(geom, r)
+        if report is not None:
+            report(it)
         if bool((rr_new < stop).any()):
             return x, r, it
         beta = xp.where(rr > 0, rr_new / xp.where(rr > 0, rr, 1.0), 0.0)
