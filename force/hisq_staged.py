@@ -73,22 +73,32 @@ def _grid(n):
     return ((int(n) + BLOCK - 1) // BLOCK,)
 
 
-def fat_link(geom, links, c):
-    """F[U; c] for the whole lattice on one GPU in three launches (module docstring); ``links`` (4, nt, nz, ny, nx,
-    3, 3), unphased, as :func:`force.smearing.fat_link` takes them."""
+def forward(geom, u, c):
+    """The intermediates (A, inner) of stages 1 and 2 (module docstring), each (12, nt, nz, ny, nx, 3, 3), of the
+    contiguous links ``u``; the chain rule (force/hisq_staged_vjp.py) keeps them."""
     cp = geom.xp
-    u = links if links.flags.c_contiguous else cp.ascontiguousarray(links)
     vol = geom.local_volume
     dims = tuple(np.int32(n) for n in geom.local_dims)
     f64 = np.float64
     a = cp.empty((PAIRS,) + u.shape[1:], dtype=u.dtype)
     inner = cp.empty_like(a)
-    out = cp.empty_like(u)
     _fn(geom.backend, "staged_a")(_grid(PAIRS * vol), (BLOCK,), (u, a) + dims)
     _fn(geom.backend, "staged_inner")(_grid(PAIRS * vol), (BLOCK,),
                                       (u, a, inner, f64(c.three_staple), f64(c.five_staple), f64(c.seven_staple),
                                        f64(c.lepage)) + dims)
-    _fn(geom.backend, "staged_fat")(_grid(4 * vol), (BLOCK,), (u, inner, out, f64(c.one_link - 6.0 * c.lepage)) + dims)
+    return a, inner
+
+
+def fat_link(geom, links, c):
+    """F[U; c] for the whole lattice on one GPU in three launches (module docstring); ``links`` (4, nt, nz, ny, nx,
+    3, 3), unphased, as :func:`force.smearing.fat_link` takes them."""
+    cp = geom.xp
+    u = links if links.flags.c_contiguous else cp.ascontiguousarray(links)
+    dims = tuple(np.int32(n) for n in geom.local_dims)
+    _, inner = forward(geom, u, c)
+    out = cp.empty_like(u)
+    _fn(geom.backend, "staged_fat")(_grid(4 * geom.local_volume), (BLOCK,),
+                                    (u, inner, out, np.float64(c.one_link - 6.0 * c.lepage)) + dims)
     return out
 
 

@@ -1,13 +1,14 @@
 """The chain rule of the HISQ fat link on one GPU in five staged kernels over all directions at once (issue 19;
-kernel file force/kernels/hisq_staged_vjp.cu; NumPy twin: :func:`force.smearing_derivative.fat_link_vjp`).
+kernel file force/kernels/hisq_staged_vjp.cu, the forward stages 1 and 2 those of force/kernels/hisq_staged.cu
+through :func:`force.hisq_staged.forward`; NumPy twin: :func:`force.smearing_derivative.fat_link_vjp`).
 
 :func:`force.hisq_cuda.fat_link_vjp` runs the reverse pass of the twin direction by direction, 24 launches per mu,
 each ``staple_vjp`` read-modify-writing D_U and up to three outputs. Here the same reverse pass is split into
 stages, each one launch over all (mu, nu) pairs (p = 3 mu + j, nu the j-th direction != mu), every output matrix
 owned by one thread that sums every term landing on it (no atomics, no read-modify-write between threads):
 
-1. ``svjp_a``       A_p = S_nu[U_mu]_mu                                                      (forward, kept)
-2. ``svjp_inner``   inner_p = c3 U_mu + cL A_p + sum_{rho != mu,nu} S_rho[c5 U_mu + c7 A_{mu,sigma}]_mu  (kept)
+1. ``staged_a``     A_p = S_nu[U_mu]_mu                                                      (forward, kept)
+2. ``staged_inner`` inner_p = c3 U_mu + cL A_p + sum_{rho != mu,nu} S_rho[c5 U_mu + c7 A_{mu,sigma}]_mu  (kept)
 3. ``svjp_d_inner`` D_inner_p = S_nu^T[D_F mu]
 4. ``svjp_d_a``     per (mu, x), with D_arg(nu, rho) = S_rho^T[D_inner_{mu,nu}]:
                     D_a_{mu,sigma} = cL D_inner_{mu,sigma} + c7 [D_arg(nu, rho) + D_arg(rho, nu)] ({nu, rho, sigma}
@@ -38,7 +39,7 @@ from comms.config import RunConfig
 from lattice import cuda_source
 from lattice.placement import Placement, holds_whole_lattice, implements, set_switch, switch_on
 
-from . import hisq_cuda
+from . import hisq_cuda, hisq_staged
 
 #: the run-configuration switch of the staged chain rule
 SWITCH = "hisq_staged_vjp"
@@ -46,7 +47,7 @@ KERNEL_FILE = "hisq_staged_vjp.cu"
 BLOCK = 128
 MATRIX = 9 * 16
 #: the floor model of the module docstring: matrices moved per site by each stage, and the bytes in all
-MATRICES_PER_STAGE = {"svjp_a": 16, "svjp_inner": 28, "svjp_d_inner": 20, "svjp_d_a": 36, "svjp_links": 64}
+MATRICES_PER_STAGE = {"staged_a": 16, "staged_inner": 28, "svjp_d_inner": 20, "svjp_d_a": 36, "svjp_links": 64}
 BYTES_PER_SITE = MATRIX * sum(MATRICES_PER_STAGE.values())
 
 
@@ -73,14 +74,12 @@ def fat_link_vjp(geom, links, c, d_fat):
     cp = geom.xp
     u = cp.ascontiguousarray(links)
     d_f = cp.ascontiguousarray(d_fat)
-    pairs = (12,) + u.shape[1:]
-    a, inner, d_inner, d_a = (cp.empty(pairs, dtype=u.dtype) for _ in range(4))
+    a, inner = hisq_staged.forward(geom, u, c)
+    d_inner, d_a = cp.empty_like(a), cp.empty_like(a)
     d_u = cp.empty_like(u)
     f64 = np.float64
     c1, c3, c5, c7, cl = (f64(v) for v in (c.one_link, c.three_staple, c.five_staple, c.seven_staple, c.lepage))
     vol = geom.local_volume
-    _launch(geom, "svjp_a", 12 * vol, (u, a))
-    _launch(geom, "svjp_inner", 12 * vol, (u, a, inner, c3, c5, c7, cl))
     _launch(geom, "svjp_d_inner", 12 * vol, (u, d_f, d_inner))
     _launch(geom, "svjp_d_a", 4 * vol, (u, d_f, d_inner, d_a, d_u, c1, c3, c5, c7, cl))
     _launch(geom, "svjp_links", 4 * vol, (u, a, inner, d_f, d_inner, d_a, d_u, c5, c7))
