@@ -65,8 +65,28 @@ def enabled(config=None) -> bool:
     return switch_on(SWITCH, config) and hisq_cuda.enabled(config)
 
 
-def _fn(backend, name):
-    return cuda_source.function(backend, "force", "hisq_staged.cu", name)
+def min_blocks(config) -> int:
+    """The launch bound of the staged kernels under ``config`` (None: none): its ``hisq_min_blocks``."""
+    return 0 if config is None else int(config.hisq_min_blocks)
+
+
+def variant(config) -> dict:
+    """The template parameters of the staged kernel files (hisq_staged.cu, hisq_staged_vjp.cu) under ``config``:
+    no launch bounds, or ``__launch_bounds__(BLOCK, n)`` with n = ``hisq_min_blocks`` (at least n blocks of BLOCK
+    threads an SM: at most 65536 / (BLOCK n) registers a thread; tools/kernel_resources.py lists the registers and
+    spills of each variant). Same arithmetic in every variant."""
+    n = min_blocks(config)
+    return {"BOUNDS": "", "SUF": ""} if n == 0 else {"BOUNDS": f"__launch_bounds__({BLOCK}, {n}) ", "SUF": f"_b{n}"}
+
+
+def kernel(backend, file, name, config=None):
+    """The kernel ``name`` of the staged kernel file ``file`` in the variant of ``config`` (:func:`variant`)."""
+    params = variant(config)
+    return cuda_source.function(backend, "force", file, name + params["SUF"], params)
+
+
+def _fn(backend, name, config=None):
+    return kernel(backend, "hisq_staged.cu", name, config)
 
 
 def _grid(n):
@@ -82,10 +102,10 @@ def forward(geom, u, c):
     f64 = np.float64
     a = cp.empty((PAIRS,) + u.shape[1:], dtype=u.dtype)
     inner = cp.empty_like(a)
-    _fn(geom.backend, "staged_a")(_grid(PAIRS * vol), (BLOCK,), (u, a) + dims)
-    _fn(geom.backend, "staged_inner")(_grid(PAIRS * vol), (BLOCK,),
-                                      (u, a, inner, f64(c.three_staple), f64(c.five_staple), f64(c.seven_staple),
-                                       f64(c.lepage)) + dims)
+    _fn(geom.backend, "staged_a", geom.config)(_grid(PAIRS * vol), (BLOCK,), (u, a) + dims)
+    _fn(geom.backend, "staged_inner", geom.config)(
+        _grid(PAIRS * vol), (BLOCK,),
+        (u, a, inner, f64(c.three_staple), f64(c.five_staple), f64(c.seven_staple), f64(c.lepage)) + dims)
     return a, inner
 
 
@@ -97,8 +117,8 @@ def fat_link(geom, links, c):
     dims = tuple(np.int32(n) for n in geom.local_dims)
     _, inner = forward(geom, u, c)
     out = cp.empty_like(u)
-    _fn(geom.backend, "staged_fat")(_grid(4 * geom.local_volume), (BLOCK,),
-                                    (u, inner, out, np.float64(c.one_link - 6.0 * c.lepage)) + dims)
+    _fn(geom.backend, "staged_fat", geom.config)(_grid(4 * geom.local_volume), (BLOCK,),
+                                                 (u, inner, out, np.float64(c.one_link - 6.0 * c.lepage)) + dims)
     return out
 
 

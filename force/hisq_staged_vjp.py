@@ -29,14 +29,14 @@ at 32^4; the intermediates take 48 M a site of device memory (7.2 GiB at 32^4).
 
 Registered ahead of the per-direction kernels (priority 1) for the whole lattice on one GPU, behind the run
 configuration's ``hisq_staged_vjp`` (HMC_HISQ_STAGED_VJP=1; default off: the per-direction kernels) and the
-``hisq_kernels`` switch; :func:`set_enabled` overrides it (tests, timings).
+``hisq_kernels`` switch; :func:`set_enabled` overrides it (tests, timings). Launch bounds: the run configuration's
+``hisq_min_blocks`` (:func:`force.hisq_staged.variant`), as for the forward kernels.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from comms.config import RunConfig
-from lattice import cuda_source
 from lattice.placement import Placement, holds_whole_lattice, implements, set_switch, switch_on
 
 from . import hisq_cuda, hisq_staged
@@ -63,7 +63,7 @@ def enabled(config: RunConfig | None = None) -> bool:
 
 
 def _launch(geom, name, threads, args):
-    fn = cuda_source.function(geom.backend, "force", KERNEL_FILE, name)
+    fn = hisq_staged.kernel(geom.backend, KERNEL_FILE, name, geom.config)
     dims = tuple(np.int32(n) for n in geom.local_dims)
     fn(((int(threads) + BLOCK - 1) // BLOCK,), (BLOCK,), tuple(args) + dims)
 

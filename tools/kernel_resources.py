@@ -7,7 +7,7 @@ Compiles the text nvrtc compiles on the device (:func:`lattice.cuda_source.sourc
 are those of the module CuPy builds (the same front end and ptxas; anything a kernel relies on, such as
 ``__launch_bounds__``, is in its source, never in the options). One line per kernel: registers, stack frame, spill
 stores and loads in bytes. Arguments name files as ``package/file.cu`` (``force/hisq_staged.cu``); none: every
-untemplated kernel file of the packages of tools/check_cuda_sources.py.
+kernel file of the packages of tools/check_cuda_sources.py, a templated one in each variant listed there.
 """
 from __future__ import annotations
 
@@ -28,11 +28,12 @@ _ENTRY = re.compile(r"Function properties for (\w+)\n\s*(\d+) bytes stack frame,
                     r"(\d+) bytes spill loads\n.*?Used (\d+) registers", re.S)
 
 
-def resources(package: str, name: str, arch: str = "sm_90") -> dict[str, dict[str, int]]:
-    """{kernel: {registers, stack, spill_stores, spill_loads}} of one kernel file as ptxas reports it."""
+def resources(package: str, name: str, arch: str = "sm_90", params=None) -> dict[str, dict[str, int]]:
+    """{kernel: {registers, stack, spill_stores, spill_loads}} of one kernel file (variant ``params``) as ptxas
+    reports it."""
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / name
-        src.write_text(cuda_source.source(package, name))
+        src.write_text(cuda_source.source(package, name, params))
         cmd = cuda_source.resource_usage_command(package, name, src, Path(tmp) / "out.cubin", arch)
         run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode:
@@ -41,23 +42,25 @@ def resources(package: str, name: str, arch: str = "sm_90") -> dict[str, dict[st
             for m in _ENTRY.findall(run.stdout + run.stderr)}
 
 
-def _files(args) -> list[tuple[str, str]]:
-    if args:
-        return [(str(Path(a).parent).replace("/", "."), Path(a).name) for a in args]
-    from tools.check_cuda_sources import kernel_packages
+def _files(args) -> list[tuple[str, str, dict | None]]:
+    """(package, file, params) for each variant of the files named (all files: none named), the variants those of
+    tools/check_cuda_sources.py."""
+    from tools.check_cuda_sources import _variants, kernel_packages
 
-    return [(p, f) for p in kernel_packages() for f in cuda_source.kernel_files(p)
-            if "${" not in cuda_source.kernel_file(p, f).read_text()]
+    named = ([(str(Path(a).parent).replace("/", "."), Path(a).name) for a in args] if args else
+             [(p, f) for p in kernel_packages() for f in cuda_source.kernel_files(p)])
+    variants = _variants()
+    return [(p, f, params) for p, f in named for params in variants.get((p, f), [None])]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="*", help="package/file.cu (default: every untemplated kernel file)")
+    ap.add_argument("files", nargs="*", help="package/file.cu (default: every kernel file)")
     ap.add_argument("--arch", default="sm_90")
     args = ap.parse_args(argv)
-    for package, name in _files(args.files):
-        print(f"{package.replace('.', '/')}/{name} {cuda_source.options(package, name)} {args.arch}")
-        for kernel, r in sorted(resources(package, name, args.arch).items()):
+    for package, name, params in _files(args.files):
+        print(f"{package.replace('.', '/')}/{name} {params or ''} {cuda_source.options(package, name)} {args.arch}")
+        for kernel, r in sorted(resources(package, name, args.arch, params).items()):
             print(f"  {kernel:28s} {r['registers']:4d} registers  stack {r['stack']:4d} B  "
                   f"spills {r['spill_stores']:4d} / {r['spill_loads']:4d} B")
     return 0

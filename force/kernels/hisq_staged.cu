@@ -11,13 +11,16 @@
 //
 // with S_nu[A]_mu(x) = U_nu(x) A(x+nu) U_nu(x+mu)^dag + U_nu(x-nu)^dag A(x-nu) U_nu(x-nu+mu), summed in the order
 // of the twin (force/smearing.py, Horner form).
+// A template (lattice/cuda_source.py): the placeholder BOUNDS is empty or __launch_bounds__(128, n), SUF the
+// kernel-name suffix of that variant (force.hisq_staged.variant: the run configuration's hisq_min_blocks).
 #include "hmc_common.cuh"
 // the 3x3 algebra, the lattice walk and S_nu[X]_mu: the shared header's (lattice/kernels/hmc_common.cuh)
 using namespace m3;
 using lat::other;
 
 // A_p(x) = S_nu[U_mu]_mu(x) for the 12 pairs p = 3 mu + j, one thread per (pair, site)
-extern "C" __global__ void staged_a(const double2 *__restrict__ U, double2 *A, int nx, int ny, int nz, int nt) {
+extern "C" __global__ void ${BOUNDS}staged_a${SUF}(
+        const double2 *__restrict__ U, double2 *A, int nx, int ny, int nz, int nt) {
     const lat::Box L = lat::whole(nx, ny, nz, nt);
     const long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (gid >= 12 * L.vol) return;
@@ -31,9 +34,9 @@ extern "C" __global__ void staged_a(const double2 *__restrict__ U, double2 *A, i
 
 // inner_p(x) = c3 U_mu(x) + cL A_p(x) + sum_{rho != mu, nu} S_rho[c5 U_mu + c7 A_{mu,sigma}]_mu(x), one thread per
 // (pair, site); A: the output of staged_a, never inner
-extern "C" __global__ void staged_inner(const double2 *__restrict__ U, const double2 *__restrict__ A, double2 *inner,
-                                        double c3, double c5, double c7, double cl,
-                                        int nx, int ny, int nz, int nt) {
+extern "C" __global__ void ${BOUNDS}staged_inner${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ A, double2 *inner, double c3, double c5,
+        double c7, double cl, int nx, int ny, int nz, int nt) {
     const lat::Box L = lat::whole(nx, ny, nz, nt);
     const long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (gid >= 12 * L.vol) return;
@@ -55,8 +58,9 @@ extern "C" __global__ void staged_inner(const double2 *__restrict__ U, const dou
 
 // F_mu(x) = c1 U_mu(x) + sum_{nu != mu} S_nu[inner_{mu,nu}]_mu(x) (c1: the one-link coefficient less 6 cL), one
 // thread per link
-extern "C" __global__ void staged_fat(const double2 *__restrict__ U, const double2 *__restrict__ inner, double2 *F,
-                                      double c1, int nx, int ny, int nz, int nt) {
+extern "C" __global__ void ${BOUNDS}staged_fat${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ inner, double2 *F, double c1, int nx, int ny,
+        int nz, int nt) {
     const lat::Box L = lat::whole(nx, ny, nz, nt);
     const long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (gid >= 4 * L.vol) return;

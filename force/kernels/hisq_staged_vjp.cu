@@ -4,6 +4,8 @@
 // direction != mu in increasing order; an intermediate is a (12, V, 3, 3) array, U and the link derivatives
 // (4, V, 3, 3). Every output matrix has one owning thread that sums all the terms landing on it: no atomics.
 // (the forward intermediates A and inner come from staged_a and staged_inner of force/kernels/hisq_staged.cu).
+// A template (lattice/cuda_source.py): the placeholder BOUNDS is empty or __launch_bounds__(128, n), SUF the
+// kernel-name suffix of that variant (force.hisq_staged.variant: the run configuration's hisq_min_blocks).
 #include "hmc_common.cuh"
 // the 3x3 algebra, the lattice walk, S_nu[X]_mu and its adjoint: the shared header's (lattice/kernels/hmc_common.cuh)
 using namespace m3;
@@ -26,8 +28,8 @@ __device__ void link_terms(M3 &g, M3 &h, const staple::Arg &X, const double2 *D,
 }
 
 // stage 3 (adjoint of F_mu = ... + sum_nu S_nu[inner_nu]_mu): DI_p = S_nu^T[D_F mu]
-extern "C" __global__ void svjp_d_inner(const double2 *__restrict__ U, const double2 *__restrict__ DF,
-                                        double2 *DI, int nx, int ny, int nz, int nt) {
+extern "C" __global__ void ${BOUNDS}svjp_d_inner${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ DF, double2 *DI, int nx, int ny, int nz, int nt) {
     const lat::Box g = lat::whole(nx, ny, nz, nt);
     const long t = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (t >= 12 * g.vol) return;
@@ -41,10 +43,9 @@ extern "C" __global__ void svjp_d_inner(const double2 *__restrict__ U, const dou
 // stage 4 (adjoint of the inner_nu), one thread per (mu, x): with D_arg(nu, rho) = S_rho^T[DI_{mu,nu}],
 //   DA_{mu,sigma} = cL DI_{mu,sigma} + c7 [D_arg(nu, rho) + D_arg(rho, nu)]   ({nu, rho} the two others),
 //   DU_mu(x) = (c1 - 6 cL) D_F mu(x) + c3 sum_nu DI_{mu,nu}(x) + c5 sum_{nu != rho} D_arg(nu, rho)(x)  (written)
-extern "C" __global__ void svjp_d_a(const double2 *__restrict__ U, const double2 *__restrict__ DF,
-                                    const double2 *__restrict__ DI, double2 *DA, double2 *DU,
-                                    double c1, double c3, double c5, double c7, double cl,
-                                    int nx, int ny, int nz, int nt) {
+extern "C" __global__ void ${BOUNDS}svjp_d_a${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ DF, const double2 *__restrict__ DI, double2 *DA,
+        double2 *DU, double c1, double c3, double c5, double c7, double cl, int nx, int ny, int nz, int nt) {
     const lat::Box g = lat::whole(nx, ny, nz, nt);
     const long t = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (t >= 4 * g.vol) return;
@@ -73,10 +74,10 @@ extern "C" __global__ void svjp_d_a(const double2 *__restrict__ U, const double2
 // direction lam of the level's mu links (link_terms):
 //   S_lam[inner_{mu,lam}]_mu with D_F mu;  S_lam[U_mu]_mu with DA_{mu,lam};
 //   S_lam[c5 U_mu + c7 A_{mu,sigma}]_mu with DI_{mu,nu} for the two nu != mu, lam (sigma the fourth direction)
-extern "C" __global__ void svjp_links(const double2 *__restrict__ U, const double2 *__restrict__ A,
-                                      const double2 *__restrict__ inner, const double2 *__restrict__ DF,
-                                      const double2 *__restrict__ DI, const double2 *__restrict__ DA,
-                                      double2 *DU, double c5, double c7, int nx, int ny, int nz, int nt) {
+extern "C" __global__ void ${BOUNDS}svjp_links${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
+        const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
+        double c5, double c7, int nx, int ny, int nz, int nt) {
     const lat::Box g = lat::whole(nx, ny, nz, nt);
     const long t = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (t >= 4 * g.vol) return;
