@@ -30,7 +30,8 @@ at 32^4; the intermediates take 48 M a site of device memory (7.2 GiB at 32^4).
 Registered ahead of the per-direction kernels (priority 1) for the whole lattice on one GPU, behind the run
 configuration's ``hisq_staged_vjp`` (HMC_HISQ_STAGED_VJP=1; default off: the per-direction kernels) and the
 ``hisq_kernels`` switch; :func:`set_enabled` overrides it (tests, timings). Launch bounds: the run configuration's
-``hisq_min_blocks`` (:func:`force.hisq_staged.variant`), as for the forward kernels.
+``hisq_min_blocks`` (:func:`force.hisq_staged.variant`), as for the forward kernels; stage 5 in two launches:
+``hisq_links_split`` (:func:`links_split`).
 """
 from __future__ import annotations
 
@@ -62,6 +63,13 @@ def enabled(config: RunConfig | None = None) -> bool:
     return switch_on(SWITCH, config) and hisq_cuda.enabled(config)
 
 
+def links_split(config) -> bool:
+    """Whether stage 5 runs in two launches (``svjp_links_g``, then ``svjp_links_h``: the g and the h terms of the
+    staple-link derivatives apart, one accumulator in registers instead of two; D_U read and written once more,
+    8 M a site) under ``config`` (None: one launch): its ``hisq_links_split``. The same sums either way."""
+    return config is not None and bool(config.hisq_links_split)
+
+
 def _launch(geom, name, threads, args):
     fn = hisq_staged.kernel(geom.backend, KERNEL_FILE, name, geom.config)
     dims = tuple(np.int32(n) for n in geom.local_dims)
@@ -82,7 +90,9 @@ def fat_link_vjp(geom, links, c, d_fat):
     vol = geom.local_volume
     _launch(geom, "svjp_d_inner", 12 * vol, (u, d_f, d_inner))
     _launch(geom, "svjp_d_a", 4 * vol, (u, d_f, d_inner, d_a, d_u, c1, c3, c5, c7, cl))
-    _launch(geom, "svjp_links", 4 * vol, (u, a, inner, d_f, d_inner, d_a, d_u, c5, c7))
+    links = (u, a, inner, d_f, d_inner, d_a, d_u, c5, c7)
+    for name in (("svjp_links_g", "svjp_links_h") if links_split(geom.config) else ("svjp_links",)):
+        _launch(geom, name, 4 * vol, links)
     return d_u
 
 

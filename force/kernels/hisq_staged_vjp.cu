@@ -15,16 +15,22 @@ using lat::fourth;
 
 // The derivative of Re Tr[S_nu[X]_mu D] by the staple link U_nu(x) (nu = lam, the owned link's direction),
 // X = a1 X1 + a2 X2 (staple::Arg), D and U_lam read at s = {x, x+lam, x-mu, x-mu+lam} and xpm = x+mu:
-//   g += X(x+lam) U_lam(x+mu)^dag D(x) + D(x-mu+lam) U_lam(x-mu)^dag X(x-mu)
-//   h += X(x) U_lam(x+mu) D(x+lam) + D(x-mu) U_lam(x-mu) X(x-mu+lam)        (the caller adds h^dag to g)
-// Every operand is loaded where it is used (the neighbours' re-reads hit the cache): two accumulators stay in
+//   g += X(x+lam) U_lam(x+mu)^dag D(x) + D(x-mu+lam) U_lam(x-mu)^dag X(x-mu)       (TERMS & G_TERMS)
+//   h += X(x) U_lam(x+mu) D(x+lam) + D(x-mu) U_lam(x-mu) X(x-mu+lam)            (TERMS & H_TERMS; h^dag joins g)
+// Every operand is loaded where it is used (the neighbours' re-reads hit the cache): the accumulators stay in
 // registers, not the eight matrices of the four sites.
-__device__ void link_terms(M3 &g, M3 &h, const staple::Arg &X, const double2 *D, const double2 *Ul, const long s[4],
-                           long xpm) {
-    mac(g, staple::at(X, s[1]), dn(load(Ul, xpm), load(D, s[0])));
-    mac(g, load(D, s[3]), dn(load(Ul, s[2]), staple::at(X, s[2])));
-    mac(h, staple::at(X, s[0]), nn(load(Ul, xpm), load(D, s[1])));
-    mac(h, load(D, s[2]), nn(load(Ul, s[2]), staple::at(X, s[3])));
+enum { G_TERMS = 1, H_TERMS = 2 };
+template <int TERMS>
+__device__ __forceinline__ void link_terms(M3 &g, M3 &h, const staple::Arg &X, const double2 *D, const double2 *Ul,
+                                           const long s[4], long xpm) {
+    if (TERMS & G_TERMS) {
+        mac(g, staple::at(X, s[1]), dn(load(Ul, xpm), load(D, s[0])));
+        mac(g, load(D, s[3]), dn(load(Ul, s[2]), staple::at(X, s[2])));
+    }
+    if (TERMS & H_TERMS) {
+        mac(h, staple::at(X, s[0]), nn(load(Ul, xpm), load(D, s[1])));
+        mac(h, load(D, s[2]), nn(load(Ul, s[2]), staple::at(X, s[3])));
+    }
 }
 
 // stage 3 (adjoint of F_mu = ... + sum_nu S_nu[inner_nu]_mu): DI_p = S_nu^T[D_F mu]
@@ -74,10 +80,13 @@ extern "C" __global__ void ${BOUNDS}svjp_d_a${SUF}(
 // direction lam of the level's mu links (link_terms):
 //   S_lam[inner_{mu,lam}]_mu with D_F mu;  S_lam[U_mu]_mu with DA_{mu,lam};
 //   S_lam[c5 U_mu + c7 A_{mu,sigma}]_mu with DI_{mu,nu} for the two nu != mu, lam (sigma the fourth direction)
-extern "C" __global__ void ${BOUNDS}svjp_links${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
-        const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
-        double c5, double c7, int nx, int ny, int nz, int nt) {
+// TERMS = G_TERMS | H_TERMS: all of it in one launch (svjp_links). Split (svjp_links_g, then svjp_links_h): the
+// first writes D_U with the adjoint and g terms, the second adds h^dag: the same sums, each accumulator alone in
+// registers, D_U read and written once more.
+template <int TERMS>
+__device__ __forceinline__ void links(const double2 *U, const double2 *A, const double2 *inner, const double2 *DF,
+                                      const double2 *DI, const double2 *DA, double2 *DU, double c5, double c7,
+                                      int nx, int ny, int nz, int nt) {
     const lat::Box g = lat::whole(nx, ny, nz, nt);
     const long t = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (t >= 4 * g.vol) return;
@@ -87,10 +96,13 @@ extern "C" __global__ void ${BOUNDS}svjp_links${SUF}(
     lat::coords(g, x, c);
     const long V9 = 9 * g.vol;
     const double2 *Ul = U + lam * V9;
-    M3 du = load(DU + lam * V9, x);
-    for (int j = 0; j < 3; ++j) {
-        const int nu = other(lam, j);
-        add(du, staple::adj(g, c, x, U + nu * V9, nu, lam, DA + (3 * lam + j) * V9));
+    M3 du = zero();                      // the g accumulator: D_U_lam(x) and the terms of A's adjoint (G_TERMS)
+    if (TERMS & G_TERMS) {
+        du = load(DU + lam * V9, x);
+        for (int j = 0; j < 3; ++j) {
+            const int nu = other(lam, j);
+            add(du, staple::adj(g, c, x, U + nu * V9, nu, lam, DA + (3 * lam + j) * V9));
+        }
     }
     M3 h = zero();
     #pragma unroll 1
@@ -101,16 +113,35 @@ extern "C" __global__ void ${BOUNDS}svjp_links${SUF}(
         const long xpm = lat::hop(g, c, mu, 1, lam, 0);
         const double2 *Um = U + mu * V9;
         const long pl = 3 * mu + slot(mu, lam);
-        link_terms(du, h, staple::arg(inner + pl * V9), DF + mu * V9, Ul, s, xpm);
-        link_terms(du, h, staple::arg(Um), DA + pl * V9, Ul, s, xpm);
+        link_terms<TERMS>(du, h, staple::arg(inner + pl * V9), DF + mu * V9, Ul, s, xpm);
+        link_terms<TERMS>(du, h, staple::arg(Um), DA + pl * V9, Ul, s, xpm);
         #pragma unroll 1
         for (int i = 0; i < 3; ++i) {
             const int nu = other(mu, i);
             if (nu == lam) continue;
             const double2 *As = A + (3 * mu + slot(mu, fourth(mu, nu, lam))) * V9;
-            link_terms(du, h, staple::arg(Um, c5, As, c7, c7 != 0.0), DI + (3 * mu + i) * V9, Ul, s, xpm);
+            link_terms<TERMS>(du, h, staple::arg(Um, c5, As, c7, c7 != 0.0), DI + (3 * mu + i) * V9, Ul, s, xpm);
         }
     }
-    add(du, dag(h));
+    if (TERMS == H_TERMS) du = load(DU + lam * V9, x);   // written by svjp_links_g
+    if (TERMS & H_TERMS) add(du, dag(h));
     store(DU + lam * V9, x, du);
+}
+extern "C" __global__ void ${BOUNDS}svjp_links${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
+        const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
+        double c5, double c7, int nx, int ny, int nz, int nt) {
+    links<G_TERMS | H_TERMS>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
+}
+extern "C" __global__ void ${BOUNDS}svjp_links_g${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
+        const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
+        double c5, double c7, int nx, int ny, int nz, int nt) {
+    links<G_TERMS>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
+}
+extern "C" __global__ void ${BOUNDS}svjp_links_h${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
+        const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
+        double c5, double c7, int nx, int ny, int nz, int nt) {
+    links<H_TERMS>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
 }

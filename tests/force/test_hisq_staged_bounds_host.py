@@ -34,6 +34,19 @@ def test_bounded_kernels_equal_the_unbounded_ones():
     assert ("cuda_function", "force", "hisq_staged_vjp.cu", "svjp_links_b3") in bounded.backend.kernels
 
 
+@pytest.mark.parametrize("blocks", [0, 4])
+def test_split_last_stage_equals_the_one_launch(blocks):
+    """svjp_links_g then svjp_links_h (hisq_links_split) give svjp_links's sums to the bit."""
+    one = Geometry(DIMS, Backend("cupy", FakeCuPy()), config=RunConfig(hisq_min_blocks=blocks))
+    split = Geometry(DIMS, Backend("cupy", FakeCuPy()), config=RunConfig(hisq_min_blocks=blocks, hisq_links_split=True))
+    _, v, d = fields(one, 6)
+    for c in (sm.HISQ_LEVEL2, sm.FAT7):
+        assert np.array_equal(hisq_staged_vjp.fat_link_vjp(split, v, c, d), hisq_staged_vjp.fat_link_vjp(one, v, c, d))
+    suffix = hisq_staged.variant(split.config)["SUF"]
+    assert ("cuda_function", "force", "hisq_staged_vjp.cu", "svjp_links_h" + suffix) in split.backend.kernels
+    assert ("cuda_function", "force", "hisq_staged_vjp.cu", "svjp_links" + suffix) not in split.backend.kernels
+
+
 def test_setting_is_checked():
     assert RunConfig.resolve(env={"HMC_HISQ_MIN_BLOCKS": "4"}).hisq_min_blocks == 4
     with pytest.raises(ConfigError):
