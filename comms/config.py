@@ -176,6 +176,8 @@ SETTINGS = {
                                "staged all-direction HISQ fat-link chain rule (one GPU, whole lattice)"),
     "hisq_min_blocks": Setting("HMC_HISQ_MIN_BLOCKS", _int_in(0, 16, "use an integer 0..16 (0: no launch bounds)"), 0,
                                "staged HISQ kernels compiled with __launch_bounds__(128, n) (0: none)"),
+    "hisq_staged_rows": Setting("HMC_HISQ_STAGED_ROWS", _flag(False), False,
+                                "staged fat-link kernels with three threads a matrix, one a row (fewer registers)"),
     "hisq_links_split": Setting("HMC_HISQ_LINKS_SPLIT", _flag(False), False,
                                 "staged chain rule's last stage in two launches (fewer registers)"),
     "mg_kernels": Setting("HMC_MG_KERNELS", _flag(True), True, "multigrid CUDA kernels"),
@@ -243,6 +245,7 @@ class RunConfig:
     hisq_staged: bool = True
     hisq_staged_vjp: bool = True
     hisq_min_blocks: int = 0
+    hisq_staged_rows: bool = False
     hisq_links_split: bool = False
     mg_kernels: bool = True
     mg_timing_sync: bool = True

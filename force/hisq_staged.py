@@ -30,6 +30,9 @@ staged_fat     U (4 M), inner (12 M)   F (4 M)     20 M
 :func:`force.hisq_cuda.fat_link` (runs/rhmc/README.md, "Link smearing and the fermion-force chain rule"). The
 intermediates A and inner take 2 x 12 link fields (3.6 GB at 32^4).
 
+Kernel forms (run configuration, all the same sums): ``hisq_staged_rows`` three threads a matrix (:func:`rows`),
+``hisq_min_blocks`` launch bounds (:func:`variant`); tools/kernel_resources.py lists their registers.
+
 Selection: registered ahead of :func:`force.hisq_cuda.fat_link` for the unpadded placements (``priority=1``,
 :func:`lattice.placement.implements`), on where the run configuration's ``hisq_staged`` (HMC_HISQ_STAGED=1, or
 the override :func:`set_enabled`) and ``hisq_kernels`` are both on; off by default, the old kernels then serve
@@ -85,8 +88,22 @@ def kernel(backend, file, name, config=None):
     return cuda_source.function(backend, "force", file, name + params["SUF"], params)
 
 
+def rows(config) -> bool:
+    """Whether the kernels run with three threads a matrix, thread 3 m + i computing row i of matrix m (the
+    ``_rows`` kernels: the same sums, term for term, about half the registers a thread), under ``config`` (None:
+    one thread a matrix): its ``hisq_staged_rows``."""
+    return config is not None and bool(config.hisq_staged_rows)
+
+
 def _fn(backend, name, config=None):
-    return kernel(backend, "hisq_staged.cu", name, config)
+    return kernel(backend, "hisq_staged.cu", name + ("_rows" if rows(config) else ""), config)
+
+
+def _launch(geom, name, matrices, args):
+    """Kernel ``name`` over ``matrices`` output matrices (three threads each in the rows form) on the lattice."""
+    threads = matrices * (3 if rows(geom.config) else 1)
+    dims = tuple(np.int32(n) for n in geom.local_dims)
+    _fn(geom.backend, name, geom.config)(_grid(threads), (BLOCK,), tuple(args) + dims)
 
 
 def _grid(n):
@@ -98,14 +115,12 @@ def forward(geom, u, c):
     contiguous links ``u``; the chain rule (force/hisq_staged_vjp.py) keeps them."""
     cp = geom.xp
     vol = geom.local_volume
-    dims = tuple(np.int32(n) for n in geom.local_dims)
     f64 = np.float64
     a = cp.empty((PAIRS,) + u.shape[1:], dtype=u.dtype)
     inner = cp.empty_like(a)
-    _fn(geom.backend, "staged_a", geom.config)(_grid(PAIRS * vol), (BLOCK,), (u, a) + dims)
-    _fn(geom.backend, "staged_inner", geom.config)(
-        _grid(PAIRS * vol), (BLOCK,),
-        (u, a, inner, f64(c.three_staple), f64(c.five_staple), f64(c.seven_staple), f64(c.lepage)) + dims)
+    _launch(geom, "staged_a", PAIRS * vol, (u, a))
+    _launch(geom, "staged_inner", PAIRS * vol,
+            (u, a, inner, f64(c.three_staple), f64(c.five_staple), f64(c.seven_staple), f64(c.lepage)))
     return a, inner
 
 
@@ -114,11 +129,9 @@ def fat_link(geom, links, c):
     3, 3), unphased, as :func:`force.smearing.fat_link` takes them."""
     cp = geom.xp
     u = links if links.flags.c_contiguous else cp.ascontiguousarray(links)
-    dims = tuple(np.int32(n) for n in geom.local_dims)
     _, inner = forward(geom, u, c)
     out = cp.empty_like(u)
-    _fn(geom.backend, "staged_fat", geom.config)(_grid(4 * geom.local_volume), (BLOCK,),
-                                                 (u, inner, out, np.float64(c.one_link - 6.0 * c.lepage)) + dims)
+    _launch(geom, "staged_fat", 4 * geom.local_volume, (u, inner, out, np.float64(c.one_link - 6.0 * c.lepage)))
     return out
 
 

@@ -10,7 +10,9 @@
 //   staged_fat:   F_mu(x)    = c1' U_mu(x) + sum_{nu != mu} S_nu[inner_{mu,nu}]_mu(x), c1' = c1 - 6 cL (4 V threads)
 //
 // with S_nu[A]_mu(x) = U_nu(x) A(x+nu) U_nu(x+mu)^dag + U_nu(x-nu)^dag A(x-nu) U_nu(x-nu+mu), summed in the order
-// of the twin (force/smearing.py, Horner form).
+// of the twin (force/smearing.py, Horner form). Each kernel in two forms: one thread per output matrix, or (the
+// _rows kernels) three, thread 3 m + i computing row i of matrix m: the same sums, term for term, in a third of the
+// registers' worth of accumulator and operand rows (the full middle and right factors are still loaded).
 // A template (lattice/cuda_source.py): the placeholder BOUNDS is empty or __launch_bounds__(128, n), SUF the
 // kernel-name suffix of that variant (force.hisq_staged.variant: the run configuration's hisq_min_blocks).
 #include "hmc_common.cuh"
@@ -18,61 +20,128 @@
 using namespace m3;
 using lat::other;
 
-// A_p(x) = S_nu[U_mu]_mu(x) for the 12 pairs p = 3 mu + j, one thread per (pair, site)
-extern "C" __global__ void ${BOUNDS}staged_a${SUF}(
-        const double2 *__restrict__ U, double2 *A, int nx, int ny, int nz, int nt) {
-    const lat::Box L = lat::whole(nx, ny, nz, nt);
-    const long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (gid >= 12 * L.vol) return;
-    const int p = gid / L.vol, mu = p / 3, nu = other(mu, p % 3);
-    const long x = gid - p * L.vol;
+// what one thread computes of an output matrix: all of it (ROWS false) or row `row` of it (ROWS true)
+template <bool ROWS> struct Part;
+template <> struct Part<false> {
+    typedef M3 T;
+    static const int per_matrix = 1;
+    static __device__ __forceinline__ M3 load(const double2 *p, long site, int) { return m3::load(p, site); }
+    static __device__ __forceinline__ void store(double2 *p, long site, int, const M3 &m) { m3::store(p, site, m); }
+    static __device__ __forceinline__ M3 staple(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu,
+                                                int mu, const staple::Arg &X, int) {
+        return staple::fwd(L, c, x, Un, nu, mu, X);
+    }
+};
+template <> struct Part<true> {
+    typedef V3 T;
+    static const int per_matrix = 3;
+    static __device__ __forceinline__ V3 load(const double2 *p, long site, int i) { return load_row(p, site, i); }
+    static __device__ __forceinline__ void store(double2 *p, long site, int i, const V3 &v) {
+        store_row(p, site, i, v);
+    }
+    static __device__ __forceinline__ V3 staple(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu,
+                                                int mu, const staple::Arg &X, int i) {
+        return staple::fwd_row(L, c, x, Un, nu, mu, X, i);
+    }
+};
+// thread gid of a launch over `fields` fields of matrices: field f, site x (its coordinates c) and the row
+struct Job {
+    int f, row;
+    long x;
     int c[4];
-    lat::coords(L, x, c);
-    const double2 *Um = U + 9 * (long)mu * L.vol;
-    store(A + 9 * (long)p * L.vol, x, staple::fwd(L, c, x, U + 9 * (long)nu * L.vol, nu, mu, staple::arg(Um)));
+};
+template <bool ROWS>
+__device__ __forceinline__ bool job(const lat::Box &L, int fields, Job &j) {
+    const long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (gid >= Part<ROWS>::per_matrix * fields * L.vol) return false;
+    const long m = gid / Part<ROWS>::per_matrix;
+    j.row = gid - m * Part<ROWS>::per_matrix;
+    j.f = m / L.vol;
+    j.x = m - j.f * L.vol;
+    lat::coords(L, j.x, j.c);
+    return true;
 }
 
-// inner_p(x) = c3 U_mu(x) + cL A_p(x) + sum_{rho != mu, nu} S_rho[c5 U_mu + c7 A_{mu,sigma}]_mu(x), one thread per
-// (pair, site); A: the output of staged_a, never inner
-extern "C" __global__ void ${BOUNDS}staged_inner${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ A, double2 *inner, double c3, double c5,
-        double c7, double cl, int nx, int ny, int nz, int nt) {
+// A_p(x) = S_nu[U_mu]_mu(x) for the 12 pairs p = 3 mu + j
+template <bool ROWS>
+__device__ __forceinline__ void a_kernel(const double2 *U, double2 *A, int nx, int ny, int nz, int nt) {
+    typedef Part<ROWS> P;
     const lat::Box L = lat::whole(nx, ny, nz, nt);
-    const long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (gid >= 12 * L.vol) return;
-    const int p = gid / L.vol, mu = p / 3, nu = other(mu, p % 3);
-    const long x = gid - p * L.vol;
-    int c[4];
-    lat::coords(L, x, c);
+    Job w;
+    if (!job<ROWS>(L, 12, w)) return;
+    const int mu = w.f / 3, nu = other(mu, w.f % 3);
     const double2 *Um = U + 9 * (long)mu * L.vol;
-    M3 r = scaled(c3, load(Um, x));
-    if (cl != 0.0) axpy(r, cl, load(A + 9 * (long)p * L.vol, x));
+    P::store(A + 9 * (long)w.f * L.vol, w.x, w.row,
+             P::staple(L, w.c, w.x, U + 9 * (long)nu * L.vol, nu, mu, staple::arg(Um), w.row));
+}
+
+// inner_p(x) = c3 U_mu(x) + cL A_p(x) + sum_{rho != mu, nu} S_rho[c5 U_mu + c7 A_{mu,sigma}]_mu(x); A: the output of
+// staged_a, never inner
+template <bool ROWS>
+__device__ __forceinline__ void inner_kernel(const double2 *U, const double2 *A, double2 *inner, double c3,
+                                             double c5, double c7, double cl, int nx, int ny, int nz, int nt) {
+    typedef Part<ROWS> P;
+    const lat::Box L = lat::whole(nx, ny, nz, nt);
+    Job w;
+    if (!job<ROWS>(L, 12, w)) return;
+    const int p = w.f, mu = p / 3, nu = other(mu, p % 3);
+    const double2 *Um = U + 9 * (long)mu * L.vol;
+    typename P::T r = scaled(c3, P::load(Um, w.x, w.row));
+    if (cl != 0.0) axpy(r, cl, P::load(A + 9 * (long)p * L.vol, w.x, w.row));
     for (int k = 0; k < 3; ++k) {
         const int rho = other(mu, k);
         if (rho == nu) continue;
         const double2 *As = A + 9 * (long)(3 * mu + lat::slot(mu, lat::fourth(mu, nu, rho))) * L.vol;
-        add(r, staple::fwd(L, c, x, U + 9 * (long)rho * L.vol, rho, mu, staple::arg(Um, c5, As, c7, c7 != 0.0)));
+        add(r, P::staple(L, w.c, w.x, U + 9 * (long)rho * L.vol, rho, mu, staple::arg(Um, c5, As, c7, c7 != 0.0),
+                         w.row));
     }
-    store(inner + 9 * (long)p * L.vol, x, r);
+    P::store(inner + 9 * (long)p * L.vol, w.x, w.row, r);
 }
 
-// F_mu(x) = c1 U_mu(x) + sum_{nu != mu} S_nu[inner_{mu,nu}]_mu(x) (c1: the one-link coefficient less 6 cL), one
-// thread per link
-extern "C" __global__ void ${BOUNDS}staged_fat${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ inner, double2 *F, double c1, int nx, int ny,
-        int nz, int nt) {
+// F_mu(x) = c1 U_mu(x) + sum_{nu != mu} S_nu[inner_{mu,nu}]_mu(x) (c1: the one-link coefficient less 6 cL)
+template <bool ROWS>
+__device__ __forceinline__ void fat_kernel(const double2 *U, const double2 *inner, double2 *F, double c1,
+                                           int nx, int ny, int nz, int nt) {
+    typedef Part<ROWS> P;
     const lat::Box L = lat::whole(nx, ny, nz, nt);
-    const long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (gid >= 4 * L.vol) return;
-    const int mu = gid / L.vol;
-    const long x = gid - mu * L.vol;
-    int c[4];
-    lat::coords(L, x, c);
-    M3 r = scaled(c1, load(U + 9 * (long)mu * L.vol, x));
+    Job w;
+    if (!job<ROWS>(L, 4, w)) return;
+    const int mu = w.f;
+    typename P::T r = scaled(c1, P::load(U + 9 * (long)mu * L.vol, w.x, w.row));
     for (int j = 0; j < 3; ++j) {
         const int nu = other(mu, j);
         const double2 *In = inner + 9 * (long)(3 * mu + j) * L.vol;
-        add(r, staple::fwd(L, c, x, U + 9 * (long)nu * L.vol, nu, mu, staple::arg(In)));
+        add(r, P::staple(L, w.c, w.x, U + 9 * (long)nu * L.vol, nu, mu, staple::arg(In), w.row));
     }
-    store(F + 9 * (long)mu * L.vol, x, r);
+    P::store(F + 9 * (long)mu * L.vol, w.x, w.row, r);
+}
+
+// the kernels: one thread per matrix (12 V, 12 V, 4 V threads) and the _rows forms (three times as many)
+extern "C" __global__ void ${BOUNDS}staged_a${SUF}(
+        const double2 *__restrict__ U, double2 *A, int nx, int ny, int nz, int nt) {
+    a_kernel<false>(U, A, nx, ny, nz, nt);
+}
+extern "C" __global__ void ${BOUNDS}staged_a_rows${SUF}(
+        const double2 *__restrict__ U, double2 *A, int nx, int ny, int nz, int nt) {
+    a_kernel<true>(U, A, nx, ny, nz, nt);
+}
+extern "C" __global__ void ${BOUNDS}staged_inner${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ A, double2 *inner, double c3, double c5,
+        double c7, double cl, int nx, int ny, int nz, int nt) {
+    inner_kernel<false>(U, A, inner, c3, c5, c7, cl, nx, ny, nz, nt);
+}
+extern "C" __global__ void ${BOUNDS}staged_inner_rows${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ A, double2 *inner, double c3, double c5,
+        double c7, double cl, int nx, int ny, int nz, int nt) {
+    inner_kernel<true>(U, A, inner, c3, c5, c7, cl, nx, ny, nz, nt);
+}
+extern "C" __global__ void ${BOUNDS}staged_fat${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ inner, double2 *F, double c1, int nx, int ny,
+        int nz, int nt) {
+    fat_kernel<false>(U, inner, F, c1, nx, ny, nz, nt);
+}
+extern "C" __global__ void ${BOUNDS}staged_fat_rows${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ inner, double2 *F, double c1, int nx, int ny,
+        int nz, int nt) {
+    fat_kernel<true>(U, inner, F, c1, nx, ny, nz, nt);
 }

@@ -123,6 +123,75 @@ __device__ __forceinline__ M3 zero() {
     for (int i = 0; i < 9; ++i) y.e[i] = make_double2(0.0, 0.0);
     return y;
 }
+// --- one row of a 3x3 matrix (V3: row i of M, e[k] = M_ik), for kernels that share a matrix among three threads:
+// row i of a product is the row of the same sums, term for term, as the full product above computes
+struct V3 { double2 e[3]; };
+__device__ __forceinline__ V3 load_row(const double2 *__restrict__ p, long site, int i) {
+    V3 v;
+    const double2 *q = p + 9 * site + 3 * i;
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) v.e[k] = __ldg(q + k);
+    return v;
+}
+__device__ __forceinline__ V3 load_col(const double2 *__restrict__ p, long site, int i) {  // e[j] = M_ji
+    V3 v;
+    const double2 *q = p + 9 * site + i;
+    #pragma unroll
+    for (int j = 0; j < 3; ++j) v.e[j] = __ldg(q + 3 * j);
+    return v;
+}
+__device__ __forceinline__ void store_row(double2 *__restrict__ p, long site, int i, const V3 &v) {
+    double2 *q = p + 9 * site + 3 * i;
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) q[k] = v.e[k];
+}
+__device__ __forceinline__ V3 nn(const V3 &a, const M3 &b) {  // row i of a b, a = row i of the left factor
+    V3 c;
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) {
+        double2 s = cmul(a.e[0], b.e[k]);
+        s = cadd(s, cmul(a.e[1], b.e[3 + k]));
+        s = cadd(s, cmul(a.e[2], b.e[6 + k]));
+        c.e[k] = s;
+    }
+    return c;
+}
+__device__ __forceinline__ V3 nd(const V3 &a, const M3 &b) {  // row i of a b^dag
+    V3 c;
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) {
+        double2 s = cmulc(a.e[0], b.e[3 * k]);
+        s = cadd(s, cmulc(a.e[1], b.e[3 * k + 1]));
+        s = cadd(s, cmulc(a.e[2], b.e[3 * k + 2]));
+        c.e[k] = s;
+    }
+    return c;
+}
+__device__ __forceinline__ V3 dn(const V3 &a, const M3 &b) {  // row i of a^dag b, a = column i of the left factor
+    V3 c;
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) {
+        double2 s = ccmul(a.e[0], b.e[k]);
+        s = cadd(s, ccmul(a.e[1], b.e[3 + k]));
+        s = cadd(s, ccmul(a.e[2], b.e[6 + k]));
+        c.e[k] = s;
+    }
+    return c;
+}
+__device__ __forceinline__ void add(V3 &y, const V3 &x) {
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) y.e[k] = cadd(y.e[k], x.e[k]);
+}
+__device__ __forceinline__ void axpy(V3 &y, double a, const V3 &x) {
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) { y.e[k].x += a * x.e[k].x; y.e[k].y += a * x.e[k].y; }
+}
+__device__ __forceinline__ V3 scaled(double a, const V3 &x) {
+    V3 y;
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) y.e[k] = make_double2(a * x.e[k].x, a * x.e[k].y);
+    return y;
+}
 }  // namespace m3
 
 namespace lat {
@@ -209,6 +278,15 @@ __device__ __forceinline__ M3 fwd(const lat::Box &L, const int c[4], long x, con
     const long xmn = lat::hop(L, c, nu, -1, mu, 0), xmnpm = lat::hop(L, c, nu, -1, mu, 1);
     M3 r = m3::nd(m3::nn(m3::load(Un, x), at(X, xpn)), m3::load(Un, xpm));
     m3::add(r, m3::nn(m3::dn(m3::load(Un, xmn), at(X, xmn)), m3::load(Un, xmnpm)));
+    return r;
+}
+// row i of S_nu[X]_mu(x): the same sums as fwd's row i
+__device__ __forceinline__ m3::V3 fwd_row(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu, int mu,
+                                          const Arg &X, int i) {
+    const long xpn = lat::hop(L, c, nu, 1, mu, 0), xpm = lat::hop(L, c, mu, 1, nu, 0);
+    const long xmn = lat::hop(L, c, nu, -1, mu, 0), xmnpm = lat::hop(L, c, nu, -1, mu, 1);
+    m3::V3 r = m3::nd(m3::nn(m3::load_row(Un, x, i), at(X, xpn)), m3::load(Un, xpm));
+    m3::add(r, m3::nn(m3::dn(m3::load_col(Un, xmn, i), at(X, xmn)), m3::load(Un, xmnpm)));
     return r;
 }
 // the adjoint in X: S_nu^T[D](x) = U_nu(x-nu+mu)^dag D(x-nu) U_nu(x-nu) + U_nu(x+mu) D(x+nu) U_nu(x)^dag

@@ -47,6 +47,21 @@ def test_split_last_stage_equals_the_one_launch(blocks):
     assert ("cuda_function", "force", "hisq_staged_vjp.cu", "svjp_links" + suffix) not in split.backend.kernels
 
 
+@pytest.mark.parametrize("blocks", [0, 3])
+def test_row_kernels_equal_the_matrix_ones(blocks):
+    """The _rows kernels (three threads a matrix, hisq_staged_rows) give the one-thread kernels' fat link and chain
+    rule to the bit, the intermediates included."""
+    one = Geometry(DIMS, Backend("cupy", FakeCuPy()), config=RunConfig(hisq_min_blocks=blocks))
+    rows = Geometry(DIMS, Backend("cupy", FakeCuPy()), config=RunConfig(hisq_min_blocks=blocks, hisq_staged_rows=True))
+    _, v, d = fields(one, 7)
+    for c in (sm.HISQ_LEVEL2, sm.asqtad_coefficients(0.87)):
+        assert all(np.array_equal(r, o) for r, o in zip(hisq_staged.forward(rows, v, c), hisq_staged.forward(one, v, c)))
+        assert np.array_equal(hisq_staged.fat_link(rows, v, c), hisq_staged.fat_link(one, v, c))
+        assert np.array_equal(hisq_staged_vjp.fat_link_vjp(rows, v, c, d), hisq_staged_vjp.fat_link_vjp(one, v, c, d))
+    suffix = hisq_staged.variant(rows.config)["SUF"]
+    assert ("cuda_function", "force", "hisq_staged.cu", "staged_inner_rows" + suffix) in rows.backend.kernels
+
+
 def test_setting_is_checked():
     assert RunConfig.resolve(env={"HMC_HISQ_MIN_BLOCKS": "4"}).hisq_min_blocks == 4
     with pytest.raises(ConfigError):
