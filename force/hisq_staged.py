@@ -99,11 +99,18 @@ def _fn(backend, name, config=None):
     return kernel(backend, "hisq_staged.cu", name + ("_rows" if rows(config) else ""), config)
 
 
-def _launch(geom, name, matrices, args):
-    """Kernel ``name`` over ``matrices`` output matrices (three threads each in the rows form) on the lattice."""
+def launch(geom, file, name, matrices, args):
+    """Kernel ``name`` of the staged kernel file ``file`` in the form geom's configuration asks for (:func:`rows`,
+    :func:`variant`) over ``matrices`` output matrices (three threads each in the rows form), the local extents
+    appended to ``args``."""
     threads = matrices * (3 if rows(geom.config) else 1)
     dims = tuple(np.int32(n) for n in geom.local_dims)
-    _fn(geom.backend, name, geom.config)(_grid(threads), (BLOCK,), tuple(args) + dims)
+    fn = kernel(geom.backend, file, name + ("_rows" if rows(geom.config) else ""), geom.config)
+    fn(_grid(threads), (BLOCK,), tuple(args) + dims)
+
+
+def _launch(geom, name, matrices, args):
+    launch(geom, "hisq_staged.cu", name, matrices, args)
 
 
 def _grid(n):

@@ -30,8 +30,9 @@ at 32^4; the intermediates take 48 M a site of device memory (7.2 GiB at 32^4).
 Registered ahead of the per-direction kernels (priority 1) for the whole lattice on one GPU, behind the run
 configuration's ``hisq_staged_vjp`` (HMC_HISQ_STAGED_VJP=1; default off: the per-direction kernels) and the
 ``hisq_kernels`` switch; :func:`set_enabled` overrides it (tests, timings). Launch bounds: the run configuration's
-``hisq_min_blocks`` (:func:`force.hisq_staged.variant`), as for the forward kernels; stage 5 in two launches:
-``hisq_links_split`` (:func:`links_split`).
+``hisq_min_blocks`` (:func:`force.hisq_staged.variant`) and three threads a matrix, ``hisq_staged_rows``
+(:func:`force.hisq_staged.rows`), as for the forward kernels; stage 5 in two launches: ``hisq_links_split``
+(:func:`links_split`). The same sums in every form.
 """
 from __future__ import annotations
 
@@ -45,7 +46,6 @@ from . import hisq_cuda, hisq_staged
 #: the run-configuration switch of the staged chain rule
 SWITCH = "hisq_staged_vjp"
 KERNEL_FILE = "hisq_staged_vjp.cu"
-BLOCK = 128
 MATRIX = 9 * 16
 #: the floor model of the module docstring: matrices moved per site by each stage, and the bytes in all
 MATRICES_PER_STAGE = {"staged_a": 16, "staged_inner": 28, "svjp_d_inner": 20, "svjp_d_a": 36, "svjp_links": 64}
@@ -70,10 +70,8 @@ def links_split(config) -> bool:
     return config is not None and bool(config.hisq_links_split)
 
 
-def _launch(geom, name, threads, args):
-    fn = hisq_staged.kernel(geom.backend, KERNEL_FILE, name, geom.config)
-    dims = tuple(np.int32(n) for n in geom.local_dims)
-    fn(((int(threads) + BLOCK - 1) // BLOCK,), (BLOCK,), tuple(args) + dims)
+def _launch(geom, name, matrices, args):
+    hisq_staged.launch(geom, KERNEL_FILE, name, matrices, args)
 
 
 def fat_link_vjp(geom, links, c, d_fat):

@@ -20,59 +20,17 @@
 using namespace m3;
 using lat::other;
 
-// what one thread computes of an output matrix: all of it (ROWS false) or row `row` of it (ROWS true)
-template <bool ROWS> struct Part;
-template <> struct Part<false> {
-    typedef M3 T;
-    static const int per_matrix = 1;
-    static __device__ __forceinline__ M3 load(const double2 *p, long site, int) { return m3::load(p, site); }
-    static __device__ __forceinline__ void store(double2 *p, long site, int, const M3 &m) { m3::store(p, site, m); }
-    static __device__ __forceinline__ M3 staple(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu,
-                                                int mu, const staple::Arg &X, int) {
-        return staple::fwd(L, c, x, Un, nu, mu, X);
-    }
-};
-template <> struct Part<true> {
-    typedef V3 T;
-    static const int per_matrix = 3;
-    static __device__ __forceinline__ V3 load(const double2 *p, long site, int i) { return load_row(p, site, i); }
-    static __device__ __forceinline__ void store(double2 *p, long site, int i, const V3 &v) {
-        store_row(p, site, i, v);
-    }
-    static __device__ __forceinline__ V3 staple(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu,
-                                                int mu, const staple::Arg &X, int i) {
-        return staple::fwd_row(L, c, x, Un, nu, mu, X, i);
-    }
-};
-// thread gid of a launch over `fields` fields of matrices: field f, site x (its coordinates c) and the row
-struct Job {
-    int f, row;
-    long x;
-    int c[4];
-};
-template <bool ROWS>
-__device__ __forceinline__ bool job(const lat::Box &L, int fields, Job &j) {
-    const long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (gid >= Part<ROWS>::per_matrix * fields * L.vol) return false;
-    const long m = gid / Part<ROWS>::per_matrix;
-    j.row = gid - m * Part<ROWS>::per_matrix;
-    j.f = m / L.vol;
-    j.x = m - j.f * L.vol;
-    lat::coords(L, j.x, j.c);
-    return true;
-}
-
 // A_p(x) = S_nu[U_mu]_mu(x) for the 12 pairs p = 3 mu + j
 template <bool ROWS>
 __device__ __forceinline__ void a_kernel(const double2 *U, double2 *A, int nx, int ny, int nz, int nt) {
-    typedef Part<ROWS> P;
+    typedef staple::Part<ROWS> P;
     const lat::Box L = lat::whole(nx, ny, nz, nt);
-    Job w;
-    if (!job<ROWS>(L, 12, w)) return;
+    lat::Job w;
+    if (!lat::job<P::PER>(L, 12, w)) return;
     const int mu = w.f / 3, nu = other(mu, w.f % 3);
     const double2 *Um = U + 9 * (long)mu * L.vol;
     P::store(A + 9 * (long)w.f * L.vol, w.x, w.row,
-             P::staple(L, w.c, w.x, U + 9 * (long)nu * L.vol, nu, mu, staple::arg(Um), w.row));
+             P::fwd(L, w.c, w.x, U + 9 * (long)nu * L.vol, nu, mu, staple::arg(Um), w.row));
 }
 
 // inner_p(x) = c3 U_mu(x) + cL A_p(x) + sum_{rho != mu, nu} S_rho[c5 U_mu + c7 A_{mu,sigma}]_mu(x); A: the output of
@@ -80,10 +38,10 @@ __device__ __forceinline__ void a_kernel(const double2 *U, double2 *A, int nx, i
 template <bool ROWS>
 __device__ __forceinline__ void inner_kernel(const double2 *U, const double2 *A, double2 *inner, double c3,
                                              double c5, double c7, double cl, int nx, int ny, int nz, int nt) {
-    typedef Part<ROWS> P;
+    typedef staple::Part<ROWS> P;
     const lat::Box L = lat::whole(nx, ny, nz, nt);
-    Job w;
-    if (!job<ROWS>(L, 12, w)) return;
+    lat::Job w;
+    if (!lat::job<P::PER>(L, 12, w)) return;
     const int p = w.f, mu = p / 3, nu = other(mu, p % 3);
     const double2 *Um = U + 9 * (long)mu * L.vol;
     typename P::T r = scaled(c3, P::load(Um, w.x, w.row));
@@ -92,7 +50,7 @@ __device__ __forceinline__ void inner_kernel(const double2 *U, const double2 *A,
         const int rho = other(mu, k);
         if (rho == nu) continue;
         const double2 *As = A + 9 * (long)(3 * mu + lat::slot(mu, lat::fourth(mu, nu, rho))) * L.vol;
-        add(r, P::staple(L, w.c, w.x, U + 9 * (long)rho * L.vol, rho, mu, staple::arg(Um, c5, As, c7, c7 != 0.0),
+        add(r, P::fwd(L, w.c, w.x, U + 9 * (long)rho * L.vol, rho, mu, staple::arg(Um, c5, As, c7, c7 != 0.0),
                          w.row));
     }
     P::store(inner + 9 * (long)p * L.vol, w.x, w.row, r);
@@ -102,16 +60,16 @@ __device__ __forceinline__ void inner_kernel(const double2 *U, const double2 *A,
 template <bool ROWS>
 __device__ __forceinline__ void fat_kernel(const double2 *U, const double2 *inner, double2 *F, double c1,
                                            int nx, int ny, int nz, int nt) {
-    typedef Part<ROWS> P;
+    typedef staple::Part<ROWS> P;
     const lat::Box L = lat::whole(nx, ny, nz, nt);
-    Job w;
-    if (!job<ROWS>(L, 4, w)) return;
+    lat::Job w;
+    if (!lat::job<P::PER>(L, 4, w)) return;
     const int mu = w.f;
     typename P::T r = scaled(c1, P::load(U + 9 * (long)mu * L.vol, w.x, w.row));
     for (int j = 0; j < 3; ++j) {
         const int nu = other(mu, j);
         const double2 *In = inner + 9 * (long)(3 * mu + j) * L.vol;
-        add(r, P::staple(L, w.c, w.x, U + 9 * (long)nu * L.vol, nu, mu, staple::arg(In), w.row));
+        add(r, P::fwd(L, w.c, w.x, U + 9 * (long)nu * L.vol, nu, mu, staple::arg(In), w.row));
     }
     P::store(F + 9 * (long)mu * L.vol, w.x, w.row, r);
 }

@@ -22,7 +22,7 @@ using lat::fourth;
 enum { G_TERMS = 1, H_TERMS = 2 };
 template <int TERMS>
 __device__ __forceinline__ void link_terms(M3 &g, M3 &h, const staple::Arg &X, const double2 *D, const double2 *Ul,
-                                           const long s[4], long xpm) {
+                                           const long s[4], long xpm, int) {
     if (TERMS & G_TERMS) {
         mac(g, staple::at(X, s[1]), dn(load(Ul, xpm), load(D, s[0])));
         mac(g, load(D, s[3]), dn(load(Ul, s[2]), staple::at(X, s[2])));
@@ -33,46 +33,61 @@ __device__ __forceinline__ void link_terms(M3 &g, M3 &h, const staple::Arg &X, c
     }
 }
 
+// the rows form: row i of g and column i of h (add_dag then gives row i of g + h^dag), the same sums
+template <int TERMS>
+__device__ __forceinline__ void link_terms(V3 &g, V3 &h, const staple::Arg &X, const double2 *D, const double2 *Ul,
+                                           const long s[4], long xpm, int i) {
+    if (TERMS & G_TERMS) {
+        mac(g, staple::at_row(X, s[1], i), dn(load(Ul, xpm), load(D, s[0])));
+        mac(g, load_row(D, s[3], i), dn(load(Ul, s[2]), staple::at(X, s[2])));
+    }
+    if (TERMS & H_TERMS) {
+        mac(h, staple::at(X, s[0]), mv(load(Ul, xpm), load_col(D, s[1], i)));
+        mac(h, load(D, s[2]), mv(load(Ul, s[2]), staple::at_col(X, s[3], i)));
+    }
+}
+
 // stage 3 (adjoint of F_mu = ... + sum_nu S_nu[inner_nu]_mu): DI_p = S_nu^T[D_F mu]
-extern "C" __global__ void ${BOUNDS}svjp_d_inner${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ DF, double2 *DI, int nx, int ny, int nz, int nt) {
+template <bool ROWS>
+__device__ __forceinline__ void d_inner(const double2 *U, const double2 *DF, double2 *DI, int nx, int ny, int nz,
+                                        int nt) {
+    typedef staple::Part<ROWS> P;
     const lat::Box g = lat::whole(nx, ny, nz, nt);
-    const long t = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (t >= 12 * g.vol) return;
-    const int p = t / g.vol, mu = p / 3, nu = other(mu, p % 3);
-    const long x = t - p * g.vol;
-    int c[4];
-    lat::coords(g, x, c);
-    store(DI + 9 * p * g.vol, x, staple::adj(g, c, x, U + 9 * nu * g.vol, nu, mu, DF + 9 * mu * g.vol));
+    lat::Job w;
+    if (!lat::job<P::PER>(g, 12, w)) return;
+    const int p = w.f, mu = p / 3, nu = other(mu, p % 3);
+    P::store(DI + 9 * p * g.vol, w.x, w.row,
+             P::adj(g, w.c, w.x, U + 9 * nu * g.vol, nu, mu, DF + 9 * mu * g.vol, w.row));
 }
 
 // stage 4 (adjoint of the inner_nu), one thread per (mu, x): with D_arg(nu, rho) = S_rho^T[DI_{mu,nu}],
 //   DA_{mu,sigma} = cL DI_{mu,sigma} + c7 [D_arg(nu, rho) + D_arg(rho, nu)]   ({nu, rho} the two others),
 //   DU_mu(x) = (c1 - 6 cL) D_F mu(x) + c3 sum_nu DI_{mu,nu}(x) + c5 sum_{nu != rho} D_arg(nu, rho)(x)  (written)
-extern "C" __global__ void ${BOUNDS}svjp_d_a${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ DF, const double2 *__restrict__ DI, double2 *DA,
-        double2 *DU, double c1, double c3, double c5, double c7, double cl, int nx, int ny, int nz, int nt) {
+template <bool ROWS>
+__device__ __forceinline__ void d_a(const double2 *U, const double2 *DF, const double2 *DI, double2 *DA, double2 *DU,
+                                    double c1, double c3, double c5, double c7, double cl,
+                                    int nx, int ny, int nz, int nt) {
+    typedef staple::Part<ROWS> P;
+    typedef typename P::T T;
     const lat::Box g = lat::whole(nx, ny, nz, nt);
-    const long t = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (t >= 4 * g.vol) return;
-    const int mu = t / g.vol;
-    const long x = t - mu * g.vol;
-    int c[4];
-    lat::coords(g, x, c);
-    M3 du = scaled(c1 - 6.0 * cl, load(DF + 9 * mu * g.vol, x));
+    lat::Job w;
+    if (!lat::job<P::PER>(g, 4, w)) return;
+    const int mu = w.f, row = w.row;
+    const long x = w.x;
+    T du = scaled(c1 - 6.0 * cl, P::load(DF + 9 * mu * g.vol, x, row));
     for (int j = 0; j < 3; ++j) {  // sigma = other(mu, j)
         const int nu = other(mu, j == 0 ? 1 : 0), rho = other(mu, j == 2 ? 1 : 2);
         const double2 *DIs = DI + 9 * (3 * mu + j) * g.vol;
-        M3 args = staple::adj(g, c, x, U + 9 * rho * g.vol, rho, mu, DI + 9 * (3 * mu + slot(mu, nu)) * g.vol);
-        add(args, staple::adj(g, c, x, U + 9 * nu * g.vol, nu, mu, DI + 9 * (3 * mu + slot(mu, rho)) * g.vol));
-        const M3 di = load(DIs, x);
-        M3 da = scaled(cl, di);
+        T args = P::adj(g, w.c, x, U + 9 * rho * g.vol, rho, mu, DI + 9 * (3 * mu + slot(mu, nu)) * g.vol, row);
+        add(args, P::adj(g, w.c, x, U + 9 * nu * g.vol, nu, mu, DI + 9 * (3 * mu + slot(mu, rho)) * g.vol, row));
+        const T di = P::load(DIs, x, row);
+        T da = scaled(cl, di);
         axpy(da, c7, args);
-        store(DA + 9 * (3 * mu + j) * g.vol, x, da);
+        P::store(DA + 9 * (3 * mu + j) * g.vol, x, row, da);
         axpy(du, c3, di);
         axpy(du, c5, args);
     }
-    store(DU + 9 * mu * g.vol, x, du);
+    P::store(DU + 9 * mu * g.vol, x, row, du);
 }
 
 // stage 5, one thread per output link (lam, x): DU_lam(x) += sum_nu S_nu^T[DA_{lam,nu}](x) (the adjoint of
@@ -83,28 +98,29 @@ extern "C" __global__ void ${BOUNDS}svjp_d_a${SUF}(
 // TERMS = G_TERMS | H_TERMS: all of it in one launch (svjp_links). Split (svjp_links_g, then svjp_links_h): the
 // first writes D_U with the adjoint and g terms, the second adds h^dag: the same sums, each accumulator alone in
 // registers, D_U read and written once more.
-template <int TERMS>
+template <int TERMS, bool ROWS>
 __device__ __forceinline__ void links(const double2 *U, const double2 *A, const double2 *inner, const double2 *DF,
                                       const double2 *DI, const double2 *DA, double2 *DU, double c5, double c7,
                                       int nx, int ny, int nz, int nt) {
+    typedef staple::Part<ROWS> P;
+    typedef typename P::T T;
     const lat::Box g = lat::whole(nx, ny, nz, nt);
-    const long t = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (t >= 4 * g.vol) return;
-    const int lam = t / g.vol;
-    const long x = t - lam * g.vol;
-    int c[4];
-    lat::coords(g, x, c);
+    lat::Job w;
+    if (!lat::job<P::PER>(g, 4, w)) return;
+    const int lam = w.f, row = w.row;
+    const long x = w.x;
+    const int *c = w.c;
     const long V9 = 9 * g.vol;
     const double2 *Ul = U + lam * V9;
-    M3 du = zero();                      // the g accumulator: D_U_lam(x) and the terms of A's adjoint (G_TERMS)
+    T du = P::zero();                    // the g accumulator: D_U_lam(x) and the terms of A's adjoint (G_TERMS)
     if (TERMS & G_TERMS) {
-        du = load(DU + lam * V9, x);
+        du = P::load(DU + lam * V9, x, row);
         for (int j = 0; j < 3; ++j) {
             const int nu = other(lam, j);
-            add(du, staple::adj(g, c, x, U + nu * V9, nu, lam, DA + (3 * lam + j) * V9));
+            add(du, P::adj(g, c, x, U + nu * V9, nu, lam, DA + (3 * lam + j) * V9, row));
         }
     }
-    M3 h = zero();
+    T h = P::zero();
     #pragma unroll 1
     for (int k = 0; k < 3; ++k) {
         const int mu = other(lam, k);
@@ -113,35 +129,73 @@ __device__ __forceinline__ void links(const double2 *U, const double2 *A, const 
         const long xpm = lat::hop(g, c, mu, 1, lam, 0);
         const double2 *Um = U + mu * V9;
         const long pl = 3 * mu + slot(mu, lam);
-        link_terms<TERMS>(du, h, staple::arg(inner + pl * V9), DF + mu * V9, Ul, s, xpm);
-        link_terms<TERMS>(du, h, staple::arg(Um), DA + pl * V9, Ul, s, xpm);
+        link_terms<TERMS>(du, h, staple::arg(inner + pl * V9), DF + mu * V9, Ul, s, xpm, row);
+        link_terms<TERMS>(du, h, staple::arg(Um), DA + pl * V9, Ul, s, xpm, row);
         #pragma unroll 1
         for (int i = 0; i < 3; ++i) {
             const int nu = other(mu, i);
             if (nu == lam) continue;
             const double2 *As = A + (3 * mu + slot(mu, fourth(mu, nu, lam))) * V9;
-            link_terms<TERMS>(du, h, staple::arg(Um, c5, As, c7, c7 != 0.0), DI + (3 * mu + i) * V9, Ul, s, xpm);
+            link_terms<TERMS>(du, h, staple::arg(Um, c5, As, c7, c7 != 0.0), DI + (3 * mu + i) * V9, Ul, s, xpm,
+                              row);
         }
     }
-    if (TERMS == H_TERMS) du = load(DU + lam * V9, x);   // written by svjp_links_g
-    if (TERMS & H_TERMS) add(du, dag(h));
-    store(DU + lam * V9, x, du);
+    if (TERMS == H_TERMS) du = P::load(DU + lam * V9, x, row);   // written by svjp_links_g
+    if (TERMS & H_TERMS) add_dag(du, h);
+    P::store(DU + lam * V9, x, row, du);
+}
+// the kernels: one thread per output matrix, and the _rows forms (three threads a matrix, one a row)
+extern "C" __global__ void ${BOUNDS}svjp_d_inner${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ DF, double2 *DI, int nx, int ny, int nz, int nt) {
+    d_inner<false>(U, DF, DI, nx, ny, nz, nt);
+}
+extern "C" __global__ void ${BOUNDS}svjp_d_a${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ DF, const double2 *__restrict__ DI, double2 *DA,
+        double2 *DU, double c1, double c3, double c5, double c7, double cl, int nx, int ny, int nz, int nt) {
+    d_a<false>(U, DF, DI, DA, DU, c1, c3, c5, c7, cl, nx, ny, nz, nt);
 }
 extern "C" __global__ void ${BOUNDS}svjp_links${SUF}(
         const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
         const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
         double c5, double c7, int nx, int ny, int nz, int nt) {
-    links<G_TERMS | H_TERMS>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
+    links<G_TERMS | H_TERMS, false>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
 }
 extern "C" __global__ void ${BOUNDS}svjp_links_g${SUF}(
         const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
         const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
         double c5, double c7, int nx, int ny, int nz, int nt) {
-    links<G_TERMS>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
+    links<G_TERMS, false>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
 }
 extern "C" __global__ void ${BOUNDS}svjp_links_h${SUF}(
         const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
         const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
         double c5, double c7, int nx, int ny, int nz, int nt) {
-    links<H_TERMS>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
+    links<H_TERMS, false>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
+}
+extern "C" __global__ void ${BOUNDS}svjp_d_inner_rows${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ DF, double2 *DI, int nx, int ny, int nz, int nt) {
+    d_inner<true>(U, DF, DI, nx, ny, nz, nt);
+}
+extern "C" __global__ void ${BOUNDS}svjp_d_a_rows${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ DF, const double2 *__restrict__ DI, double2 *DA,
+        double2 *DU, double c1, double c3, double c5, double c7, double cl, int nx, int ny, int nz, int nt) {
+    d_a<true>(U, DF, DI, DA, DU, c1, c3, c5, c7, cl, nx, ny, nz, nt);
+}
+extern "C" __global__ void ${BOUNDS}svjp_links_rows${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
+        const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
+        double c5, double c7, int nx, int ny, int nz, int nt) {
+    links<G_TERMS | H_TERMS, true>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
+}
+extern "C" __global__ void ${BOUNDS}svjp_links_g_rows${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
+        const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
+        double c5, double c7, int nx, int ny, int nz, int nt) {
+    links<G_TERMS, true>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
+}
+extern "C" __global__ void ${BOUNDS}svjp_links_h_rows${SUF}(
+        const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
+        const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
+        double c5, double c7, int nx, int ny, int nz, int nt) {
+    links<H_TERMS, true>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
 }

@@ -58,8 +58,13 @@ def test_row_kernels_equal_the_matrix_ones(blocks):
         assert all(np.array_equal(r, o) for r, o in zip(hisq_staged.forward(rows, v, c), hisq_staged.forward(one, v, c)))
         assert np.array_equal(hisq_staged.fat_link(rows, v, c), hisq_staged.fat_link(one, v, c))
         assert np.array_equal(hisq_staged_vjp.fat_link_vjp(rows, v, c, d), hisq_staged_vjp.fat_link_vjp(one, v, c, d))
+    split = Geometry(DIMS, Backend("cupy", FakeCuPy()),
+                     config=RunConfig(hisq_min_blocks=blocks, hisq_staged_rows=True, hisq_links_split=True))
+    assert np.array_equal(hisq_staged_vjp.fat_link_vjp(split, v, c, d), hisq_staged_vjp.fat_link_vjp(one, v, c, d))
     suffix = hisq_staged.variant(rows.config)["SUF"]
     assert ("cuda_function", "force", "hisq_staged.cu", "staged_inner_rows" + suffix) in rows.backend.kernels
+    assert ("cuda_function", "force", "hisq_staged_vjp.cu", "svjp_links_rows" + suffix) in rows.backend.kernels
+    assert ("cuda_function", "force", "hisq_staged_vjp.cu", "svjp_links_h_rows" + suffix) in split.backend.kernels
 
 
 def test_setting_is_checked():
