@@ -1,6 +1,6 @@
 """The forms of the staged HISQ kernels on the device (run configuration hisq_staged_rows, hisq_links_split,
 hisq_min_blocks; force/hisq_staged.py) give the default kernels' fat link and chain rule to 1e-14 relative: the
-same sums (bitwise on the host build, tests/force/test_hisq_staged_bounds_host.py); on the device the compiler's
+same sums (bitwise on the host build, tests/force/test_hisq_staged_forms_host.py); on the device the compiler's
 fused multiply-adds may differ with the register budget."""
 import pytest
 
