@@ -30,6 +30,9 @@ staged_fat     U (4 M), inner (12 M)   F (4 M)     20 M
 :func:`force.hisq_cuda.fat_link` (runs/rhmc/README.md, "Link smearing and the fermion-force chain rule"). The
 intermediates A and inner take 2 x 12 link fields (3.6 GB at 32^4).
 
+Kernel forms (run configuration, all the same sums): ``hisq_staged_rows`` three threads a matrix (:func:`rows`),
+``hisq_min_blocks`` launch bounds (:func:`variant`); tools/kernel_resources.py lists their registers.
+
 Selection: registered ahead of :func:`force.hisq_cuda.fat_link` for the unpadded placements (``priority=1``,
 :func:`lattice.placement.implements`), on where the run configuration's ``hisq_staged`` (HMC_HISQ_STAGED=1, or
 the override :func:`set_enabled`) and ``hisq_kernels`` are both on; off by default, the old kernels then serve
@@ -65,12 +68,67 @@ def enabled(config=None) -> bool:
     return switch_on(SWITCH, config) and hisq_cuda.enabled(config)
 
 
-def _fn(backend, name):
-    return cuda_source.function(backend, "force", "hisq_staged.cu", name)
+def min_blocks(config) -> int:
+    """The launch bound of the staged kernels under ``config`` (None: none): its ``hisq_min_blocks``."""
+    return 0 if config is None else int(config.hisq_min_blocks)
+
+
+def variant(config) -> dict:
+    """The template parameters of the staged kernel files (hisq_staged.cu, hisq_staged_vjp.cu) under ``config``:
+    no launch bounds, or ``__launch_bounds__(BLOCK, n)`` with n = ``hisq_min_blocks`` (at least n blocks of BLOCK
+    threads an SM: at most 65536 / (BLOCK n) registers a thread; tools/kernel_resources.py lists the registers and
+    spills of each variant). Same arithmetic in every variant."""
+    n = min_blocks(config)
+    return {"BOUNDS": "", "SUF": ""} if n == 0 else {"BOUNDS": f"__launch_bounds__({BLOCK}, {n}) ", "SUF": f"_b{n}"}
+
+
+def kernel(backend, file, name, config=None):
+    """The kernel ``name`` of the staged kernel file ``file`` in the variant of ``config`` (:func:`variant`)."""
+    params = variant(config)
+    return cuda_source.function(backend, "force", file, name + params["SUF"], params)
+
+
+def rows(config) -> bool:
+    """Whether the kernels run with three threads a matrix, thread 3 m + i computing row i of matrix m (the
+    ``_rows`` kernels: the same sums, term for term, about half the registers a thread), under ``config`` (None:
+    one thread a matrix): its ``hisq_staged_rows``."""
+    return config is not None and bool(config.hisq_staged_rows)
+
+
+def _fn(backend, name, config=None):
+    return kernel(backend, "hisq_staged.cu", name + ("_rows" if rows(config) else ""), config)
+
+
+def launch(geom, file, name, matrices, args):
+    """Kernel ``name`` of the staged kernel file ``file`` in the form geom's configuration asks for (:func:`rows`,
+    :func:`variant`) over ``matrices`` output matrices (three threads each in the rows form), the local extents
+    appended to ``args``."""
+    threads = matrices * (3 if rows(geom.config) else 1)
+    dims = tuple(np.int32(n) for n in geom.local_dims)
+    fn = kernel(geom.backend, file, name + ("_rows" if rows(geom.config) else ""), geom.config)
+    fn(_grid(threads), (BLOCK,), tuple(args) + dims)
+
+
+def _launch(geom, name, matrices, args):
+    launch(geom, "hisq_staged.cu", name, matrices, args)
 
 
 def _grid(n):
     return ((int(n) + BLOCK - 1) // BLOCK,)
+
+
+def forward(geom, u, c):
+    """The intermediates (A, inner) of stages 1 and 2 (module docstring), each (12, nt, nz, ny, nx, 3, 3), of the
+    contiguous links ``u``; the chain rule (force/hisq_staged_vjp.py) keeps them."""
+    cp = geom.xp
+    vol = geom.local_volume
+    f64 = np.float64
+    a = cp.empty((PAIRS,) + u.shape[1:], dtype=u.dtype)
+    inner = cp.empty_like(a)
+    _launch(geom, "staged_a", PAIRS * vol, (u, a))
+    _launch(geom, "staged_inner", PAIRS * vol,
+            (u, a, inner, f64(c.three_staple), f64(c.five_staple), f64(c.seven_staple), f64(c.lepage)))
+    return a, inner
 
 
 def fat_link(geom, links, c):
@@ -78,17 +136,9 @@ def fat_link(geom, links, c):
     3, 3), unphased, as :func:`force.smearing.fat_link` takes them."""
     cp = geom.xp
     u = links if links.flags.c_contiguous else cp.ascontiguousarray(links)
-    vol = geom.local_volume
-    dims = tuple(np.int32(n) for n in geom.local_dims)
-    f64 = np.float64
-    a = cp.empty((PAIRS,) + u.shape[1:], dtype=u.dtype)
-    inner = cp.empty_like(a)
+    _, inner = forward(geom, u, c)
     out = cp.empty_like(u)
-    _fn(geom.backend, "staged_a")(_grid(PAIRS * vol), (BLOCK,), (u, a) + dims)
-    _fn(geom.backend, "staged_inner")(_grid(PAIRS * vol), (BLOCK,),
-                                      (u, a, inner, f64(c.three_staple), f64(c.five_staple), f64(c.seven_staple),
-                                       f64(c.lepage)) + dims)
-    _fn(geom.backend, "staged_fat")(_grid(4 * vol), (BLOCK,), (u, inner, out, f64(c.one_link - 6.0 * c.lepage)) + dims)
+    _launch(geom, "staged_fat", 4 * geom.local_volume, (u, inner, out, np.float64(c.one_link - 6.0 * c.lepage)))
     return out
 
 

@@ -1,13 +1,14 @@
 """The chain rule of the HISQ fat link on one GPU in five staged kernels over all directions at once (issue 19;
-kernel file force/kernels/hisq_staged_vjp.cu; NumPy twin: :func:`force.smearing_derivative.fat_link_vjp`).
+kernel file force/kernels/hisq_staged_vjp.cu, the forward stages 1 and 2 those of force/kernels/hisq_staged.cu
+through :func:`force.hisq_staged.forward`; NumPy twin: :func:`force.smearing_derivative.fat_link_vjp`).
 
 :func:`force.hisq_cuda.fat_link_vjp` runs the reverse pass of the twin direction by direction, 24 launches per mu,
 each ``staple_vjp`` read-modify-writing D_U and up to three outputs. Here the same reverse pass is split into
 stages, each one launch over all (mu, nu) pairs (p = 3 mu + j, nu the j-th direction != mu), every output matrix
 owned by one thread that sums every term landing on it (no atomics, no read-modify-write between threads):
 
-1. ``svjp_a``       A_p = S_nu[U_mu]_mu                                                      (forward, kept)
-2. ``svjp_inner``   inner_p = c3 U_mu + cL A_p + sum_{rho != mu,nu} S_rho[c5 U_mu + c7 A_{mu,sigma}]_mu  (kept)
+1. ``staged_a``     A_p = S_nu[U_mu]_mu                                                      (forward, kept)
+2. ``staged_inner`` inner_p = c3 U_mu + cL A_p + sum_{rho != mu,nu} S_rho[c5 U_mu + c7 A_{mu,sigma}]_mu  (kept)
 3. ``svjp_d_inner`` D_inner_p = S_nu^T[D_F mu]
 4. ``svjp_d_a``     per (mu, x), with D_arg(nu, rho) = S_rho^T[D_inner_{mu,nu}]:
                     D_a_{mu,sigma} = cL D_inner_{mu,sigma} + c7 [D_arg(nu, rho) + D_arg(rho, nu)] ({nu, rho, sigma}
@@ -28,25 +29,26 @@ at 32^4; the intermediates take 48 M a site of device memory (7.2 GiB at 32^4).
 
 Registered ahead of the per-direction kernels (priority 1) for the whole lattice on one GPU, behind the run
 configuration's ``hisq_staged_vjp`` (HMC_HISQ_STAGED_VJP=1; default off: the per-direction kernels) and the
-``hisq_kernels`` switch; :func:`set_enabled` overrides it (tests, timings).
+``hisq_kernels`` switch; :func:`set_enabled` overrides it (tests, timings). Launch bounds: the run configuration's
+``hisq_min_blocks`` (:func:`force.hisq_staged.variant`) and three threads a matrix, ``hisq_staged_rows``
+(:func:`force.hisq_staged.rows`), as for the forward kernels; stage 5 in two launches: ``hisq_links_split``
+(:func:`links_split`). The same sums in every form.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from comms.config import RunConfig
-from lattice import cuda_source
 from lattice.placement import Placement, holds_whole_lattice, implements, set_switch, switch_on
 
-from . import hisq_cuda
+from . import hisq_cuda, hisq_staged
 
 #: the run-configuration switch of the staged chain rule
 SWITCH = "hisq_staged_vjp"
 KERNEL_FILE = "hisq_staged_vjp.cu"
-BLOCK = 128
 MATRIX = 9 * 16
 #: the floor model of the module docstring: matrices moved per site by each stage, and the bytes in all
-MATRICES_PER_STAGE = {"svjp_a": 16, "svjp_inner": 28, "svjp_d_inner": 20, "svjp_d_a": 36, "svjp_links": 64}
+MATRICES_PER_STAGE = {"staged_a": 16, "staged_inner": 28, "svjp_d_inner": 20, "svjp_d_a": 36, "svjp_links": 64}
 BYTES_PER_SITE = MATRIX * sum(MATRICES_PER_STAGE.values())
 
 
@@ -61,10 +63,15 @@ def enabled(config: RunConfig | None = None) -> bool:
     return switch_on(SWITCH, config) and hisq_cuda.enabled(config)
 
 
-def _launch(geom, name, threads, args):
-    fn = cuda_source.function(geom.backend, "force", KERNEL_FILE, name)
-    dims = tuple(np.int32(n) for n in geom.local_dims)
-    fn(((int(threads) + BLOCK - 1) // BLOCK,), (BLOCK,), tuple(args) + dims)
+def links_split(config) -> bool:
+    """Whether stage 5 runs in two launches (``svjp_links_g``, then ``svjp_links_h``: the g and the h terms of the
+    staple-link derivatives apart, one accumulator in registers instead of two; D_U read and written once more,
+    8 M a site) under ``config`` (None: one launch): its ``hisq_links_split``. The same sums either way."""
+    return config is not None and bool(config.hisq_links_split)
+
+
+def _launch(geom, name, matrices, args):
+    hisq_staged.launch(geom, KERNEL_FILE, name, matrices, args)
 
 
 def fat_link_vjp(geom, links, c, d_fat):
@@ -73,17 +80,17 @@ def fat_link_vjp(geom, links, c, d_fat):
     cp = geom.xp
     u = cp.ascontiguousarray(links)
     d_f = cp.ascontiguousarray(d_fat)
-    pairs = (12,) + u.shape[1:]
-    a, inner, d_inner, d_a = (cp.empty(pairs, dtype=u.dtype) for _ in range(4))
+    a, inner = hisq_staged.forward(geom, u, c)
+    d_inner, d_a = cp.empty_like(a), cp.empty_like(a)
     d_u = cp.empty_like(u)
     f64 = np.float64
     c1, c3, c5, c7, cl = (f64(v) for v in (c.one_link, c.three_staple, c.five_staple, c.seven_staple, c.lepage))
     vol = geom.local_volume
-    _launch(geom, "svjp_a", 12 * vol, (u, a))
-    _launch(geom, "svjp_inner", 12 * vol, (u, a, inner, c3, c5, c7, cl))
     _launch(geom, "svjp_d_inner", 12 * vol, (u, d_f, d_inner))
     _launch(geom, "svjp_d_a", 4 * vol, (u, d_f, d_inner, d_a, d_u, c1, c3, c5, c7, cl))
-    _launch(geom, "svjp_links", 4 * vol, (u, a, inner, d_f, d_inner, d_a, d_u, c5, c7))
+    links = (u, a, inner, d_f, d_inner, d_a, d_u, c5, c7)
+    for name in (("svjp_links_g", "svjp_links_h") if links_split(geom.config) else ("svjp_links",)):
+        _launch(geom, name, 4 * vol, links)
     return d_u
 
 

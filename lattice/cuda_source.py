@@ -94,6 +94,13 @@ def options(package: str, name: str) -> tuple:
     return OPTIONS[(package, name)]
 
 
+def resource_usage_command(package: str, name: str, path, cubin, arch: str = "sm_90") -> list[str]:
+    """The nvcc command that compiles ``path`` (a file holding :func:`source`'s text of ``name``) with the file's
+    nvrtc options for ``arch`` into ``cubin`` and prints ptxas's registers, stack and spills per kernel
+    (tools/kernel_resources.py): the same front end and ptxas as nvrtc on the device, no GPU needed."""
+    return ["nvcc", f"-arch={arch}", "-cubin", "--resource-usage", "-o", str(cubin), *options(package, name), str(path)]
+
+
 def module(backend, package: str, name: str, params: dict | None = None):
     """The compiled kernel file ``name`` of ``package`` (variant ``params``), built once per backend."""
     key = ("cuda_module", package, name, tuple(params.items()) if params else None)

@@ -2,18 +2,9 @@
 // outer products). Driver: force/hisq_cuda.py (its docstring lists them); NumPy twins: force.smearing,
 // force.smearing_derivative, force.unitarize, force.unitarize_derivative, force.hisq_force.
 #include "hmc_common.cuh"
-__device__ __forceinline__ M3 load(const double2 *__restrict__ p, long site) {
-    M3 m;
-    const double2 *q = p + 9 * site;
-    #pragma unroll
-    for (int i = 0; i < 9; ++i) m.e[i] = __ldg(q + i);
-    return m;
-}
-__device__ __forceinline__ void store(double2 *__restrict__ p, long site, const M3 &m) {
-    double2 *q = p + 9 * site;
-    #pragma unroll
-    for (int i = 0; i < 9; ++i) q[i] = m.e[i];
-}
+// the 3x3 algebra, the walk on the box (lat::Box: region, box and origin) and S_nu[X]_mu with its adjoint: the
+// shared header's (lattice/kernels/hmc_common.cuh)
+using namespace m3;
 // o = (acc ? o : 0) + k m
 __device__ __forceinline__ void update(double2 *__restrict__ p, long site, const M3 &m, double k, int acc) {
     double2 *q = p + 9 * site;
@@ -23,117 +14,6 @@ __device__ __forceinline__ void update(double2 *__restrict__ p, long site, const
         q[i] = acc ? cadd(q[i], v) : v;
     }
 }
-__device__ __forceinline__ M3 mul_nn(const M3 &a, const M3 &b) {
-    M3 c;
-    #pragma unroll
-    for (int i = 0; i < 3; ++i)
-        #pragma unroll
-        for (int k = 0; k < 3; ++k) {
-            double2 s = cmul(a.e[3 * i], b.e[k]);
-            s = cadd(s, cmul(a.e[3 * i + 1], b.e[3 + k]));
-            s = cadd(s, cmul(a.e[3 * i + 2], b.e[6 + k]));
-            c.e[3 * i + k] = s;
-        }
-    return c;
-}
-__device__ __forceinline__ M3 mul_nd(const M3 &a, const M3 &b) {  // a b^dag
-    M3 c;
-    #pragma unroll
-    for (int i = 0; i < 3; ++i)
-        #pragma unroll
-        for (int k = 0; k < 3; ++k) {
-            double2 s = cmulc(a.e[3 * i], b.e[3 * k]);
-            s = cadd(s, cmulc(a.e[3 * i + 1], b.e[3 * k + 1]));
-            s = cadd(s, cmulc(a.e[3 * i + 2], b.e[3 * k + 2]));
-            c.e[3 * i + k] = s;
-        }
-    return c;
-}
-__device__ __forceinline__ M3 mul_dn(const M3 &a, const M3 &b) {  // a^dag b
-    M3 c;
-    #pragma unroll
-    for (int i = 0; i < 3; ++i)
-        #pragma unroll
-        for (int k = 0; k < 3; ++k) {
-            double2 s = ccmul(a.e[i], b.e[k]);
-            s = cadd(s, ccmul(a.e[3 + i], b.e[3 + k]));
-            s = cadd(s, ccmul(a.e[6 + i], b.e[6 + k]));
-            c.e[3 * i + k] = s;
-        }
-    return c;
-}
-__device__ __forceinline__ M3 dag(const M3 &a) {
-    M3 c;
-    #pragma unroll
-    for (int i = 0; i < 3; ++i)
-        #pragma unroll
-        for (int k = 0; k < 3; ++k) c.e[3 * i + k] = make_double2(a.e[3 * k + i].x, -a.e[3 * k + i].y);
-    return c;
-}
-__device__ __forceinline__ M3 madd(const M3 &a, const M3 &b) {
-    M3 c;
-    #pragma unroll
-    for (int i = 0; i < 9; ++i) c.e[i] = cadd(a.e[i], b.e[i]);
-    return c;
-}
-__device__ __forceinline__ void axpy(M3 &y, double a, const M3 &x) {  // y += a x
-    #pragma unroll
-    for (int i = 0; i < 9; ++i) { y.e[i].x += a * x.e[i].x; y.e[i].y += a * x.e[i].y; }
-}
-
-// The sites the threads cover (the region: extents n, vol of them) at the origin o of the box the fields live on
-// (extents p, pvol sites; neighbours wrap modulo p). One GPU, whole lattice: region = box, o = 0, periodic. On a
-// partitioned lattice the box is the halo-padded local array (Geometry.padded) and the region its interior, or the
-// interior grown by the sites an intermediate is read at; the padding is deep enough that the walks of the
-// interior's paths never wrap on a padded dimension.
-struct Lat {
-    int n[4];
-    long vol;
-    int p[4];
-    long pvol;
-    int o[4];
-};
-__device__ __forceinline__ Lat make_box(int nx, int ny, int nz, int nt, int px, int py, int pz, int pt,
-                                        int ox, int oy, int oz, int ot) {
-    Lat L;
-    L.n[0] = nx; L.n[1] = ny; L.n[2] = nz; L.n[3] = nt;
-    L.vol = (long)nx * ny * nz * nt;
-    L.p[0] = px; L.p[1] = py; L.p[2] = pz; L.p[3] = pt;
-    L.pvol = (long)px * py * pz * pt;
-    L.o[0] = ox; L.o[1] = oy; L.o[2] = oz; L.o[3] = ot;
-    return L;
-}
-__device__ __forceinline__ Lat make_lat(int nx, int ny, int nz, int nt) {
-    return make_box(nx, ny, nz, nt, nx, ny, nz, nt, 0, 0, 0, 0);
-}
-// the box coordinates of region site number `site` (x fastest)
-__device__ __forceinline__ void coords(const Lat &L, long site, int c[4]) {
-    long r = site;
-    c[0] = r % L.n[0] + L.o[0]; r /= L.n[0];
-    c[1] = r % L.n[1] + L.o[1]; r /= L.n[1];
-    c[2] = r % L.n[2] + L.o[2]; c[3] = r / L.n[2] + L.o[3];
-}
-__device__ __forceinline__ long box_index(const Lat &L, const int q[4]) {
-    return q[0] + (long)L.p[0] * (q[1] + (long)L.p[1] * (q[2] + (long)L.p[2] * q[3]));
-}
-__device__ __forceinline__ int wrap(int v, int n) { v %= n; return v < 0 ? v + n : v; }
-// the site x + s1 d1_hat + s2 d2_hat (modulo the box)
-__device__ __forceinline__ long hop(const Lat &L, const int c[4], int d1, int s1, int d2, int s2) {
-    int q[4] = {c[0], c[1], c[2], c[3]};
-    q[d1] = wrap(q[d1] + s1, L.p[d1]);
-    q[d2] = wrap(q[d2] + s2, L.p[d2]);
-    return box_index(L, q);
-}
-// a1 A1 + a2 A2 at a site (A2 only when has2)
-__device__ __forceinline__ M3 comb(const double2 *__restrict__ A1, double a1, const double2 *__restrict__ A2,
-                                   double a2, int has2, long site) {
-    M3 m = load(A1, site);
-    #pragma unroll
-    for (int i = 0; i < 9; ++i) { m.e[i].x *= a1; m.e[i].y *= a1; }
-    if (has2) axpy(m, a2, load(A2, site));
-    return m;
-}
-
 // out(x) = [b1 B1(x) + b2 B2(x)] + S_nu[a1 A1 + a2 A2]_mu(x) at the region's sites; U: the four link directions,
 // the rest one-direction fields, all on the box. out may be B1 or B2 (read and written at x only), never A1 or A2.
 extern "C" __global__ void staple_fwd(const double2 *__restrict__ U, const double2 *A1, double a1,
@@ -142,17 +22,13 @@ extern "C" __global__ void staple_fwd(const double2 *__restrict__ U, const doubl
                                       const double2 *B2, double b2, int has_b2,
                                       double2 *out, int nu, int mu, int nx, int ny, int nz, int nt,
                                       int px, int py, int pz, int pt, int ox, int oy, int oz, int ot) {
-    const Lat L = make_box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
+    const lat::Box L = lat::box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
     long t = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (t >= L.vol) return;
     int c[4];
-    coords(L, t, c);
-    const long x = box_index(L, c);
-    const double2 *Un = U + 9 * (long)nu * L.pvol;
-    const long xpn = hop(L, c, nu, 1, mu, 0), xpm = hop(L, c, mu, 1, nu, 0);
-    const long xmn = hop(L, c, nu, -1, mu, 0), xmnpm = hop(L, c, nu, -1, mu, 1);
-    M3 r = mul_nd(mul_nn(load(Un, x), comb(A1, a1, A2, a2, has_a2, xpn)), load(Un, xpm));
-    r = madd(r, mul_nn(mul_dn(load(Un, xmn), comb(A1, a1, A2, a2, has_a2, xmn)), load(Un, xmnpm)));
+    lat::coords(L, t, c);
+    const long x = lat::index(L, c);
+    M3 r = staple::fwd(L, c, x, U + 9 * (long)nu * L.pvol, nu, mu, staple::arg(A1, a1, A2, a2, has_a2));
     if (has_b1) axpy(r, b1, load(B1, x));
     if (has_b2) axpy(r, b2, load(B2, x));
     store(out, x, r);
@@ -168,31 +44,30 @@ extern "C" __global__ void staple_vjp(const double2 *__restrict__ U, const doubl
                                       double2 *O3, double k3, int acc3, int has3,
                                       int nu, int mu, int nx, int ny, int nz, int nt,
                                       int px, int py, int pz, int pt, int ox, int oy, int oz, int ot) {
-    const Lat L = make_box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
+    const lat::Box L = lat::box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
     long t = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (t >= L.vol) return;
     int c[4];
-    coords(L, t, c);
-    const long x = box_index(L, c);
+    lat::coords(L, t, c);
+    const long x = lat::index(L, c);
     const double2 *Un = U + 9 * (long)nu * L.pvol;
-    const long xpn = hop(L, c, nu, 1, mu, 0), xpm = hop(L, c, mu, 1, nu, 0);
-    const long xmn = hop(L, c, nu, -1, mu, 0), xmnpm = hop(L, c, nu, -1, mu, 1);
-    const long xmm = hop(L, c, mu, -1, nu, 0), xmmpn = hop(L, c, mu, -1, nu, 1);
-    const M3 u_x = load(Un, x), u_xpm = load(Un, xpm), u_xmn = load(Un, xmn), u_xmm = load(Un, xmm);
+    const long xpn = lat::hop(L, c, nu, 1, mu, 0), xpm = lat::hop(L, c, mu, 1, nu, 0);
+    const long xmm = lat::hop(L, c, mu, -1, nu, 0), xmmpn = lat::hop(L, c, mu, -1, nu, 1);
+    const M3 u_xpm = load(Un, xpm), u_xmm = load(Un, xmm);
     const M3 dt_x = load(DT, x), dt_xpn = load(DT, xpn);
-    // D_A(x) = U_nu(x-nu+mu)^dag D_T(x-nu) U_nu(x-nu) + U_nu(x+mu) D_T(x+nu) U_nu(x)^dag
-    M3 da = mul_dn(load(Un, xmnpm), mul_nn(load(DT, xmn), u_xmn));
-    da = madd(da, mul_nn(u_xpm, mul_nd(dt_xpn, u_x)));
+    // D_A(x) = S_nu^T[D_T](x) = U_nu(x-nu+mu)^dag D_T(x-nu) U_nu(x-nu) + U_nu(x+mu) D_T(x+nu) U_nu(x)^dag
+    const M3 da = staple::adj(L, c, x, Un, nu, mu, DT);
     update(O1, x, da, k1, acc1);
     if (has2) update(O2, x, da, k2, acc2);
     if (has3) update(O3, x, da, k3, acc3);
     // D_U_nu(x) += A(x+nu) U_nu(x+mu)^dag D_T(x) + [A(x) U_nu(x+mu) D_T(x+nu)]^dag
     //            + [D_T(x-mu) U_nu(x-mu) A(x-mu+nu)]^dag + D_T(x-mu+nu) U_nu(x-mu)^dag A(x-mu)
-    M3 g = mul_nn(comb(A1, a1, A2, a2, has_a2, xpn), mul_dn(u_xpm, dt_x));
-    M3 h = mul_nn(comb(A1, a1, A2, a2, has_a2, x), mul_nn(u_xpm, dt_xpn));
-    h = madd(h, mul_nn(load(DT, xmm), mul_nn(u_xmm, comb(A1, a1, A2, a2, has_a2, xmmpn))));
-    g = madd(g, dag(h));
-    g = madd(g, mul_nn(load(DT, xmmpn), mul_dn(u_xmm, comb(A1, a1, A2, a2, has_a2, xmm))));
+    const staple::Arg A = staple::arg(A1, a1, A2, a2, has_a2);
+    M3 g = nn(staple::at(A, xpn), dn(u_xpm, dt_x));
+    M3 h = nn(staple::at(A, x), nn(u_xpm, dt_xpn));
+    add(h, nn(load(DT, xmm), nn(u_xmm, staple::at(A, xmmpn))));
+    add(g, dag(h));
+    add(g, nn(load(DT, xmmpn), dn(u_xmm, staple::at(A, xmm))));
     update(DU + 9 * (long)nu * L.pvol, x, g, 1.0, 1);
 }
 
@@ -201,16 +76,16 @@ extern "C" __global__ void staple_vjp(const double2 *__restrict__ U, const doubl
 extern "C" __global__ void naik_fwd(const double2 *__restrict__ W, double2 *out, double coef, int acc,
                                     int nx, int ny, int nz, int nt, int px, int py, int pz, int pt,
                                     int ox, int oy, int oz, int ot) {
-    const Lat L = make_box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
+    const lat::Box L = lat::box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
     long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (gid >= 4 * L.vol) return;
     const int mu = gid / L.vol;
     const long t = gid - mu * L.vol;
     int c[4];
-    coords(L, t, c);
-    const long x = box_index(L, c);
+    lat::coords(L, t, c);
+    const long x = lat::index(L, c);
     const double2 *Wm = W + 9 * (long)mu * L.pvol;
-    M3 r = mul_nn(mul_nn(load(Wm, x), load(Wm, hop(L, c, mu, 1, mu, 0))), load(Wm, hop(L, c, mu, 2, mu, 0)));
+    M3 r = nn(nn(load(Wm, x), load(Wm, lat::hop(L, c, mu, 1, mu, 0))), load(Wm, lat::hop(L, c, mu, 2, mu, 0)));
     update(out + 9 * (long)mu * L.pvol, x, r, coef, acc);
 }
 
@@ -220,22 +95,22 @@ extern "C" __global__ void naik_fwd(const double2 *__restrict__ W, double2 *out,
 extern "C" __global__ void naik_vjp(const double2 *__restrict__ W, const double2 *__restrict__ D, double2 *out,
                                     double coef, int acc, int nx, int ny, int nz, int nt,
                                     int px, int py, int pz, int pt, int ox, int oy, int oz, int ot) {
-    const Lat L = make_box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
+    const lat::Box L = lat::box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
     long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (gid >= 4 * L.vol) return;
     const int mu = gid / L.vol;
     const long t = gid - mu * L.vol;
     int c[4];
-    coords(L, t, c);
-    const long x = box_index(L, c);
+    lat::coords(L, t, c);
+    const long x = lat::index(L, c);
     const long off = 9 * (long)mu * L.pvol;
     const double2 *Wm = W + off, *Dm = D + off;
-    const long p1 = hop(L, c, mu, 1, mu, 0), p2 = hop(L, c, mu, 2, mu, 0);
-    const long m1 = hop(L, c, mu, -1, mu, 0), m2 = hop(L, c, mu, -2, mu, 0);
+    const long p1 = lat::hop(L, c, mu, 1, mu, 0), p2 = lat::hop(L, c, mu, 2, mu, 0);
+    const long m1 = lat::hop(L, c, mu, -1, mu, 0), m2 = lat::hop(L, c, mu, -2, mu, 0);
     const M3 w_p1 = load(Wm, p1), w_m1 = load(Wm, m1);
-    M3 r = mul_nn(mul_nn(w_p1, load(Wm, p2)), load(Dm, x));
-    r = madd(r, mul_nn(w_p1, mul_nn(load(Dm, m1), w_m1)));
-    r = madd(r, mul_nn(load(Dm, m2), mul_nn(load(Wm, m2), w_m1)));
+    M3 r = nn(nn(w_p1, load(Wm, p2)), load(Dm, x));
+    add(r, nn(w_p1, nn(load(Dm, m1), w_m1)));
+    add(r, nn(load(Dm, m2), nn(load(Wm, m2), w_m1)));
     update(out + off, x, r, coef, acc);
 }
 
@@ -244,7 +119,7 @@ extern "C" __global__ void ta_product(const double2 *__restrict__ U, const doubl
                                       double scale, long n) {
     long l = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (l >= n) return;
-    const M3 m = mul_nn(load(U, l), load(D, l));
+    const M3 m = nn(load(U, l), load(D, l));
     M3 o;
     #pragma unroll
     for (int i = 0; i < 3; ++i)
@@ -267,8 +142,8 @@ extern "C" __global__ void u3_unitarize(const double2 *__restrict__ V, double2 *
     long l = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (l >= n) return;
     const M3 v = load(V, l);
-    const M3 q = mul_dn(v, v);
-    const M3 q2 = mul_nn(q, q);
+    const M3 q = dn(v, v);
+    const M3 q2 = nn(q, q);
     const double c0 = q.e[0].x + q.e[4].x + q.e[8].x;
     const double c1 = (q2.e[0].x + q2.e[4].x + q2.e[8].x) / 2;
     double t = 0.0;
@@ -327,7 +202,7 @@ extern "C" __global__ void u3_unitarize(const double2 *__restrict__ V, double2 *
     for (int i = 0; i < 9; ++i)
         qi.e[i] = make_double2(f1 * q.e[i].x + f2 * q2.e[i].x, f1 * q.e[i].y + f2 * q2.e[i].y);
     qi.e[0].x += f0; qi.e[4].x += f0; qi.e[8].x += f0;
-    store(W, l, mul_nn(v, qi));
+    store(W, l, nn(v, qi));
 }
 
 // Eigen-decomposition of a Hermitian 3x3 matrix A = E diag(g) E^dag by cyclic complex Jacobi rotations: for the
@@ -360,10 +235,10 @@ __device__ void eig_herm3(M3 a, double g[3], M3 &e) {
             j.e[3 * p + q] = make_double2(s, 0.0);
             j.e[3 * q + p] = make_double2(-s * ph.x, -s * ph.y);
             j.e[4 * q] = make_double2(c * ph.x, c * ph.y);
-            a = mul_nn(mul_dn(j, a), j);
+            a = nn(dn(j, a), j);
             a.e[3 * p + q] = make_double2(0.0, 0.0);
             a.e[3 * q + p] = make_double2(0.0, 0.0);
-            e = mul_nn(e, j);
+            e = nn(e, j);
         }
     }
     g[0] = a.e[0].x; g[1] = a.e[4].x; g[2] = a.e[8].x;
@@ -380,7 +255,7 @@ extern "C" __global__ void u3_vjp(const double2 *__restrict__ V, const double2 *
     const M3 v = load(V, l), dw = load(DW, l);
     double g[3];
     M3 e;
-    eig_herm3(mul_dn(v, v), g, e);
+    eig_herm3(dn(v, v), g, e);
     const double gm = fmin(fmin(g[0], g[1]), g[2]);
     gmin[l] = gm;
     const bool filt = filter > 0 && gm < filter;
@@ -392,8 +267,8 @@ extern "C" __global__ void u3_vjp(const double2 *__restrict__ V, const double2 *
     for (int i = 0; i < 3; ++i)
         #pragma unroll
         for (int k = 0; k < 3; ++k) es.e[3 * i + k] = make_double2(e.e[3 * i + k].x / s[k], e.e[3 * i + k].y / s[k]);
-    const M3 k = mul_nd(es, e);
-    M3 h = mul_nn(mul_dn(e, mul_nn(dw, v)), e);
+    const M3 k = nd(es, e);
+    M3 h = nn(dn(e, nn(dw, v)), e);
     #pragma unroll
     for (int i = 0; i < 3; ++i)
         #pragma unroll
@@ -401,9 +276,11 @@ extern "C" __global__ void u3_vjp(const double2 *__restrict__ V, const double2 *
             const double gam = -1.0 / (s[i] * s[j] * (s[i] + s[j]));
             h.e[3 * i + j].x *= gam; h.e[3 * i + j].y *= gam;
         }
-    const M3 dq = mul_nd(mul_nn(e, h), e);
-    M3 dv = mul_nn(k, dw);
-    dv = madd(dv, mul_nd(madd(dq, dag(dq)), v));
+    const M3 dq = nd(nn(e, h), e);
+    M3 dv = nn(k, dw);
+    M3 dq_h = dq;
+    add(dq_h, dag(dq));
+    add(dv, nd(dq_h, v));
     store(DV, l, dv);
 }
 
@@ -424,15 +301,15 @@ extern "C" __global__ void eig_herm(const double2 *__restrict__ A, double *G, do
 extern "C" __global__ void outer_acc(const double2 *__restrict__ Z, const double *__restrict__ C, double2 *F,
                                      double2 *Lg, int n, int nx, int ny, int nz, int nt,
                                      int px, int py, int pz, int pt, int ox, int oy, int oz, int ot) {
-    const Lat L = make_box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
+    const lat::Box L = lat::box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
     long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (gid >= 4 * L.vol) return;
     const int mu = gid / L.vol;
     const long t = gid - mu * L.vol;
     int c[4];
-    coords(L, t, c);
-    const long x = box_index(L, c);
-    const long x1 = hop(L, c, mu, 1, mu, 0), x3 = hop(L, c, mu, 3, mu, 0);
+    lat::coords(L, t, c);
+    const long x = lat::index(L, c);
+    const long x1 = lat::hop(L, c, mu, 1, mu, 0), x3 = lat::hop(L, c, mu, 3, mu, 0);
     M3 f, g;
     #pragma unroll
     for (int i = 0; i < 9; ++i) { f.e[i] = make_double2(0.0, 0.0); g.e[i] = f.e[i]; }

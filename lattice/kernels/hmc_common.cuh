@@ -2,7 +2,10 @@
 // lattice/cuda_source.py puts this text in place of that line before compiling, so nvrtc needs no include path and
 // CuPy's compile cache sees every byte that is compiled). Only helpers that were written out identically in
 // several kernel sources live here; a file's own variants (other loads, products with another summation order)
-// stay in it, so that every kernel's arithmetic is exactly what it was.
+// stay in it, so that every kernel's arithmetic is exactly what it was. The 3x3 algebra (namespace m3), the walk on
+// a periodic or halo-padded box (namespace lat) and the staple operator of the link smearing (namespace staple)
+// are those of the HISQ kernels (force/kernels/hisq*.cu); namespaces keep their short names apart from the other
+// files' own helpers.
 #ifndef HMC_COMMON_CUH
 #define HMC_COMMON_CUH
 
@@ -25,5 +28,394 @@ __device__ __forceinline__ double2 cmulc(double2 a, double2 b) {  // a * conj(b)
 __device__ __forceinline__ double2 ccmul(double2 a, double2 b) {  // conj(a) * b
     return make_double2(a.x * b.x + a.y * b.y, a.x * b.y - a.y * b.x);
 }
+
+namespace m3 {
+// the matrix at `site` of a field of 3x3 matrices (9 double2 each, row-major), through the read-only cache
+__device__ __forceinline__ M3 load(const double2 *__restrict__ p, long site) {
+    M3 m;
+    const double2 *q = p + 9 * site;
+    #pragma unroll
+    for (int i = 0; i < 9; ++i) m.e[i] = __ldg(q + i);
+    return m;
+}
+__device__ __forceinline__ void store(double2 *__restrict__ p, long site, const M3 &m) {
+    double2 *q = p + 9 * site;
+    #pragma unroll
+    for (int i = 0; i < 9; ++i) q[i] = m.e[i];
+}
+// the products a b, a b^dag, a^dag b: (c)_ik = sum_j in the order j = 0, 1, 2, the first term not added to zero
+__device__ __forceinline__ M3 nn(const M3 &a, const M3 &b) {
+    M3 c;
+    #pragma unroll
+    for (int i = 0; i < 3; ++i)
+        #pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            double2 s = cmul(a.e[3 * i], b.e[k]);
+            s = cadd(s, cmul(a.e[3 * i + 1], b.e[3 + k]));
+            s = cadd(s, cmul(a.e[3 * i + 2], b.e[6 + k]));
+            c.e[3 * i + k] = s;
+        }
+    return c;
+}
+__device__ __forceinline__ M3 nd(const M3 &a, const M3 &b) {  // a b^dag
+    M3 c;
+    #pragma unroll
+    for (int i = 0; i < 3; ++i)
+        #pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            double2 s = cmulc(a.e[3 * i], b.e[3 * k]);
+            s = cadd(s, cmulc(a.e[3 * i + 1], b.e[3 * k + 1]));
+            s = cadd(s, cmulc(a.e[3 * i + 2], b.e[3 * k + 2]));
+            c.e[3 * i + k] = s;
+        }
+    return c;
+}
+__device__ __forceinline__ M3 dn(const M3 &a, const M3 &b) {  // a^dag b
+    M3 c;
+    #pragma unroll
+    for (int i = 0; i < 3; ++i)
+        #pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            double2 s = ccmul(a.e[i], b.e[k]);
+            s = cadd(s, ccmul(a.e[3 + i], b.e[3 + k]));
+            s = cadd(s, ccmul(a.e[6 + i], b.e[6 + k]));
+            c.e[3 * i + k] = s;
+        }
+    return c;
+}
+__device__ __forceinline__ void mac(M3 &y, const M3 &a, const M3 &b) {  // y += a b, each term added to y in turn
+    #pragma unroll
+    for (int i = 0; i < 3; ++i)
+        #pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            double2 s = y.e[3 * i + k];
+            s = cadd(s, cmul(a.e[3 * i], b.e[k]));
+            s = cadd(s, cmul(a.e[3 * i + 1], b.e[3 + k]));
+            s = cadd(s, cmul(a.e[3 * i + 2], b.e[6 + k]));
+            y.e[3 * i + k] = s;
+        }
+}
+__device__ __forceinline__ M3 dag(const M3 &a) {
+    M3 c;
+    #pragma unroll
+    for (int i = 0; i < 3; ++i)
+        #pragma unroll
+        for (int k = 0; k < 3; ++k) c.e[3 * i + k] = make_double2(a.e[3 * k + i].x, -a.e[3 * k + i].y);
+    return c;
+}
+__device__ __forceinline__ void add(M3 &y, const M3 &x) {  // y += x
+    #pragma unroll
+    for (int i = 0; i < 9; ++i) y.e[i] = cadd(y.e[i], x.e[i]);
+}
+__device__ __forceinline__ void axpy(M3 &y, double a, const M3 &x) {  // y += a x
+    #pragma unroll
+    for (int i = 0; i < 9; ++i) { y.e[i].x += a * x.e[i].x; y.e[i].y += a * x.e[i].y; }
+}
+__device__ __forceinline__ M3 scaled(double a, const M3 &x) {
+    M3 y;
+    #pragma unroll
+    for (int i = 0; i < 9; ++i) y.e[i] = make_double2(a * x.e[i].x, a * x.e[i].y);
+    return y;
+}
+__device__ __forceinline__ M3 zero() {
+    M3 y;
+    #pragma unroll
+    for (int i = 0; i < 9; ++i) y.e[i] = make_double2(0.0, 0.0);
+    return y;
+}
+// --- one row of a 3x3 matrix (V3: row i of M, e[k] = M_ik), for kernels that share a matrix among three threads:
+// row i of a product is the row of the same sums, term for term, as the full product above computes
+struct V3 { double2 e[3]; };
+__device__ __forceinline__ V3 load_row(const double2 *__restrict__ p, long site, int i) {
+    V3 v;
+    const double2 *q = p + 9 * site + 3 * i;
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) v.e[k] = __ldg(q + k);
+    return v;
+}
+__device__ __forceinline__ V3 load_col(const double2 *__restrict__ p, long site, int i) {  // e[j] = M_ji
+    V3 v;
+    const double2 *q = p + 9 * site + i;
+    #pragma unroll
+    for (int j = 0; j < 3; ++j) v.e[j] = __ldg(q + 3 * j);
+    return v;
+}
+__device__ __forceinline__ void store_row(double2 *__restrict__ p, long site, int i, const V3 &v) {
+    double2 *q = p + 9 * site + 3 * i;
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) q[k] = v.e[k];
+}
+__device__ __forceinline__ V3 nn(const V3 &a, const M3 &b) {  // row i of a b, a = row i of the left factor
+    V3 c;
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) {
+        double2 s = cmul(a.e[0], b.e[k]);
+        s = cadd(s, cmul(a.e[1], b.e[3 + k]));
+        s = cadd(s, cmul(a.e[2], b.e[6 + k]));
+        c.e[k] = s;
+    }
+    return c;
+}
+__device__ __forceinline__ V3 nd(const V3 &a, const M3 &b) {  // row i of a b^dag
+    V3 c;
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) {
+        double2 s = cmulc(a.e[0], b.e[3 * k]);
+        s = cadd(s, cmulc(a.e[1], b.e[3 * k + 1]));
+        s = cadd(s, cmulc(a.e[2], b.e[3 * k + 2]));
+        c.e[k] = s;
+    }
+    return c;
+}
+__device__ __forceinline__ V3 dn(const V3 &a, const M3 &b) {  // row i of a^dag b, a = column i of the left factor
+    V3 c;
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) {
+        double2 s = ccmul(a.e[0], b.e[k]);
+        s = cadd(s, ccmul(a.e[1], b.e[3 + k]));
+        s = cadd(s, ccmul(a.e[2], b.e[6 + k]));
+        c.e[k] = s;
+    }
+    return c;
+}
+__device__ __forceinline__ void add(V3 &y, const V3 &x) {
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) y.e[k] = cadd(y.e[k], x.e[k]);
+}
+__device__ __forceinline__ void axpy(V3 &y, double a, const V3 &x) {
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) { y.e[k].x += a * x.e[k].x; y.e[k].y += a * x.e[k].y; }
+}
+__device__ __forceinline__ V3 scaled(double a, const V3 &x) {
+    V3 y;
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) y.e[k] = make_double2(a * x.e[k].x, a * x.e[k].y);
+    return y;
+}
+__device__ __forceinline__ void mac(V3 &y, const V3 &a, const M3 &b) {  // y += a b: row i of mac's y += a b
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) {
+        double2 s = y.e[k];
+        s = cadd(s, cmul(a.e[0], b.e[k]));
+        s = cadd(s, cmul(a.e[1], b.e[3 + k]));
+        s = cadd(s, cmul(a.e[2], b.e[6 + k]));
+        y.e[k] = s;
+    }
+}
+__device__ __forceinline__ V3 mv(const M3 &a, const V3 &v) {  // a v: column i of a b for v = column i of b
+    V3 c;
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) {
+        double2 s = cmul(a.e[3 * k], v.e[0]);
+        s = cadd(s, cmul(a.e[3 * k + 1], v.e[1]));
+        s = cadd(s, cmul(a.e[3 * k + 2], v.e[2]));
+        c.e[k] = s;
+    }
+    return c;
+}
+__device__ __forceinline__ void mac(V3 &y, const M3 &a, const V3 &v) {  // y += a v: column i of mac's y += a b
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) {
+        double2 s = y.e[k];
+        s = cadd(s, cmul(a.e[3 * k], v.e[0]));
+        s = cadd(s, cmul(a.e[3 * k + 1], v.e[1]));
+        s = cadd(s, cmul(a.e[3 * k + 2], v.e[2]));
+        y.e[k] = s;
+    }
+}
+__device__ __forceinline__ void add_dag(M3 &y, const M3 &h) { add(y, dag(h)); }  // y += h^dag
+// y += conj(v) elementwise: row i of y += h^dag for v = column i of h (add_dag's elements)
+__device__ __forceinline__ void add_dag(V3 &y, const V3 &v) {
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) y.e[k] = cadd(y.e[k], make_double2(v.e[k].x, -v.e[k].y));
+}
+__device__ __forceinline__ V3 zero_row() {
+    V3 y;
+    #pragma unroll
+    for (int k = 0; k < 3; ++k) y.e[k] = make_double2(0.0, 0.0);
+    return y;
+}
+}  // namespace m3
+
+namespace lat {
+// The sites the threads cover (the region: extents n, vol of them) at the origin o of the box the fields live on
+// (extents p, pvol sites, x fastest; neighbours wrap modulo p). One GPU, whole lattice: region = box, o = 0,
+// periodic (whole()). On a partitioned lattice the box is the halo-padded local array and the region its interior,
+// or the interior grown by the sites an intermediate is read at; the padding is deep enough that the walks of the
+// interior's paths never wrap on a padded dimension.
+struct Box {
+    int n[4];
+    long vol;
+    int p[4];
+    long pvol;
+    int o[4];
+};
+__device__ __forceinline__ Box box(int nx, int ny, int nz, int nt, int px, int py, int pz, int pt,
+                                   int ox, int oy, int oz, int ot) {
+    Box L;
+    L.n[0] = nx; L.n[1] = ny; L.n[2] = nz; L.n[3] = nt;
+    L.vol = (long)nx * ny * nz * nt;
+    L.p[0] = px; L.p[1] = py; L.p[2] = pz; L.p[3] = pt;
+    L.pvol = (long)px * py * pz * pt;
+    L.o[0] = ox; L.o[1] = oy; L.o[2] = oz; L.o[3] = ot;
+    return L;
+}
+__device__ __forceinline__ Box whole(int nx, int ny, int nz, int nt) {
+    return box(nx, ny, nz, nt, nx, ny, nz, nt, 0, 0, 0, 0);
+}
+// the box coordinates of region site number `site` (x fastest)
+__device__ __forceinline__ void coords(const Box &L, long site, int c[4]) {
+    long r = site;
+    c[0] = r % L.n[0] + L.o[0]; r /= L.n[0];
+    c[1] = r % L.n[1] + L.o[1]; r /= L.n[1];
+    c[2] = r % L.n[2] + L.o[2]; c[3] = r / L.n[2] + L.o[3];
+}
+__device__ __forceinline__ long index(const Box &L, const int q[4]) {
+    return q[0] + (long)L.p[0] * (q[1] + (long)L.p[1] * (q[2] + (long)L.p[2] * q[3]));
+}
+__device__ __forceinline__ int wrap(int v, int n) { v %= n; return v < 0 ? v + n : v; }
+// v[d] for a d known only at run time, by selects: an array indexed at run time would live in local memory
+__device__ __forceinline__ int pick(const int v[4], int d) {
+    return d == 0 ? v[0] : d == 1 ? v[1] : d == 2 ? v[2] : v[3];
+}
+// the site x + s1 d1_hat + s2 d2_hat (modulo the box; d2 may be d1: then wrapped after each step, as two hops)
+__device__ __forceinline__ long hop(const Box &L, const int c[4], int d1, int s1, int d2, int s2) {
+    const int q1 = wrap(pick(c, d1) + s1, pick(L.p, d1));
+    const int q2 = wrap((d2 == d1 ? q1 : pick(c, d2)) + s2, pick(L.p, d2));
+    int q[4];
+    #pragma unroll
+    for (int k = 0; k < 4; ++k) q[k] = k == d2 ? q2 : k == d1 ? q1 : c[k];
+    return index(L, q);
+}
+// the j-th direction != mu (increasing), the index j of the direction nu != mu, and the fourth direction
+__device__ __forceinline__ int other(int mu, int j) { return j < mu ? j : j + 1; }
+__device__ __forceinline__ int slot(int mu, int nu) { return nu < mu ? nu : nu - 1; }
+__device__ __forceinline__ int fourth(int mu, int nu, int rho) { return 6 - mu - nu - rho; }
+// what thread gid of a launch over `fields` fields of matrices, PER threads a matrix, works on: field f, site x
+// (coordinates c) and, PER = 3, the row of the matrix (thread 3 m + row); false past the end
+struct Job {
+    int f, row;
+    long x;
+    int c[4];
+};
+template <int PER>
+__device__ __forceinline__ bool job(const Box &L, int fields, Job &j) {
+    const long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (gid >= PER * fields * L.vol) return false;
+    const long m = gid / PER;
+    j.row = gid - m * PER;
+    j.f = m / L.vol;
+    j.x = m - j.f * L.vol;
+    coords(L, j.x, j.c);
+    return true;
+}
+}  // namespace lat
+
+namespace staple {
+// X = a1 X1 + a2 X2 at a site of the box (X2 only where has2), X1, X2 one-direction fields
+struct Arg {
+    const double2 *x1;
+    double a1;
+    const double2 *x2;
+    double a2;
+    bool has2;
+};
+__device__ __forceinline__ Arg arg(const double2 *x1, double a1 = 1.0, const double2 *x2 = nullptr, double a2 = 0.0,
+                                   bool has2 = false) {
+    Arg a;
+    a.x1 = x1; a.a1 = a1; a.x2 = x2; a.a2 = a2; a.has2 = has2;
+    return a;
+}
+__device__ __forceinline__ M3 at(const Arg &X, long site) {
+    M3 m = m3::scaled(X.a1, m3::load(X.x1, site));
+    if (X.has2) m3::axpy(m, X.a2, m3::load(X.x2, site));
+    return m;
+}
+// S_nu[X]_mu(x) = U_nu(x) X(x+nu) U_nu(x+mu)^dag + U_nu(x-nu)^dag X(x-nu) U_nu(x-nu+mu) (docs/conventions.md 1.3),
+// x the box site of coordinates c; Un: the nu links
+__device__ __forceinline__ M3 fwd(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu, int mu,
+                                  const Arg &X) {
+    const long xpn = lat::hop(L, c, nu, 1, mu, 0), xpm = lat::hop(L, c, mu, 1, nu, 0);
+    const long xmn = lat::hop(L, c, nu, -1, mu, 0), xmnpm = lat::hop(L, c, nu, -1, mu, 1);
+    M3 r = m3::nd(m3::nn(m3::load(Un, x), at(X, xpn)), m3::load(Un, xpm));
+    m3::add(r, m3::nn(m3::dn(m3::load(Un, xmn), at(X, xmn)), m3::load(Un, xmnpm)));
+    return r;
+}
+// row i of S_nu[X]_mu(x): the same sums as fwd's row i
+__device__ __forceinline__ m3::V3 fwd_row(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu, int mu,
+                                          const Arg &X, int i) {
+    const long xpn = lat::hop(L, c, nu, 1, mu, 0), xpm = lat::hop(L, c, mu, 1, nu, 0);
+    const long xmn = lat::hop(L, c, nu, -1, mu, 0), xmnpm = lat::hop(L, c, nu, -1, mu, 1);
+    m3::V3 r = m3::nd(m3::nn(m3::load_row(Un, x, i), at(X, xpn)), m3::load(Un, xpm));
+    m3::add(r, m3::nn(m3::dn(m3::load_col(Un, xmn, i), at(X, xmn)), m3::load(Un, xmnpm)));
+    return r;
+}
+// the adjoint in X: S_nu^T[D](x) = U_nu(x-nu+mu)^dag D(x-nu) U_nu(x-nu) + U_nu(x+mu) D(x+nu) U_nu(x)^dag
+__device__ __forceinline__ M3 adj(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu, int mu,
+                                  const double2 *D) {
+    const long xpn = lat::hop(L, c, nu, 1, mu, 0), xpm = lat::hop(L, c, mu, 1, nu, 0);
+    const long xmn = lat::hop(L, c, nu, -1, mu, 0), xmnpm = lat::hop(L, c, nu, -1, mu, 1);
+    M3 r = m3::dn(m3::load(Un, xmnpm), m3::nn(m3::load(D, xmn), m3::load(Un, xmn)));
+    m3::add(r, m3::nn(m3::load(Un, xpm), m3::nd(m3::load(D, xpn), m3::load(Un, x))));
+    return r;
+}
+// row i of the adjoint: the same sums as adj's row i
+__device__ __forceinline__ m3::V3 adj_row(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu,
+                                          int mu, const double2 *D, int i) {
+    const long xpn = lat::hop(L, c, nu, 1, mu, 0), xpm = lat::hop(L, c, mu, 1, nu, 0);
+    const long xmn = lat::hop(L, c, nu, -1, mu, 0), xmnpm = lat::hop(L, c, nu, -1, mu, 1);
+    m3::V3 r = m3::dn(m3::load_col(Un, xmnpm, i), m3::nn(m3::load(D, xmn), m3::load(Un, xmn)));
+    m3::add(r, m3::nn(m3::load_row(Un, xpm, i), m3::nd(m3::load(D, xpn), m3::load(Un, x))));
+    return r;
+}
+// row i and column i of X at a site: at()'s elements
+__device__ __forceinline__ m3::V3 at_row(const Arg &X, long site, int i) {
+    m3::V3 m = m3::scaled(X.a1, m3::load_row(X.x1, site, i));
+    if (X.has2) m3::axpy(m, X.a2, m3::load_row(X.x2, site, i));
+    return m;
+}
+__device__ __forceinline__ m3::V3 at_col(const Arg &X, long site, int i) {
+    m3::V3 m = m3::scaled(X.a1, m3::load_col(X.x1, site, i));
+    if (X.has2) m3::axpy(m, X.a2, m3::load_col(X.x2, site, i));
+    return m;
+}
+// what one thread of a staged kernel computes of an output matrix: all of it (ROWS false: M3, PER 1) or row `row`
+// of it (ROWS true: V3, PER 3, the _rows kernels of force/kernels/hisq_staged*.cu); the same sums either way
+template <bool ROWS> struct Part;
+template <> struct Part<false> {
+    typedef M3 T;
+    static const int PER = 1;
+    static __device__ __forceinline__ M3 zero() { return m3::zero(); }
+    static __device__ __forceinline__ M3 load(const double2 *p, long site, int) { return m3::load(p, site); }
+    static __device__ __forceinline__ void store(double2 *p, long site, int, const M3 &m) { m3::store(p, site, m); }
+    static __device__ __forceinline__ M3 fwd(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu,
+                                             int mu, const Arg &X, int) {
+        return staple::fwd(L, c, x, Un, nu, mu, X);
+    }
+    static __device__ __forceinline__ M3 adj(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu,
+                                             int mu, const double2 *D, int) {
+        return staple::adj(L, c, x, Un, nu, mu, D);
+    }
+};
+template <> struct Part<true> {
+    typedef m3::V3 T;
+    static const int PER = 3;
+    static __device__ __forceinline__ m3::V3 zero() { return m3::zero_row(); }
+    static __device__ __forceinline__ m3::V3 load(const double2 *p, long site, int i) {
+        return m3::load_row(p, site, i);
+    }
+    static __device__ __forceinline__ void store(double2 *p, long site, int i, const m3::V3 &v) {
+        m3::store_row(p, site, i, v);
+    }
+    static __device__ __forceinline__ m3::V3 fwd(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu,
+                                                 int mu, const Arg &X, int i) {
+        return fwd_row(L, c, x, Un, nu, mu, X, i);
+    }
+    static __device__ __forceinline__ m3::V3 adj(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu,
+                                                 int mu, const double2 *D, int i) {
+        return adj_row(L, c, x, Un, nu, mu, D, i);
+    }
+};
+}  // namespace staple
 
 #endif  // HMC_COMMON_CUH

@@ -31,6 +31,7 @@ static Idx blockIdx = {0}, threadIdx = {0}, blockDim = {1};
 #define __device__
 #define __forceinline__ inline
 #define __restrict__ __restrict
+#define __launch_bounds__(...)
 """
 _CTYPES = {"double": ctypes.c_double, "int": ctypes.c_int, "long": ctypes.c_long}
 _BUILD = Path(tempfile.gettempdir()) / "hmc_cuda_host"
@@ -45,7 +46,7 @@ needs_gxx = pytest.mark.skipif(not compiler_available(), reason="needs g++ to co
 
 
 def _build(source: str):
-    kernels = re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', source)
+    kernels = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(([^)]*)\)', source)
     wrappers, sigs = [], {}
     for name, params in kernels:
         ps = [p.strip() for p in params.split(",")]
