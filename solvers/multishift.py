@@ -112,11 +112,10 @@ class MultishiftInverse(ShiftInverse):
             while run.g > run.stop and run.k < self.maxiter:
                 if run.reliable_due():
                     run.reliable_update()
-                    run.iterate()          # the restarted step (on the host)
-                elif iters:
+                if iters and not run.restart:
                     multishift_iterations(run, iters)      # on the device until converged or an update is due
                 else:
-                    run.iterate()
+                    run.iterate()          # (a restarted step, after a reliable update, on the host)
             if not run.continues():
                 return run.finish()
 

@@ -79,6 +79,31 @@ def test_reliable_updates_cut_the_refinement():
     assert st.extra["reliable_updates"] >= 1 and st.extra["outer_matvecs"] == st.extra["reliable_updates"]
 
 
+def test_device_loop_hands_restarts_to_the_host(monkeypatch):
+    """The solve's control flow with device iterations (solvers.krylov_graph.multishift_iterations, stood in for by
+    host steps under its contract: iterate until converged, maxiter or a reliable update due) gives the host-driven
+    iterates exactly, and the device is never handed a restarted step (its update kernels know only k = 0)."""
+    import solvers.multishift as ms
+
+    geom, a, b = _system()
+    make = MultishiftCG(tuple(SHIFTS), 1e-7, 5000, False, False, np.complex64, 0.01)
+    want, st_host = make(a).solve(b)
+    calls = []
+
+    def device(run, iters):
+        assert not run.restart
+        calls.append(run.k)
+        while True:
+            run.iterate()
+            if not (run.g > run.stop and run.k < run.inv.maxiter) or run.reliable_due():
+                return
+    monkeypatch.setattr(ms, "graph_iterations", lambda op, blas: 8)
+    monkeypatch.setattr(ms, "multishift_iterations", device)
+    got, st = make(a).solve(b)
+    assert len(calls) >= st.extra["reliable_updates"] >= 2 and st.iters == st_host.iters
+    assert all(np.array_equal(x, y) for x, y in zip(got, want))
+
+
 def test_the_switch(monkeypatch):
     """Off by default (the all-single first stage on the converted operator); HMC_MULTISHIFT_RELIABLE=1, read
     through the operator's run configuration, or ``accumulate=True`` selects the first stage on the double
