@@ -8,7 +8,9 @@ every reduction ends in a small device buffer that comes back to the host in ONE
 * :meth:`CudaBlas.xpay` (Hestenes-Stiefel): p = r + beta p;
 * :meth:`CudaBlas.axpy2_norm2` (Hestenes-Stiefel): x += alpha p, r -= alpha s and |r|^2;
 * :meth:`CudaBlas.multishift_update`: s = w + beta s, then for every shift p_i = zeta_i r + beta_i p_i,
-  x_i += alpha_i p_i, and finally r -= alpha s.
+  x_i += alpha_i p_i, and finally r -= alpha s; with complex64 Krylov vectors some x_i may be complex128 (the
+  mixed-precision multishift, docs/conventions.md 3.2): the ``ms_update_mixed`` kernels, double coefficients, and
+  those x_i's addresses tagged with bit 1 in the pointer table.
 
 So a CG iteration is: update kernel, the operator, reduction kernel, one device-to-host copy of two numbers (the
 only host synchronisation). The element-wise arithmetic is the NumPy path's, in the same order and precision

@@ -11,7 +11,9 @@ conventions they share):
 * :func:`refined`: a shift inverter (the multishift CG, possibly on another operator: MILC's Naik-epsilon-0 links,
   or the same operator in single precision), then every shift refined from its solution by a single-shift inverter:
   MILC's ``KS_MULTICG=HYBRID`` (:func:`hybrid_multishift_cg`) and, with
-  :func:`solvers.cg.mixed_precision`, the mixed-precision multishift (:func:`mixed_multishift_cg`).
+  :func:`solvers.cg.mixed_precision`, the mixed-precision multishift (:func:`mixed_multishift_cg`), whose first
+  stage under the ``multishift_reliable`` switch keeps the light shifts' x_i in double and makes reliable updates
+  of the base system (:class:`MixedMultishift`, docs/conventions.md 3.2).
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .cg import (InverseOperator, SolverBreakdownError, SolverConvergenceError, SolverStats, _FL_AXPY,
-                 _FL_CG_ITER, _FL_NORM, _FL_SHIFT_ITER, _fail_message, _require_hermitian, _sync_time, cg, mixed_precision)
+                 _FL_CG_ITER, _FL_NORM, _FL_SHIFT_ITER, _fail_message, _require_hermitian, _sync_time, cg,
+                 mixed_precision)
 from .krylov_graph import graph_iterations, multishift_iterations
 from .operator import Operator, fused_blas, norm2, norm2_and_redot
 
@@ -180,7 +183,7 @@ class _MultishiftRun:
         cost a tenth of the tolerance, eps |(A + sigma_i) x_i| / |b| <~ eps (lam + sigma_i - s0) / sigma_i with lam
         = d / g = <b, (A + s0) b> / |b|^2 (the source's Rayleigh quotient, from the first reduction) and eps the
         Krylov precision's unit roundoff: the light shifts, whose single-precision x_i missed the tolerance by
-        1 / sigma_i (docs/solvers.md, "Mixed-precision multishift"); the others keep the Krylov precision (their
+        1 / sigma_i (docs/conventions.md 3.2); the others keep the Krylov precision (their
         update moves half the bytes)."""
         if not self.mixed:
             return self.A.dtype

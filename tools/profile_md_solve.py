@@ -19,7 +19,6 @@ import numpy as np
 
 from lattice import CounterRNG, Geometry, get_backend
 from solvers import StaggeredDslash, multishift_cg
-from solvers.multishift import mixed_multishift_cg
 
 SHIFTS = list(np.geomspace(2e-4, 1.5, 9))
 

@@ -381,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) ms_update_##SUF(T *s, T *r, 
                                                                     const unsigned long long *pp,                  \
                                                                     const unsigned long long *xp, const R *coef,  \
                                                                     int nshift, R alpha, R beta, int fresh, LAT) { \
-    ms_update<R, R, R>(s, r, w, pp, xp, coef, nshift, alpha, beta, fresh, LATA);                                        \
+    ms_update<R, R, R>(s, r, w, pp, xp, coef, nshift, alpha, beta, fresh, LATA);                                  \
 }                                                                                                                  \
 extern "C" __global__ void __launch_bounds__(BLOCK) cg_update_dev_##SUF(T *p, T *s, T *x, T *r, const T *w,     \
                                                                         const double *st, LAT) {                   \
