@@ -183,13 +183,13 @@ class _MultishiftRun:
         cost a tenth of the tolerance, eps |(A + sigma_i) x_i| / |b| <~ eps (lam + sigma_i - s0) / sigma_i with lam
         = d / g = <b, (A + s0) b> / |b|^2 (the source's Rayleigh quotient, from the first reduction) and eps the
         Krylov precision's unit roundoff: the light shifts, whose single-precision x_i missed the tolerance by
-        1 / sigma_i (docs/conventions.md 3.2); the others keep the Krylov precision (their
-        update moves half the bytes)."""
+        1 / sigma_i (docs/conventions.md 3.2), and always the base shift (its reliable updates start from x_0);
+        the others keep the Krylov precision (their update moves half the bytes)."""
         if not self.mixed:
             return self.A.dtype
         sigma = self.shifts[i]
         eps = float(np.finfo(np.dtype(self.A.dtype).char.lower()).eps) / 2
-        light = sigma <= 0.0 or eps * (self.d / self.g + self.rel[i]) / sigma > 0.1 * self.inv.tol
+        light = i == self.j0 or sigma <= 0.0 or eps * (self.d / self.g + self.rel[i]) / sigma > 0.1 * self.inv.tol
         return self.Ao.dtype if light else self.A.dtype
 
     def _base(self, v):
