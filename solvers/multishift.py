@@ -77,7 +77,7 @@ class ShiftInverse:
 
 class MultishiftInverse(ShiftInverse):
     """The multishift CG of (A + sigma_i) x_i = b from zero (:func:`multishift_cg`); with ``inner_dtype`` (the
-    mixed-precision first stage of :meth:`MultishiftCG.mixed_precision` under the ``multishift_mixed`` switch) the
+    mixed-precision first stage of :meth:`MultishiftCG.mixed_precision` under the ``multishift_reliable`` switch) the
     Krylov vectors in ``inner_dtype``, the solutions x_i in A's precision and, with ``delta`` > 0, reliable updates
     of the base system (:meth:`_MultishiftRun.reliable_update`)."""
 
@@ -203,7 +203,7 @@ class _MultishiftRun:
         if self.blas is None:
             w = self._base(r)
             return (w,) + norm2_and_redot(self.geom, r, w)
-        w = getattr(self, "w", None)
+        w = self.w
         if w is not None and hasattr(self.A, "apply_into"):
             self.A.apply_into(r, w)          # in place: the device iterations captured w's address
         else:
@@ -228,8 +228,8 @@ class _MultishiftRun:
         residual taken as zeta_i r). Then, where QUDA makes the directions orthogonal to the new r again, the next
         step restarts them, p = r, s = w, p_i = zeta_i r (beta = 0: Jegerlehner's recurrences hold for any
         beta, zeta_{k+1} = zeta_k / (1 + (sigma_i - s0) alpha) for this one): the one-reduction p^dag A p =
-        d - beta g / alpha_old needs the conjugacy of successive directions that an update breaks, and without
-        the restart it drifted into a breakdown in single precision on the 8^4 test operator."""
+        d - beta g / alpha_old needs the conjugacy of successive directions that an update breaks: with QUDA's
+        orthogonalisation instead it drifted into a breakdown in single precision on the 8^4 test operator."""
         x0, r = self.xs[self.j0], self.r
         true = self.b_outer - self.Ao(x0)
         if self.s0 != 0.0:
@@ -286,9 +286,8 @@ class _MultishiftRun:
 
     def _shift_updates(self, alpha, beta, fresh=None):
         """Jegerlehner's zeta_{k+1}, alpha_i, beta_i from the base alpha and beta (``fresh``: p_i = zeta_i r; None:
-        at k = 0). On
-        the NumPy path p_i and x_i are updated here; the fused path gets the (zeta_i, alpha_i, beta_i) per shift for
-        its update kernel."""
+        at k = 0). On the NumPy path p_i and x_i are updated here; the fused path gets the (zeta_i, alpha_i, beta_i)
+        per shift for its update kernel."""
         z, z_prev, r = self.z, self.z_prev, self.r
         fresh = self.k == 0 if fresh is None else fresh
         coefs = [None] * self.n
@@ -329,6 +328,7 @@ class _MultishiftRun:
         if self.inv.check_residual:
             trs = []
             for sig, x in zip(self.shifts, self.xs):
+                x = x.astype(self.Ao.dtype, copy=False)      # (a heavy shift's x_i may be in the Krylov precision)
                 rx = self.Ao(x)
                 rx += sig * x
                 trs.append(math.sqrt(norm2(self.geom, self.b_outer - rx) / self.bb))

@@ -60,7 +60,7 @@ def test_heavy_shifts_keep_single_solutions():
     base shift's are double."""
     geom, a, b = _system()
     shifts = (2e-4, 0.05, 1.5, 40.0)
-    xs, st = MultishiftCG(shifts, 1e-5, 3, False, False, np.complex64)(a).solve(b)
+    xs, st = MultishiftCG(shifts, 1e-5, 3, False, True, np.complex64)(a).solve(b)      # (true residuals too)
     assert [x.dtype for x in xs] == [np.complex128, np.complex128, np.complex64, np.complex64]
     xs, st = MultishiftCG((40.0, 1.5), 1e-5, 3, False, False, np.complex64)(a).solve(b)
     assert [x.dtype for x in xs] == [np.complex64, np.complex128]        # the base shift's x_0: always double
