@@ -204,11 +204,18 @@ class _MultishiftRun:
             w = self._base(r)
             return (w,) + norm2_and_redot(self.geom, r, w)
         w = self.w
-        if w is not None and hasattr(self.A, "apply_into"):
+        if w is not None and self._w_in_place():
             self.A.apply_into(r, w)          # in place: the device iterations captured w's address
         else:
             w = self.A(r)
         return (w,) + self.blas.norm2_redot(r, w, shift=self.s0)     # w += s0 r folded into the reduction
+
+    def _w_in_place(self) -> bool:
+        """Whether w = A r may overwrite the last w: ``apply_into`` writes every site the kernels touch (an
+        even-odd operator leaves the other parity alone, which the kernels then do not touch either; over every
+        site the shift folded into w there would stay)."""
+        return hasattr(self.A, "apply_into") and (self.blas.parity is not None
+                                                   or getattr(self.A, "parity", None) not in (0, 1))
 
     def reliable_due(self) -> bool:
         """|r|^2 has dropped by delta^2 since the last update (never without ``delta``)."""
