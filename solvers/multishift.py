@@ -179,17 +179,16 @@ class _MultishiftRun:
         self.k = 0
 
     def _solution_dtype(self, i):
-        """x_i's precision: the solve's (``Ao``'s) for the shifts where rounding x_i to the Krylov precision could
-        cost a tenth of the tolerance, eps |(A + sigma_i) x_i| / |b| <~ eps (lam + sigma_i - s0) / sigma_i with lam
-        = d / g = <b, (A + s0) b> / |b|^2 (the source's Rayleigh quotient, from the first reduction) and eps the
-        Krylov precision's unit roundoff: the light shifts, whose single-precision x_i missed the tolerance by
-        1 / sigma_i (docs/conventions.md 3.2), and always the base shift (its reliable updates start from x_0);
-        the others keep the Krylov precision (their update moves half the bytes)."""
+        """x_i's precision: the solve's (``Ao``'s) for the base shift (its reliable updates start from x_0) and for
+        the shifts where rounding x_i to the Krylov precision could cost :data:`SINGLE_X_ROUNDING` of the tolerance,
+        eps |(A + sigma_i) x_i| / |b| <~ eps (lam + sigma_i - s0) / sigma_i with lam = d / g = <b, (A + s0) b> /
+        |b|^2 (the source's Rayleigh quotient, from the first reduction) and eps the Krylov precision's unit
+        roundoff (docs/conventions.md 3.2); the others keep the Krylov precision (their update moves fewer bytes)."""
         if not self.mixed:
             return self.A.dtype
         sigma = self.shifts[i]
         eps = float(np.finfo(np.dtype(self.A.dtype).char.lower()).eps) / 2
-        light = i == self.j0 or sigma <= 0.0 or eps * (self.d / self.g + self.rel[i]) / sigma > 0.1 * self.inv.tol
+        light = i == self.j0 or sigma <= 0.0 or eps * (self.d / self.g + self.rel[i]) / sigma > SINGLE_X_ROUNDING * self.inv.tol
         return self.Ao.dtype if light else self.A.dtype
 
     def _base(self, v):
@@ -490,6 +489,14 @@ class Refined:
     def __call__(self, op) -> RefinedShiftInverse:
         return RefinedShiftInverse(op, self.first, self.then, self.sloppy, self.raise_on_fail, self.name)
 
+
+#: the mixed first stage keeps a shift's x_i in single precision where its rounding costs at most this fraction of
+#: the tolerance (:meth:`_MultishiftRun._solution_dtype`); the base shift's is always double. Default inf: the
+#: base shift's alone. 0.1 put the six lightest of the 9 shifts of tools/profile_md_solve.py in double on the 8^4
+#: operator, for 378 refinement iterations against 384 with the base shift's alone: the other shifts' residuals are
+#: limited by the single-precision Krylov vectors, not by their x_i, and each double x_i adds 16 of the update's
+#: ~330 bytes per number.
+SINGLE_X_ROUNDING = math.inf
 
 #: the reliable-update threshold of the mixed-precision multishift's first stage: each update restarts the directions,
 #: and on the 6^4 test operator 0.01 cost 4 % more multishift iterations for 58 % fewer refinement ones, 0.1 17 % for

@@ -12,6 +12,7 @@ from lattice import Geometry
 from solvers import multishift_cg
 from solvers.blas_cuda import BlasTwin
 from solvers.krylov_graph import NSTATE, SLOT
+import solvers.multishift as ms
 from solvers.multishift import MultishiftCG, _MultishiftRun
 from tests.force.cuda_host import RawModule, needs_gxx
 from test_multishift import SHIFTS, _system, _true_residuals
@@ -41,8 +42,9 @@ def _accumulation_error(x, steps, i):
 
 
 def test_solutions_accumulate_in_double(monkeypatch):
-    """After 40 iterations every x_i (all light at tol 1e-12) is sum_k alpha_i,k p_i,k to double rounding (1e-12),
-    where the all-single first stage is off by single rounding."""
+    """After 40 iterations every x_i (all light at tol 1e-12 with SINGLE_X_ROUNDING 0.1) is sum_k alpha_i,k p_i,k
+    to double rounding (1e-12), where the all-single first stage is off by single rounding."""
+    monkeypatch.setattr(ms, "SINGLE_X_ROUNDING", 0.1)
     geom, a, b = _system()
     steps = _recorded(monkeypatch)
     xs, st = MultishiftCG(tuple(SHIFTS), 1e-12, 40, False, False, np.complex64)(a).solve(b)
@@ -55,11 +57,14 @@ def test_solutions_accumulate_in_double(monkeypatch):
     assert min(_accumulation_error(x, steps, i) for i, x in enumerate(xs)) > 1e-9
 
 
-def test_heavy_shifts_keep_single_solutions():
-    """At tol 1e-5 the heavy shifts' x_i stay in single (rounding them costs < tol / 10); the light ones and the
-    base shift's are double."""
+def test_heavy_shifts_keep_single_solutions(monkeypatch):
+    """By default only the base shift's x_0 is double; with SINGLE_X_ROUNDING 0.1 at tol 1e-5 the heavy shifts'
+    x_i stay in single (rounding them costs < tol / 10), the light ones and the base shift's are double."""
     geom, a, b = _system()
     shifts = (2e-4, 0.05, 1.5, 40.0)
+    xs, _ = MultishiftCG(shifts, 1e-5, 3, False, False, np.complex64)(a).solve(b)
+    assert [x.dtype for x in xs] == [np.complex128] + [np.complex64] * 3
+    monkeypatch.setattr(ms, "SINGLE_X_ROUNDING", 0.1)
     xs, st = MultishiftCG(shifts, 1e-5, 3, False, True, np.complex64)(a).solve(b)      # (true residuals too)
     assert [x.dtype for x in xs] == [np.complex128, np.complex128, np.complex64, np.complex64]
     xs, st = MultishiftCG((40.0, 1.5), 1e-5, 3, False, False, np.complex64)(a).solve(b)
@@ -85,8 +90,6 @@ def test_device_loop_hands_restarts_to_the_host(monkeypatch):
     """The solve's control flow with device iterations (solvers.krylov_graph.multishift_iterations, stood in for by
     host steps under its contract: iterate until converged, maxiter or a reliable update due) gives the host-driven
     iterates exactly, and the device is never handed a restarted step (its update kernels know only k = 0)."""
-    import solvers.multishift as ms
-
     geom, a, b = _system()
     make = MultishiftCG((0.02, 0.4, 2.0), 1e-5, 5000, False, False, np.complex64, 0.01)
     want, st_host = make(a).solve(b)
