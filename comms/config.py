@@ -190,6 +190,8 @@ SETTINGS = {
     "solver_sums": Setting("HMC_SOLVER_SUMS", _choice("fast", "exact"), "fast", "solver reductions"),
     "solver_graph": Setting("HMC_SOLVER_GRAPH", _int_in(0, None, "use a non-negative integer (0: host-driven)"), 8,
                             "GPU solver iterations per CUDA-graph replay (0: every iteration driven by the host)"),
+    "multishift_reliable": Setting("HMC_MULTISHIFT_RELIABLE", _flag(False), False,
+                                   "mixed-precision multishift: x_i in double, reliable updates of the base system"),
     "checks_dir": Setting("HMC_CHECKS_DIR", _optional(_text), None, "hmc check references (None: the package's hmc/checks)"),
     "fault_inject": Setting("HMC_FAULT_INJECT", _text, "", "testing: a fault to inject, e.g. "
                                                             "kill_during_checkpoint:3"),
@@ -258,6 +260,7 @@ class RunConfig:
     solver_fused: str = "on"
     solver_sums: str = "fast"
     solver_graph: int = 8
+    multishift_reliable: bool = False
     checks_dir: str | None = None
     fault_inject: str = ""
     mpiexec: str | None = None

@@ -8,7 +8,9 @@ every reduction ends in a small device buffer that comes back to the host in ONE
 * :meth:`CudaBlas.xpay` (Hestenes-Stiefel): p = r + beta p;
 * :meth:`CudaBlas.axpy2_norm2` (Hestenes-Stiefel): x += alpha p, r -= alpha s and |r|^2;
 * :meth:`CudaBlas.multishift_update`: s = w + beta s, then for every shift p_i = zeta_i r + beta_i p_i,
-  x_i += alpha_i p_i, and finally r -= alpha s.
+  x_i += alpha_i p_i, and finally r -= alpha s; with complex64 Krylov vectors some x_i may be complex128 (the
+  mixed-precision multishift, docs/conventions.md 3.2): the ``ms_update_mixed`` kernels, double coefficients, and
+  those x_i's addresses tagged with bit 1 in the pointer table.
 
 So a CG iteration is: update kernel, the operator, reduction kernel, one device-to-host copy of two numbers (the
 only host synchronisation). The element-wise arithmetic is the NumPy path's, in the same order and precision
@@ -55,6 +57,7 @@ NRED = 2              # numbers a reduction kernel returns
 SITE_SHAPE = (3,)     # the kernels' site: one colour vector (solvers/kernels/fused_blas.cu loops over 3 components)
 
 _KERNELS = ("cg_update", "xpay", "norm2_redot", "axpy2_norm2", "ms_update", "cg_update_dev", "ms_update_dev")
+_MIXED = ("ms_update_mixed", "ms_update_dev_mixed")
 
 
 def _device_ptr(a) -> int:
@@ -89,6 +92,8 @@ class CudaBlas:
         suffix = _precision(self.dtype)
         self.real = np.float32 if suffix == "single" else np.float64
         self._k = {name: cuda_source.function(be, "solvers", "fused_blas.cu", f"{name}_{suffix}") for name in _KERNELS}
+        if suffix == "single":       # the mixed-precision multishift: float2 Krylov vectors, double2 solutions
+            self._k.update({name: cuda_source.function(be, "solvers", "fused_blas.cu", name) for name in _MIXED})
         self.parity = None if parity is None else int(parity)
         local_parity = -1 if self.parity is None else (self.parity + sum(geom.offset)) & 1
         nx, ny, nz, _ = geom.local_dims
@@ -103,17 +108,32 @@ class CudaBlas:
         self._counter = cp.zeros(1, dtype=np.uint32)
         self._result = cp.zeros(NRED, dtype=np.float64)
         self._ptr_key, self._ptr_fields, self._ptrs = None, None, None
-        self._coef_host = self._coef_dev = self._coef_copied = None
+        self._coef = {}               # coefficient dtype -> (pinned host buffer, device buffer, copy event)
 
     # --- helpers --------------------------------------------------------------------------------------------
-    def _f(self, a):
-        """A field argument: checked to be a C-contiguous device array of this precision and layout."""
-        if (not isinstance(a, self.cp.ndarray) or a.dtype != self.dtype or tuple(a.shape) != self.shape
+    def _f(self, a, dtype=None):
+        """A field argument: checked to be a C-contiguous device array of this precision (or ``dtype``) and
+        layout."""
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
+        if (not isinstance(a, self.cp.ndarray) or a.dtype != dtype or tuple(a.shape) != self.shape
                 or not a.flags.c_contiguous):
-            raise ValueError(f"fused solver linear algebra: expected a C-contiguous {self.dtype} CuPy array of "
+            raise ValueError(f"fused solver linear algebra: expected a C-contiguous {dtype} CuPy array of "
                              f"shape {self.shape}, got {type(a).__name__} "
                              f"{getattr(a, 'dtype', '?')} {tuple(getattr(a, 'shape', ()))}")
         return a
+
+    def mixed_solutions(self, xs) -> bool:
+        """Whether some of the multishift's solutions are complex128 with these complex64 Krylov vectors: the
+        ``ms_update_mixed`` kernels (double coefficients, tagged addresses: :meth:`x_address`)."""
+        return self.dtype == np.complex64 and any(x.dtype == np.complex128 for x in xs)
+
+    def x_address(self, a) -> int:
+        """A solution field's address in the multishift pointer table: a field of this precision, or, with
+        complex64 Krylov vectors, a complex128 one tagged with bit 1 (fields are 16-byte aligned), which the
+        ``ms_update_mixed`` kernels update in double."""
+        if self.dtype == np.complex64 and getattr(a, "dtype", None) == np.complex128:
+            return _device_ptr(self._f(a, np.complex128)) | 1
+        return _device_ptr(self._f(a))
 
     def _launch(self, name, *args):
         grid = self._grid_numbers if name.startswith("ms_update") else self._grid
@@ -178,11 +198,12 @@ class CudaBlas:
             raise ValueError("multishift_update: ps, xs and coefs must have one entry per shift")
         # the device table of the fields' addresses, rebuilt when the fields change: keyed by the objects (held
         # here, so that their ids stay theirs), so that the fields are checked once per solve, not per iteration
+        mixed = self.mixed_solutions(xs)
         table = self.pointer_table(ps, xs)
-        coef = self._coefficients(coefs)
+        coef = self._coefficients(coefs, np.float64 if mixed else self.real)
         f, R = self._f, self.real
-        self._launch("ms_update", f(s), f(r), f(w), table[0], table[1], coef, np.int32(len(coefs)),
-                     R(alpha), R(0.0 if fresh else beta), np.int32(bool(fresh)))
+        self._launch("ms_update_mixed" if mixed else "ms_update", f(s), f(r), f(w), table[0], table[1], coef,
+                     np.int32(len(coefs)), R(alpha), R(0.0 if fresh else beta), np.int32(bool(fresh)))
 
     def pointer_table(self, ps, xs):
         """The device tables of the shifts' p_i and x_i addresses, rebuilt when the fields change: keyed by the
@@ -190,7 +211,7 @@ class CudaBlas:
         iteration."""
         key = tuple(map(id, ps)) + tuple(map(id, xs))
         if self._ptr_key != key:
-            ptrs = tuple(_device_ptr(self._f(a)) for a in ps) + tuple(_device_ptr(self._f(a)) for a in xs)
+            ptrs = tuple(_device_ptr(self._f(a)) for a in ps) + tuple(self.x_address(a) for a in xs)
             dev = self.cp.asarray(np.asarray(ptrs, dtype=np.uint64))
             self._ptr_key, self._ptr_fields, self._ptrs = key, (tuple(ps), tuple(xs)), (dev[:len(ps)], dev[len(ps):])
         return self._ptrs
@@ -201,42 +222,44 @@ class CudaBlas:
         f = self._f
         self._launch("cg_update_dev", f(p), f(s), f(x), f(r), f(w), st)
 
-    def ms_update_dev(self, s, r, w, table, coef, nshift, st):
+    def ms_update_dev(self, s, r, w, table, coef, nshift, st, mixed=False):
         """:meth:`multishift_update` with alpha, beta, fresh from the state vector and the shifts' (zeta, a, b,
-        active) from ``coef`` on the device (no-op once the state is frozen)."""
+        active) from ``coef`` on the device (no-op once the state is frozen); ``mixed``: complex128 solutions,
+        double coefficients (``ms_update_dev_mixed``)."""
         f = self._f
-        self._launch("ms_update_dev", f(s), f(r), f(w), table[0], table[1], coef, np.int32(nshift), st)
+        self._launch("ms_update_dev_mixed" if mixed else "ms_update_dev", f(s), f(r), f(w), table[0], table[1], coef,
+                     np.int32(nshift), st)
 
     def norm2_redot_into(self, a, w, shift, result):
         """:meth:`norm2_redot` into the device pair ``result`` (this rank's sums; no host synchronisation)."""
         self._launch("norm2_redot", self._f(a), self._f(w), self.real(shift), np.int32(shift != 0.0),
                      self._partial, self._counter, result)
 
-    def _coefficients(self, coefs):
-        """The shifts' (zeta, a, b, active) on the device: written into a pinned host buffer and copied on the
-        current stream without a host synchronisation (a pageable cupy.asarray would block for ~10 us); the copy's
-        event guards the buffer against the next call's writes."""
+    def _coefficients(self, coefs, real):
+        """The shifts' (zeta, a, b, active) on the device, in ``real``: written into a pinned host buffer and copied
+        on the current stream without a host synchronisation (a pageable cupy.asarray would block for ~10 us); the
+        copy's event guards the buffer against the next call's writes. One buffer set per coefficient precision."""
         import cupyx
 
-        n = 4 * len(coefs)
-        if self._coef_host is None or self._coef_host.size < n:
-            self._coef_host = cupyx.empty_pinned((n,), dtype=self.real)
-            self._coef_dev = self.cp.empty(n, dtype=self.real)
-            self._coef_copied = None
-        if self._coef_copied is not None:
-            self._coef_copied.synchronize()
-        host = self._coef_host[:n].reshape(-1, 4)
+        n, key = 4 * len(coefs), np.dtype(real).str
+        host_buf, dev_buf, copied = self._coef.get(key, (None, None, None))
+        if host_buf is None or host_buf.size < n:
+            host_buf, dev_buf, copied = cupyx.empty_pinned((n,), dtype=real), self.cp.empty(n, dtype=real), None
+        if copied is not None:
+            copied.synchronize()
+        host = host_buf[:n].reshape(-1, 4)
         host[...] = 0
         for i, co in enumerate(coefs):
             if co is not None:
                 host[i, :3] = co
                 host[i, 3] = 1
         stream = self.cp.cuda.get_current_stream()
-        dev = self._coef_dev[:n]
-        dev.set(self._coef_host[:n], stream=stream)
-        if self._coef_copied is None:
-            self._coef_copied = self.cp.cuda.Event(disable_timing=True)
-        self._coef_copied.record(stream)
+        dev = dev_buf[:n]
+        dev.set(host_buf[:n], stream=stream)
+        if copied is None:
+            copied = self.cp.cuda.Event(disable_timing=True)
+        copied.record(stream)
+        self._coef[key] = (host_buf, dev_buf, copied)
         return dev
 
     def off_parity_norm2(self, a) -> float:
@@ -334,7 +357,7 @@ class BlasTwin:
                 P *= bi
                 P += zi * Rr
             X = self._get(x)
-            X += ai * P
+            X += ai * (P.astype(X.dtype) if X.dtype != P.dtype else P)     # a mixed multishift: x in double
             self._set(p, P)
             self._set(x, X)
         Rr -= alpha * S

@@ -317,34 +317,39 @@ def cg_iterations(run, iters: int) -> None:
 
 def multishift_iterations(run, iters: int) -> None:
     """Every iteration of ``run`` (a :class:`solvers.multishift._MultishiftRun` on the fused GPU path, after
-    ``start``) on the device until the base shift converges or ``maxiter``; its scalars, zetas and counters are
-    left as the host-driven iterations leave them."""
+    ``start``) on the device until the base shift converges, ``maxiter``, or (``run.delta2`` > 0) a reliable update
+    is due; its scalars, zetas and counters are left as the host-driven iterations leave them. Solutions in double
+    with single Krylov vectors (the mixed-precision multishift) take the ``ms_update_dev_mixed`` kernel and double
+    coefficients."""
     blas, A, n = run.blas, run.A, run.n
-    loop = loop_for(run.geom, "multishift", iters, blas.real, n, exact=blas.exact)
-    single = blas.real == np.float32
-    kd = loop.k["ms_direction_single" if single else "ms_direction_double"]
+    mixed = blas.mixed_solutions(run.xs)       # x_i in double with single Krylov vectors: double coefficients
+    real = np.float64 if mixed else blas.real
+    loop = loop_for(run.geom, "multishift_mixed" if mixed else "multishift", iters, real, n, exact=blas.exact)
+    kd = loop.k["ms_direction_single" if real == np.float32 else "ms_direction_double"]
     kc, st, sums, z, zp, rel, coef, table = (loop.k["ms_close"], loop.st, loop.sums, loop.z, loop.zp, loop.rel,
                                             loop.coef, loop.table)
     s, r, w, s0 = run.s, run.r, run.w, run.s0
-    fields = [blas._f(a) for a in run.ps_i] + [blas._f(a) for a in run.xs]
+    ptrs = tuple(blas._f(a).data.ptr for a in run.ps_i) + tuple(blas.x_address(a) for a in run.xs)
 
     def body():
         kd((1,), (1,), (st, z, zp, rel, coef, np.int32(n)))
-        blas.ms_update_dev(s, r, w, table, coef, n, st)
+        blas.ms_update_dev(s, r, w, table, coef, n, st, mixed=mixed)
         A.apply_into(r, w)
         sums.reduce(blas, r, w, s0)
         kc((1,), (1,), (st,))
 
     k0, before = run.k, loop.counters()
-    loop.upload(z=run.z, zp=run.z_prev, rel=run.rel, ptrs=_ptrs(*fields), g=run.g, d=run.d, g_old=run.g_old,
-                alpha_old=run.alpha_prev, k=k0, stop=run.stop, maxiter=run.inv.maxiter)
-    loop.capture(_ptrs(s, r, w) + (s0,) + A.graph_key() + (id(blas),), body)
+    loop.upload(z=run.z, zp=run.z_prev, rel=run.rel, ptrs=ptrs, g=run.g, d=run.d, g_old=run.g_old,
+                alpha_old=run.alpha_prev, k=k0, stop=run.stop, maxiter=run.inv.maxiter, delta2=run.delta2,
+                rmax2=run.rmax2)
+    loop.capture(_ptrs(s, r, w) + (s0, mixed) + A.graph_key() + (id(blas),), body)
     out = loop.run()
     _counted(run.st, loop, before)
     S = SLOT
     run.k = int(out[S["k"]])
     run.matvecs += run.k - k0
     run.g, run.d, run.g_old, run.alpha_prev = (float(out[S[n_]]) for n_ in ("g", "d", "g_old", "alpha_old"))
+    run.rmax2 = float(out[S["rmax2"]])
     run.z = [float(v) for v in out[NSTATE:NSTATE + n]]
     run.z_prev = [float(v) for v in out[NSTATE + n:NSTATE + 2 * n]]
     status = int(out[S["status"]])

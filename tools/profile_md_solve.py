@@ -1,9 +1,13 @@
 """Where the time of one MD force solve goes on one GPU (issue 19): the production light pseudofermion's multishift
 at MD tolerance 1e-5, in double, in single (the first stage alone), and MILC's cgprec 1 (single, then every shift's
-true residual checked and refined in double), against the operator alone and the multishift's cost per shift.
-Random HISQ-like links (tools/solver_graph_timing.py's recipe), 9 shifts spread like the light rational's MD poles.
+true residual checked and refined in double), against the operator alone and the multishift's cost per shift; then
+cgprec 1 with the mixed-precision first stage (``multishift_reliable``: single Krylov vectors, the light shifts'
+x_i in double, reliable updates of the base system) against the all-single one: the refinement iterations per shift
+before and after (the "refine" line). Random HISQ-like links (tools/solver_graph_timing.py's recipe), 9 shifts
+spread like the light rational's MD poles (the smallest 2e-4 ~ 4 m^2 of the light quark's 0.007).
 
     PYTHONPATH=. python3 tools/profile_md_solve.py 32 [--tol 1e-5] [--json out.json]
+    PYTHONPATH=. python3 tools/profile_md_solve.py 8 --backend numpy --only-refine     # the CPU figure
 """
 from __future__ import annotations
 
@@ -12,67 +16,92 @@ import json
 import time
 
 import numpy as np
-import cupy as cp
 
-from comms.config import RunConfig
 from lattice import CounterRNG, Geometry, get_backend
 from solvers import StaggeredDslash, multishift_cg
-from solvers.multishift import mixed_multishift_cg
 
 SHIFTS = list(np.geomspace(2e-4, 1.5, 9))
 
 
 def links(geom, rng, stream, scale):
+    xp = geom.xp
     g = rng.gaussian(stream, geom.site_ids(), 4 * 18).reshape(tuple(geom.shape) + (4, 3, 3, 2))
     m = (g[..., 0] + 1j * g[..., 1]) * scale
     eye = np.eye(3)[None, None, None, None, None]
-    return cp.ascontiguousarray(cp.moveaxis(cp.asarray(m) + cp.asarray(eye), -3, 0))
+    return xp.ascontiguousarray(xp.moveaxis(xp.asarray(m) + xp.asarray(eye), -3, 0))
 
 
-def timed(f, repeat=3):
+def problem(L, backend):
+    """The even-odd normal operator A (double) and an even source b."""
+    geom = Geometry((L,) * 4, get_backend(backend))
+    rng = CounterRNG(5)
+    d = StaggeredDslash(geom, links(geom, rng, "fat", 0.08) * 0.45, links(geom, rng, "long", 0.02) * 0.02)
+    g = rng.gaussian("src", geom.site_ids(), 6).reshape(tuple(geom.shape) + (3, 2))
+    xp = geom.xp
+    b = xp.asarray(g[..., 0] + 1j * g[..., 1]) * xp.asarray((geom.parity() == 0)[..., None])
+    return geom, d.even_odd(0.0).normal, b
+
+
+def timed(geom, f, repeat=3):
     f()
-    cp.cuda.Device().synchronize()
+    geom.backend.synchronize()
     ts, out = [], None
     for _ in range(repeat):
         t0 = time.perf_counter()
         out = f()
-        cp.cuda.Device().synchronize()
+        geom.backend.synchronize()
         ts.append(time.perf_counter() - t0)
     return min(ts), out
+
+
+def summary(t, st) -> dict:
+    ref = st.extra.get("refine") or []
+    return {"s": t, "iters": st.iters, "us_per_iter": 1e6 * t / max(st.iters, 1), "matvecs": st.matvecs,
+            "refine_iters": [r.iters for r in ref], "refine_sum": sum(r.iters for r in ref),
+            "refine_s": sum(r.time for r in ref), "true_residual": st.true_residual,
+            "reliable_updates": st.extra.get("reliable_updates", 0)}
+
+
+def operator_times(geom, A, b, res):
+    A32, b32 = A.converted(np.complex64), b.astype(np.complex64)
+    w, w32 = geom.xp.empty_like(b), geom.xp.empty_like(b32)
+    for name, op, v, out in (("op_double", A, b, w), ("op_single", A32, b32, w32)):
+        t, _ = timed(geom, lambda: [op.apply_into(v, out) for _ in range(20)])
+        res[name + "_us"] = 1e6 * t / 20
+    for name, make, src in (
+            ("ms_double", lambda: multishift_cg(SHIFTS, res["tol"], 5000, check_residual=False)(A), b),
+            ("ms_single_stage", lambda: multishift_cg(SHIFTS, res["tol"], 5000, check_residual=False)(A32), b32),
+            ("ms_single_1shift", lambda: multishift_cg(SHIFTS[:1], res["tol"], 5000, check_residual=False)(A32),
+             b32),
+            ("ms_single_5shift", lambda: multishift_cg(SHIFTS[:5], res["tol"], 5000, check_residual=False)(A32),
+             b32)):
+        inv = make()
+        t, (x, st) = timed(geom, lambda: inv.solve(src, check=False))
+        res[name] = summary(t, st)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("L", type=int)
     ap.add_argument("--tol", type=float, default=1e-5)
+    ap.add_argument("--backend", default="cupy")
+    ap.add_argument("--only-refine", action="store_true", help="only the two cgprec 1 solves (no operator timings)")
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json")
     a = ap.parse_args()
-    geom = Geometry((a.L,) * 4, get_backend("cupy"))
-    rng = CounterRNG(5)
-    d = StaggeredDslash(geom, links(geom, rng, "fat", 0.08) * 0.45, links(geom, rng, "long", 0.02) * 0.02)
-    A = d.even_odd(0.0).normal
-    A32 = A.converted(np.complex64)
-    g = rng.gaussian("src", geom.site_ids(), 6).reshape(tuple(geom.shape) + (3, 2))
-    b = cp.asarray(g[..., 0] + 1j * g[..., 1]) * cp.asarray((geom.parity() == 0)[..., None])
-    b32 = b.astype(np.complex64)
-    res = {"L": a.L, "tol": a.tol, "shifts": SHIFTS}
-    w, w32 = cp.empty_like(b), cp.empty_like(b32)
-    for name, op, v, out in (("op_double", A, b, w), ("op_single", A32, b32, w32)):
-        t, _ = timed(lambda: [op.apply_into(v, out) for _ in range(20)])
-        res[name + "_us"] = 1e6 * t / 20
-    for name, make, src in (
-            ("ms_double", lambda: multishift_cg(SHIFTS, a.tol, 5000, check_residual=False)(A), b),
-            ("ms_single_stage", lambda: multishift_cg(SHIFTS, a.tol, 5000, check_residual=False)(A32), b32),
-            ("ms_single_1shift", lambda: multishift_cg(SHIFTS[:1], a.tol, 5000, check_residual=False)(A32), b32),
-            ("ms_single_5shift", lambda: multishift_cg(SHIFTS[:5], a.tol, 5000, check_residual=False)(A32), b32),
-            ("mixed_cgprec1", lambda: mixed_multishift_cg(SHIFTS, a.tol, 5000)(A), b)):
-        inv = make()
-        t, (x, st) = timed(lambda: inv.solve(src, check=False))
-        ref = st.extra.get("refine") or []
-        res[name] = {"s": t, "iters": st.iters, "us_per_iter": 1e6 * t / max(st.iters, 1),
-                     "matvecs": st.matvecs, "refine_iters": [r.iters for r in ref],
-                     "refine_s": sum(r.time for r in ref), "true_residual": st.true_residual}
+    geom, A, b = problem(a.L, a.backend)
+    res = {"L": a.L, "tol": a.tol, "shifts": SHIFTS, "backend": a.backend}
+    if not a.only_refine:
+        operator_times(geom, A, b, res)
+    for name, acc in (("mixed_cgprec1", False), ("mixed_cgprec1_reliable", True)):
+        inv = multishift_cg(SHIFTS, a.tol, 5000).mixed_precision(accumulate=acc)(A)
+        t, (x, st) = timed(geom, lambda: inv.solve(b, check=False), a.repeat)
+        res[name] = summary(t, st)
+    old, new = res["mixed_cgprec1"], res["mixed_cgprec1_reliable"]
     print(json.dumps(res, indent=1, default=float))
+    print(f"refine iterations {old['refine_iters']} = {old['refine_sum']} -> {new['refine_iters']} = "
+          f"{new['refine_sum']}; multishift iterations {old['iters']} -> {new['iters']} "
+          f"({new['reliable_updates']} reliable updates); cgprec 1 solve {old['s']:.3f} s -> {new['s']:.3f} s")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1, default=float)

@@ -172,12 +172,18 @@ __device__ void axpy2_norm2(const typename C2<R>::T *p, const typename C2<R>::T 
    One thread per complex number (site, colour), not per site: a warp then reads and writes each of the 2 + 2 x
    shifts fields in consecutive 16-byte words (a site loop walking the 2 x shifts fields colour by colour had each
    field's sectors fetched up to three times: 1.6 ms at 32^4 with 9 shifts, 3.4 times the operator). The arithmetic
-   of every number is unchanged. */
-template <typename R>
+   of every number is unchanged.
+   s, r, w and the p_i are in R, the coefficients in RC: R = RX = RC, or (the mixed-precision multishift,
+   solvers/multishift.py) R float, RX = RC double: z and b rounded to float for p_i as the single kernel's buffer
+   rounds them; an x_i whose address in xp carries the tag bit 1 (solvers.blas_cuda.CudaBlas.pointer_table) is in
+   RX, x_i += a p_i in double with a unrounded and p_i widened (NumPy: x += a * p.astype(complex128)), the others
+   in R with a rounded to R (the single kernel's arithmetic). */
+template <typename R, typename RX, typename RC>
 __device__ void ms_update(typename C2<R>::T *s, typename C2<R>::T *r, const typename C2<R>::T *w,
-                          const unsigned long long *pp, const unsigned long long *xp, const R *coef, int nshift,
+                          const unsigned long long *pp, const unsigned long long *xp, const RC *coef, int nshift,
                           R alpha, R beta, int fresh, long long n, int parity, int nx, int ny, int nz) {
     typedef typename C2<R>::T T;
+    typedef typename C2<RX>::T TX;
     SITE_LOOP(3 * n) {
         const long long site = j / 3;
         const long long o = 3 * site_of(site, parity, nx, ny, nz) + (j - 3 * site);
@@ -192,10 +198,9 @@ __device__ void ms_update(typename C2<R>::T *s, typename C2<R>::T *r, const type
         }
         s[o] = sv;
         for (int i = 0; i < nshift; ++i) {
-            if (coef[4 * i + 3] == (R)0) continue;
-            const R zi = coef[4 * i], ai = coef[4 * i + 1], bi = coef[4 * i + 2];
+            if (coef[4 * i + 3] == (RC)0) continue;
+            const R zi = (R)coef[4 * i], bi = (R)coef[4 * i + 2];
             T *P = (T *)pp[i];
-            T *X = (T *)xp[i];
             T pv;
             if (fresh) {
                 pv.x = zi * rv.x; pv.y = zi * rv.y;
@@ -204,9 +209,20 @@ __device__ void ms_update(typename C2<R>::T *s, typename C2<R>::T *r, const type
                 pv.x = bi * pv.x + zi * rv.x; pv.y = bi * pv.y + zi * rv.y;
             }
             P[o] = pv;
-            T xv = X[o];
-            xv.x = xv.x + ai * pv.x; xv.y = xv.y + ai * pv.y;
-            X[o] = xv;
+            const unsigned long long xa = xp[i];
+            if (sizeof(RX) != sizeof(R) && (xa & 1ull)) {     /* a tagged address: this x_i is in RX */
+                const RX ai = (RX)coef[4 * i + 1];
+                TX *X = (TX *)(xa & ~1ull);
+                TX xv = X[o];
+                xv.x = xv.x + ai * (RX)pv.x; xv.y = xv.y + ai * (RX)pv.y;
+                X[o] = xv;
+            } else {
+                const R ai = (R)coef[4 * i + 1];
+                T *X = (T *)xa;
+                T xv = X[o];
+                xv.x = xv.x + ai * pv.x; xv.y = xv.y + ai * pv.y;
+                X[o] = xv;
+            }
         }
         rv.x = rv.x - alpha * sv.x; rv.y = rv.y - alpha * sv.y;
         r[o] = rv;
@@ -322,11 +338,13 @@ extern "C" __global__ void ms_direction_single(double *st, double *z, double *zp
     ms_direction<float>(st, z, zp, rel, coef, n);
 }
 
-/* after the reduction: the next g, d; the loop test of MultishiftInverse._solve (g > stop and k < maxiter) */
+/* after the reduction: the next g, d; the loop test of MultishiftInverse._solve (g > stop and k < maxiter) and the
+   reliable-update test of _MultishiftRun.reliable_due (g < delta^2 max g since the last update; delta2 0: never) */
 extern "C" __global__ void ms_close(double *st) {
     if (FROZEN(st) || !close_step(st)) return;
     const double g = st[S_G];
-    if (!(g > st[S_STOP] && st[S_K] < st[S_MAXITER])) st[S_STATUS] = 1.0;
+    st[S_RMAX2] = fmax(st[S_RMAX2], g);
+    if (!(g > st[S_STOP] && st[S_K] < st[S_MAXITER]) || g < st[S_DELTA2] * st[S_RMAX2]) st[S_STATUS] = 1.0;
 }
 
 /* dst[0..1] = the pairs vals[2 k], vals[2 k + 1] summed over k = 0 .. P-1 in order (the ranks along one grid
@@ -363,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) ms_update_##SUF(T *s, T *r, 
                                                                     const unsigned long long *pp,                  \
                                                                     const unsigned long long *xp, const R *coef,  \
                                                                     int nshift, R alpha, R beta, int fresh, LAT) { \
-    ms_update<R>(s, r, w, pp, xp, coef, nshift, alpha, beta, fresh, LATA);                                        \
+    ms_update<R, R, R>(s, r, w, pp, xp, coef, nshift, alpha, beta, fresh, LATA);                                  \
 }                                                                                                                  \
 extern "C" __global__ void __launch_bounds__(BLOCK) cg_update_dev_##SUF(T *p, T *s, T *x, T *r, const T *w,     \
                                                                         const double *st, LAT) {                   \
@@ -378,8 +396,28 @@ extern "C" __global__ void __launch_bounds__(BLOCK) ms_update_dev_##SUF(T *s, T 
                                                                         const double *st, LAT) {                   \
     if (FROZEN(st)) return;                                                                                        \
     const int fresh = st[S_K] == 0.0;                                                                              \
-    ms_update<R>(s, r, w, pp, xp, coef, nshift, (R)st[S_ALPHA], fresh ? (R)0 : (R)st[S_BETA], fresh, LATA);       \
+    ms_update<R, R, R>(s, r, w, pp, xp, coef, nshift, (R)st[S_ALPHA], fresh ? (R)0 : (R)st[S_BETA], fresh, LATA); \
 }
 
 INSTANTIATE(double, double2, double)
 INSTANTIATE(float, float2, single)
+
+/* the mixed-precision multishift's update: Krylov vectors float2, solutions double2, coefficients double (as
+   ms_direction_double writes them on the device) */
+extern "C" __global__ void __launch_bounds__(BLOCK) ms_update_mixed(float2 *s, float2 *r, const float2 *w,
+                                                                    const unsigned long long *pp,
+                                                                    const unsigned long long *xp,
+                                                                    const double *coef, int nshift, float alpha,
+                                                                    float beta, int fresh, LAT) {
+    ms_update<float, double, double>(s, r, w, pp, xp, coef, nshift, alpha, beta, fresh, LATA);
+}
+extern "C" __global__ void __launch_bounds__(BLOCK) ms_update_dev_mixed(float2 *s, float2 *r, const float2 *w,
+                                                                        const unsigned long long *pp,
+                                                                        const unsigned long long *xp,
+                                                                        const double *coef, int nshift,
+                                                                        const double *st, LAT) {
+    if (FROZEN(st)) return;
+    const int fresh = st[S_K] == 0.0;
+    ms_update<float, double, double>(s, r, w, pp, xp, coef, nshift, (float)st[S_ALPHA],
+                                     fresh ? 0.0f : (float)st[S_BETA], fresh, LATA);
+}

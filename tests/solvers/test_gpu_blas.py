@@ -202,3 +202,41 @@ def test_source_on_both_parities_and_guess(ops):
     xc, sc = cg(1e-10, 3000)(dc.even_odd(0.5).normal).solve(b, x0)
     xg, sg = cg(1e-10, 3000)(dg.even_odd(0.5).normal).solve(dg.xp.asarray(b), dg.xp.asarray(x0))
     assert sg.iters == sc.iters and rel(be.to_numpy(xg), xc) < 1e-10
+
+
+@pytest.mark.parametrize("parity", [0, None])
+@pytest.mark.parametrize("fresh", [False, True])
+def test_mixed_multishift_update_equals_the_twin(parity, fresh):
+    """ms_update_mixed: complex64 s, r, p_i, a complex128 and a complex64 x_i (tagged and plain addresses), a frozen
+    shift: bitwise the twin's NumPy arithmetic."""
+    cpu, gpu = pair((4, 4, 4, 8))
+    base = fields(cpu, 6, np.complex64, seed=11) + fields(cpu, 2, np.complex128, seed=12)
+    xs_c = lambda f: [f[6], f[5], f[7]]  # noqa: E731  (double, single, double)
+    coefs = [(0.9, -1.234567890123, 0.3), (0.5, 0.1, 0.7), None]
+    fc = [a.copy() for a in base]
+    fg = [gpu.xp.array(a) for a in base]
+    BlasTwin(cpu, np.complex64, parity).multishift_update(fc[0], fc[1], fc[2], fc[3:6], xs_c(fc), coefs, 0.4, 0.6,
+                                                          fresh)
+    CudaBlas(gpu, np.complex64, parity).multishift_update(fg[0], fg[1], fg[2], fg[3:6], xs_c(fg), coefs, 0.4, 0.6,
+                                                          fresh)
+    for c, g in zip(fc, fg):
+        assert g.dtype == c.dtype and np.array_equal(gpu.backend.to_numpy(g), c)
+
+
+def test_mixed_multishift_equals_numpy(ops):
+    """The mixed-precision first stage (single Krylov vectors, double x_i, reliable updates) on the fused path
+    against the NumPy path: iterations to the reductions' rounding, the same updates, true residuals at tol."""
+    from solvers.multishift import MultishiftCG
+
+    dc, dg, b = ops
+    be = dg.geom.backend
+    make = MultishiftCG((0.001, 0.02, 0.5, 2.0), 1e-7, 3000, True, True, np.complex64, 0.01)
+    xs_c, sc = make(dc.even_odd(0.0).normal).solve(b)
+    xs_g, sg = make(dg.even_odd(0.0).normal).solve(dg.xp.asarray(b))
+    assert sg.extra["fused"] and sg.converged and abs(sg.iters - sc.iters) <= 3
+    assert sg.extra["reliable_updates"] >= 1 and sc.extra["reliable_updates"] >= 1
+    assert [x.dtype for x in xs_g] == [x.dtype for x in xs_c]
+    assert sg.true_residuals[0] <= 1.01e-7            # the final check: the base shift meets tol in double
+    for tg, tc in zip(sg.true_residuals, sc.true_residuals):     # single rounding: the same size, not the bits
+        assert tg <= 10 * max(tc, 1e-7)
+    assert rel(be.to_numpy(xs_g[-1]), xs_c[-1]) < 1e-5              # the heaviest shift: well conditioned

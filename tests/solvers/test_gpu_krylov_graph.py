@@ -9,6 +9,7 @@ from comms import ProcessGrid
 from comms.config import RunConfig
 from lattice import Geometry, get_backend
 from solvers import StaggeredDslash, cg, mixed_cg, multishift_cg, project
+from solvers.multishift import MultishiftCG
 
 from solver_testlib import random_field, random_links
 
@@ -55,6 +56,10 @@ SOLVERS = {
     "mixed_one_reduction": (lambda A: mixed_cg(1e-10, 3000, single_reduction=True)(A), np.complex128, 0.05),
     "multishift": (lambda A: multishift_cg([0.0, 0.01, 0.3, 2.0], 1e-10, 3000)(A), np.complex128, 0.0),
     "multishift_single": (lambda A: multishift_cg([0.001, 0.02, 0.5], 1e-5, 3000)(A), np.complex64, 0.0),
+    # the mixed-precision first stage (multishift_reliable): single Krylov vectors, double x_i of the light shifts,
+    # reliable updates (the device loop stops for each, the host restarts), the final true-residual check
+    "multishift_mixed": (lambda A: MultishiftCG((0.0005, 0.01, 0.3, 2.0), 1e-7, 3000, True, True, np.complex64,
+                                                0.01)(A), np.complex128, 0.0),
 }
 
 
