@@ -39,6 +39,7 @@ SHIM = r"""
 struct double2 { double x, y; };
 struct float2 { float x, y; };
 static inline double2 make_double2(double a, double b) { double2 r; r.x = a; r.y = b; return r; }
+template <class T> static inline T __ldg(const T *p) { return *p; }
 struct Dim { unsigned x; };
 static Dim blockIdx, blockDim, gridDim;
 static thread_local Dim threadIdx;
