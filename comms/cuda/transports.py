@@ -33,7 +33,8 @@ from ..transport import registry
 from ..transport.host import MIN_CAPACITY, TAG_BASE
 from ..watchdog import Watchdog
 from . import alloc as alloc_policy
-from . import cu, vmm
+from . import creditfree, cu, vmm
+from .creditfree import CreditFreeOrder
 from .cu import WAIT_GEQ, call, try_call
 from .exchange import GpuExchange
 from .segment import ACK, ACKF, HEADER, MAX_PEERS, SCRATCH, SIG, SIGF, SegmentMixin, data_offset, notice
@@ -120,6 +121,8 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
         self.graph_mode = False
         self.peer_sums = False
         self._peer_sum = None
+        self.credit_free = False
+        self.credit_order = CreditFreeOrder(self)
         self.notices = []
         self._sendbufs = {}
         self._views = {}
@@ -279,6 +282,7 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
             self._write_header()
             call(drv.cuCtxSynchronize)
         self.state.reset()
+        self.credit_order.reset()
         self.comm.Barrier()
 
     # lifecycle ------------------------------------------------------------------------------------------------
@@ -312,6 +316,7 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
                 raise CommsError("graph capture is implemented for the copy_engine policy only")
         self.graph_mode = bool(on)
         self._reset_slots()
+        self.credit_free = creditfree.decide(self)      # collective (docs/halo-protocol.md "Credit-free graph mode")
 
     def receives_in_place(self) -> bool:
         """Whether this rank's exchanges are received in place (HMC_P2P_IN_PLACE on and every link's transport
@@ -334,6 +339,8 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
 
     def free(self):
         self.sync("free()")
+        creditfree.ENGINES.discard(self)
+        self.credit_free = False
         if self._watchdog is not None:
             self._watchdog.close()
             self._watchdog = None
@@ -450,6 +457,8 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
             if need > self.capacity:
                 self._grow(need)
         cs = cp.cuda.get_current_stream()
+        if self.credit_free:
+            self.credit_order.before_start(cs, keys)
         self._used_streams[cs.ptr] = cs
         ex = GpuExchange(self, b, cs, host_in)
         comm = self.comm
@@ -515,7 +524,8 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
         for (dim, d, link, msg, face), (src, nbytes) in zip(p2p, srcs):
             sp = link.stream.ptr
             call(drv.cuStreamWaitEvent, sp, self.pack_event.ptr, 0)
-            link.kind.wait_credit(self, link, dim, d, b, sp)
+            if not self.credit_free:                    # credit-free: implied by the order (creditfree.py)
+                link.kind.wait_credit(self, link, dim, d, b, sp)
             st.last_sent[dim][d][b] = msg
             call(drv.cuMemcpyAsync, link.peer_ptr + data_offset(b, dim, 1 - d, cap), src, nbytes, sp)
             link.kind.signal(self, ex, link, dim, d, b, msg, sp)

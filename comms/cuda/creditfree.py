@@ -1,0 +1,136 @@
+"""Credit-free graph mode of the stream-gated halo exchange (HMC_P2P_CREDIT_FREE; docs/halo-protocol.md
+"Credit-free graph mode"): the senders skip their credit waits and the receivers their credits, because the order
+of the exchanges already implies them.
+
+The argument (exchange n uses buffer b = n % 2, link A -> P): P's last read of its buffer b of exchange n (the
+exterior kernel, in place; or the copy out) is enqueued on P's stream before P's start of n + 1, whose pack event
+gates P's send n + 1 to A (copy, then the ordered signal); A's arrival wait of n + 1 from P is enqueued on A's
+stream before A's start of n + 2, whose pack event gates A's copy n + 2 into P's buffer b. So
+
+    P reads b (n)  ->  P signals A (n + 1)  ->  A waits (n + 1)  ->  A writes P's b (n + 2),
+
+each arrow a stream order or a satisfied stream wait: the credit that A's wait would have checked is implied. The
+same chain orders P's reset of its arrival flag b (n) before A sets it again (n + 2). It holds only where
+
+1. every exchange carries every link (both directions), so that P sends A exchange n + 1 (no ring steps: the
+   solvers' rank sums are peer sums, comms/cuda/peersum.py);
+2. exchanges do not overlap: exchange n is finished and released before n + 1 starts, on the same stream or on
+   streams joined in that order (:meth:`CreditFreeOrder.before_start` joins them by an event where they differ);
+3. the buffers strictly alternate in device order: a captured graph spans an even number of exchanges and is
+   launched where the engine's buffer index is the one it was captured at (:func:`capture_marks`,
+   :func:`check_capture`, :func:`before_launch`, called by comms/cuda/graph.py);
+4. graph mode (binary flags), every link stream_gated with the copy_engine policy, in-place receive on every rank:
+   decided collectively by :func:`decide` at ``set_graph_mode(True)``; counters (host-driven mode) keep the credits.
+
+Where 1 or 2 (uncaptured-to-captured streams) or 3 fails the engine refuses with a CommsError naming the rule.
+"""
+from __future__ import annotations
+
+import weakref
+
+from cuda.bindings import driver as drv
+
+from ..base import CommsError
+from .cu import call
+from .segment import notice
+
+ENGINES: "weakref.WeakSet" = weakref.WeakSet()      # engines in credit-free graph mode (what graph.py checks)
+
+
+def decide(engine) -> bool:
+    """Collective: credit-free where asked for on every rank, every rank receives in place, peer sums are on (no ring
+    exchanges), and the engine is in graph mode (set_graph_mode checked stream_gated and copy_engine)."""
+    ENGINES.discard(engine)
+    if not engine.graph_mode:                        # collective: set_graph_mode is
+        return False
+    want = bool(engine.config.p2p_credit_free)
+    ok = want and engine.peer_sums and engine.receives_in_place()
+    answers = engine.comm.allgather((want, ok))
+    asked, on = any(a for a, _ in answers), all(o for _, o in answers)
+    if asked and not on:
+        notice(engine.rank == 0, "comms: HMC_P2P_CREDIT_FREE=1 not used: it needs graph mode, in-place receive and "
+                                 "peer sums on every rank (docs/halo-protocol.md \"Credit-free graph mode\")",
+               engine.notices)
+    if on:
+        ENGINES.add(engine)
+    return on
+
+
+class CreditFreeOrder:
+    """Rules 1 and 2 of the module docstring for one engine: ``last`` is (stream pointer, captured) of the stream
+    the last exchange was released on (None after a reset)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.last = None
+        self.capturing = False
+        self.event = None
+
+    def before_start(self, stream, keys) -> None:
+        """Check an exchange about to start on ``stream`` (CuPy stream) with faces ``keys``; join the stream of the
+        last release into it where they differ (an event), before the pack event that gates the sends."""
+        eng = self.engine
+        if eng.state.outstanding:
+            raise CommsError("credit-free graph mode (HMC_P2P_CREDIT_FREE) needs every exchange finished and "
+                             "released before the next starts (docs/halo-protocol.md \"Credit-free graph mode\")")
+        missing = sorted(set(eng.links) - set(keys))
+        if missing:
+            raise CommsError(f"credit-free graph mode (HMC_P2P_CREDIT_FREE) needs every exchange to carry every "
+                             f"link; this one lacks {missing} (a ring exchange? use peer sums or "
+                             f"HMC_P2P_CREDIT_FREE=0)")
+        self.capturing = bool(stream.is_capturing())
+        if self.last is None:
+            return
+        ptr, captured = self.last
+        if captured and not self.capturing:
+            raise CommsError("credit-free graph mode: an exchange was captured outside comms.cuda.graph."
+                             "CapturedGraph (its parity and launch order cannot be checked)")
+        if ptr != stream.ptr and not (self.capturing and not captured):   # the first exchange of a capture: joined
+            self.join(ptr, stream.ptr)                                     # at launch (before_launch)
+
+    def join(self, from_ptr: int, to_ptr: int) -> None:
+        """Order what is enqueued on stream ``from_ptr`` so far before what follows on ``to_ptr``."""
+        if self.event is None:
+            self.event = self.engine.cp.cuda.Event(disable_timing=True)
+        call(drv.cuEventRecord, self.event.ptr, from_ptr)
+        call(drv.cuStreamWaitEvent, to_ptr, self.event.ptr, 0)
+
+    def released(self, stream_ptr: int) -> None:
+        self.last = (int(stream_ptr), self.capturing)
+
+    def reset(self) -> None:
+        self.last = None
+
+
+def capture_marks() -> list:
+    """Before a capture: (engine, buffer index, last release) of every credit-free engine."""
+    return [(eng, eng.state.buffer_index, eng.credit_order.last) for eng in list(ENGINES)]
+
+
+def check_capture(marks, strict: bool = True) -> list:
+    """After a capture: every credit-free engine back at its buffer index (an even number of exchanges), its last
+    release restored (the capture ran nothing); returns (engine, buffer index) for :func:`before_launch`.
+    ``strict=False`` (the capture failed): restore only, so that the capture's own error is the one raised."""
+    out = []
+    for eng, index, last in marks:
+        eng.credit_order.last = last
+        if strict and eng.state.buffer_index != index:
+            raise CommsError("credit-free graph mode (HMC_P2P_CREDIT_FREE): a captured graph must span an even "
+                             "number of halo exchanges (the buffers alternate without credits)")
+        out.append((eng, index))
+    return out
+
+
+def before_launch(marks, stream_ptr: int) -> None:
+    """Before a replay on ``stream_ptr``: the engine's buffer index is the captured one, and the stream of the last
+    release is joined into the launch stream."""
+    for eng, index in marks:
+        if not eng.credit_free:
+            continue
+        if eng.state.buffer_index != index:
+            raise CommsError("credit-free graph mode (HMC_P2P_CREDIT_FREE): a graph replayed after an odd number "
+                             "of uncaptured halo exchanges would reuse a buffer twice in a row")
+        order = eng.credit_order
+        if order.last is not None and order.last[0] != int(stream_ptr):
+            order.join(order.last[0], int(stream_ptr))
+        order.last = (int(stream_ptr), False)
