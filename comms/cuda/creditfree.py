@@ -19,10 +19,12 @@ same chain orders P's reset of its arrival flag b (n) before A sets it again (n 
 3. the buffers strictly alternate in device order: a captured graph spans an even number of exchanges and is
    launched where the engine's buffer index is the one it was captured at (:func:`capture_marks`,
    :func:`check_capture`, :func:`before_launch`, called by comms/cuda/graph.py);
-4. graph mode (binary flags), every link stream_gated with the copy_engine policy, in-place receive on every rank:
-   decided collectively by :func:`decide` at ``set_graph_mode(True)``; counters (host-driven mode) keep the credits.
+4. graph mode (binary flags), every link stream_gated with the copy_engine policy, in-place receive and peer sums on
+   every rank, an even ``solver_graph`` (the solvers' sums of an odd one take rings): decided collectively by
+   :func:`decide` at ``set_graph_mode(True)``; else, and with counters (host-driven mode), the credits stay.
 
-Where 1 or 2 (uncaptured-to-captured streams) or 3 fails the engine refuses with a CommsError naming the rule.
+Where rule 1, 2 or 3 does not hold the engine refuses with a CommsError naming it (different streams are joined, not
+refused, except after an exchange captured outside CapturedGraph, whose parity cannot be checked).
 """
 from __future__ import annotations
 
@@ -44,12 +46,14 @@ def decide(engine) -> bool:
     if not engine.graph_mode:                        # collective: set_graph_mode is
         return False
     want = bool(engine.config.p2p_credit_free)
-    ok = want and engine.peer_sums and engine.receives_in_place()
+    ok = (want and engine.peer_sums and engine.receives_in_place()
+          and int(getattr(engine.config, "solver_graph", 0)) % 2 == 0)     # odd: the solvers' sums take rings
     answers = engine.comm.allgather((want, ok))
     asked, on = any(a for a, _ in answers), all(o for _, o in answers)
     if asked and not on:
-        notice(engine.rank == 0, "comms: HMC_P2P_CREDIT_FREE=1 not used: it needs graph mode, in-place receive and "
-                                 "peer sums on every rank (docs/halo-protocol.md \"Credit-free graph mode\")",
+        notice(engine.rank == 0, "comms: HMC_P2P_CREDIT_FREE=1 not used: it needs graph mode, in-place receive, "
+                                 "peer sums and an even HMC_SOLVER_GRAPH on every rank (docs/halo-protocol.md "
+                                 "\"Credit-free graph mode\")",
                engine.notices)
     if on:
         ENGINES.add(engine)
