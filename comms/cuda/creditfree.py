@@ -67,6 +67,7 @@ class CreditFreeOrder:
     def __init__(self, engine):
         self.engine = engine
         self.last = None
+        self.keep = None              # the stream of ``last`` (a join records an event on it)
         self.capturing = False
         self.event = None
 
@@ -99,16 +100,18 @@ class CreditFreeOrder:
         call(drv.cuEventRecord, self.event.ptr, from_ptr)
         call(drv.cuStreamWaitEvent, to_ptr, self.event.ptr, 0)
 
-    def released(self, stream_ptr: int) -> None:
-        self.last = (int(stream_ptr), self.capturing)
+    def released(self, stream) -> None:
+        """The buffer was last read on ``stream`` (a CuPy stream, kept alive until the next join, or a pointer)."""
+        self.last = (int(getattr(stream, "ptr", stream)), self.capturing)
+        self.keep = stream
 
     def reset(self) -> None:
-        self.last = None
+        self.last = self.keep = None
 
 
 def capture_marks() -> list:
     """Before a capture: (engine, buffer index, last release) of every credit-free engine."""
-    return [(eng, eng.state.buffer_index, eng.credit_order.last) for eng in list(ENGINES)]
+    return [(eng, eng.state.buffer_index, eng.credit_order.last, eng.credit_order.keep) for eng in list(ENGINES)]
 
 
 def check_capture(marks, strict: bool = True) -> list:
@@ -116,8 +119,8 @@ def check_capture(marks, strict: bool = True) -> list:
     release restored (the capture ran nothing); returns (engine, buffer index) for :func:`before_launch`.
     ``strict=False`` (the capture failed): restore only, so that the capture's own error is the one raised."""
     out = []
-    for eng, index, last in marks:
-        eng.credit_order.last = last
+    for eng, index, last, keep in marks:
+        eng.credit_order.last, eng.credit_order.keep = last, keep
         if strict and eng.state.buffer_index != index:
             raise CommsError("credit-free graph mode (HMC_P2P_CREDIT_FREE): a captured graph must span an even "
                              "number of halo exchanges (the buffers alternate without credits)")
@@ -125,9 +128,10 @@ def check_capture(marks, strict: bool = True) -> list:
     return out
 
 
-def before_launch(marks, stream_ptr: int) -> None:
-    """Before a replay on ``stream_ptr``: the engine's buffer index is the captured one, and the stream of the last
-    release is joined into the launch stream."""
+def before_launch(marks, stream) -> None:
+    """Before a replay on ``stream`` (CuPy stream): the engine's buffer index is the captured one, and the stream of
+    the last release is joined into the launch stream."""
+    stream_ptr = int(stream.ptr)
     for eng, index in marks:
         if not eng.credit_free:
             continue
@@ -137,4 +141,4 @@ def before_launch(marks, stream_ptr: int) -> None:
         order = eng.credit_order
         if order.last is not None and order.last[0] != int(stream_ptr):
             order.join(order.last[0], int(stream_ptr))
-        order.last = (int(stream_ptr), False)
+        order.last, order.keep = (stream_ptr, False), stream

@@ -73,7 +73,7 @@ class GpuExchange:
         eng, b = self.engine, self.buffer
         sp = self.stream.ptr if stream is None else int(getattr(stream, "ptr", stream))
         if eng.credit_free:                  # implied by the order (comms/cuda/creditfree.py)
-            eng.credit_order.released(sp)
+            eng.credit_order.released(self.stream if stream is None else stream)
         else:
             batch(sp, [eng.links[(dim, side)].kind.credit_op(eng, eng.links[(dim, side)], dim, side, b, expected)
                        for dim, side, _, _, expected, _, _ in self.recvs])
@@ -124,7 +124,7 @@ class GpuExchange:
             if switch:
                 cs.__exit__()
         if eng.credit_free:
-            eng.credit_order.released(csp)
+            eng.credit_order.released(cs)
         st.busy[b] = None
         st.outstanding -= 1
         self.done = True

@@ -36,7 +36,7 @@ class CapturedGraph:
 
     def launch(self, stream) -> None:
         if self.credit_marks:
-            creditfree.before_launch(self.credit_marks, stream.ptr)
+            creditfree.before_launch(self.credit_marks, stream)
         call(drv.cuGraphLaunch, self.exec, stream.ptr)
 
     def node_count(self) -> int:

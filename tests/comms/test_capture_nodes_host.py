@@ -183,11 +183,11 @@ for name, dims in (("2 links", [3]), ("4 links", [2, 3])):      # credit-free gr
         e.state.busy, e.state.outstanding = [None, None], 0
     launch = creditfree.check_capture(marks)
     drv.CALLS.clear()
-    creditfree.before_launch(launch, other.ptr)
+    creditfree.before_launch(launch, other)
     got["launch join"] = [c[0] for c in drv.CALLS]
     e.state.buffer_index ^= 1                                # one uncaptured exchange later
     try:
-        creditfree.before_launch(launch, other.ptr)
+        creditfree.before_launch(launch, other)
     except CommsError as err:
         refused.append(str(err))
     creditfree.ENGINES.discard(e)
