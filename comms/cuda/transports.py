@@ -521,6 +521,7 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
                 sb[...] = face
             srcs.append((sb.data.ptr, sb.nbytes))
         call(drv.cuEventRecord, self.pack_event.ptr, cs.ptr)
+        batched = self._batch_signals(p2p)
         for (dim, d, link, msg, face), (src, nbytes) in zip(p2p, srcs):
             sp = link.stream.ptr
             call(drv.cuStreamWaitEvent, sp, self.pack_event.ptr, 0)
@@ -528,8 +529,29 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
                 link.kind.wait_credit(self, link, dim, d, b, sp)
             st.last_sent[dim][d][b] = msg
             call(drv.cuMemcpyAsync, link.peer_ptr + data_offset(b, dim, 1 - d, cap), src, nbytes, sp)
-            link.kind.signal(self, ex, link, dim, d, b, msg, sp)
+            if not batched:
+                link.kind.signal(self, ex, link, dim, d, b, msg, sp)
             call(drv.cuEventRecord, link.ev_sent[b].ptr, sp)
             ex.sent.append(link.ev_sent[b])
+        if batched:
+            self._signal_batch(p2p, b, ex)
+
+    def _batch_signals(self, p2p) -> bool:
+        """Whether this exchange's signals go out as ONE batch after every link's copy (HMC_P2P_BATCH_SIGNALS, every
+        link's transport with a ``signal_op``, more than one link): a sender's choice, the receivers see the same
+        writes."""
+        return bool(self.config.p2p_batch_signals and len(p2p) > 1
+                    and all(hasattr(link.kind, "signal_op") for _, _, link, _, _ in p2p))
+
+    def _signal_batch(self, p2p, b, ex):
+        """The last link's stream waits for every other link's copy (their ev_sent), then writes every signal in
+        one batch (default flags: after the copies it waits for) and records its ev_sent, which the compute stream
+        then waits for (my sends before my waits)."""
+        last = p2p[-1][2]
+        sp = last.stream.ptr
+        for _, _, link, _, _ in p2p[:-1]:
+            call(drv.cuStreamWaitEvent, sp, link.ev_sent[b].ptr, 0)
+        cu.batch(sp, [link.kind.signal_op(self, link, dim, d, b, msg) for dim, d, link, msg, _ in p2p])
+        call(drv.cuEventRecord, last.ev_sent[b].ptr, sp)
 
 

@@ -87,9 +87,9 @@ CURRENT = [COMPUTE]
 cp = types.SimpleNamespace(ndarray=FakeArray, cuda=types.SimpleNamespace(get_current_stream=lambda: CURRENT[0],
                                                                          Event=lambda disable_timing=True: obj()))
 
-def engine(dims, in_place, size=2):
+def engine(dims, in_place, size=2, **cfg):
     e = GpuHaloEngine.__new__(GpuHaloEngine)
-    e.cp, e.state, e.config = cp, ProtocolState(), RunConfig(p2p_in_place=in_place)
+    e.cp, e.state, e.config = cp, ProtocolState(), RunConfig(p2p_in_place=in_place, **cfg)
     e.world_rank = e.rank = 0
     e.seg, e.capacity = types.SimpleNamespace(ptr=1 << 40), 1 << 16
     e.links, e._used_streams, e.graph_mode, e.parallel_recv = {}, {}, True, True
@@ -194,6 +194,19 @@ for name, dims in (("2 links", [3]), ("4 links", [2, 3])):      # credit-free gr
     CURRENT[0] = COMPUTE
     got["refused"] = refused
     out[f"{name} credit-free"] = got
+for name, dims in (("2 links", [3]), ("4 links", [2, 3])):      # HMC_P2P_BATCH_SIGNALS, credit-free
+    e, peer = engine(dims, True, p2p_batch_signals=True)
+    e.credit_free = True
+    faces = {(dim, d): FakeArray((3, 4, 4, 4, 3)) for dim in dims for d in (0, 1)}
+    drv.CALLS.clear()
+    ex = e.start(faces)
+    sends = list(drv.CALLS)
+    ex.finish_in_place()
+    ex.release()
+    last = e.links[max(e.links)]
+    out[f"{name} batched"] = {"send": nodes(sends), "calls": sends, "last": last.stream.ptr,
+                              "copied": [l.ev_sent[0].ptr for k, l in sorted(e.links.items()) if l is not last],
+                              "sent": last.ev_sent[0].ptr, "peers": sorted(peer.values())}
 for k in (2, 4):
     e, _ = engine([3], False, size=k)
     e.rank = 1
@@ -304,3 +317,18 @@ def test_credit_free_joins_streams_and_refuses_what_breaks_the_order(recorded, n
     assert "finished and released" in refused[0] and "every link" in refused[1]
     assert "even number" in refused[2] and "odd number" in refused[3]
     assert got["restored"] and got["launch join"] == ["record", "waitevent"]
+
+
+@pytest.mark.parametrize("name,links", [("2 links", 2), ("4 links", 4)])
+def test_batched_signals_are_one_batch_after_every_copy(recorded, name, links):
+    got = recorded[f"{name} batched"]
+    assert got["send"] == {"batch": 1, "wait": 0, "write": 0, "memcpy": links}     # credit-free and batched
+    calls = got["calls"]
+    at = next(i for i, c in enumerate(calls) if c[0] == "batch")
+    assert at > max(i for i, c in enumerate(calls) if c[0] == "memcpy")
+    assert calls[at][1] == got["last"] and len(calls[at][2]) == links
+    assert {o[0] for o in calls[at][2]} == {"write"} and {o[2] for o in calls[at][2]} == {1}
+    assert all(any(p < o[1] < p + 4096 for p in got["peers"]) for o in calls[at][2])
+    joined = {c[2] for c in calls[:at] if c[0] == "waitevent" and c[1] == got["last"]}
+    assert set(got["copied"]) <= joined                       # after every other link's copy
+    assert calls[at + 1] == ["record", got["last"], got["sent"]]

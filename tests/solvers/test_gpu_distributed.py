@@ -172,6 +172,8 @@ def test_in_place_receive_and_peer_sums(tmp_path, mps, n, grid, lattice):  # noq
     rel, diter = rep["credit_free_cg"]
     assert rel < 1e-7 and abs(diter) <= 3, rep
     assert comm_nodes(free["census"]) < comm_nodes(con) and free["census"].get("MEMCPY", 0) == con.get("MEMCPY", 0)
+    batched = rep["batched"]                  # HMC_P2P_BATCH_SIGNALS: one signal batch per exchange (with credits)
+    assert comm_nodes(batched["census"]) < comm_nodes(con) and batched["cg_graph_iterations"] == 8, rep
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -363,10 +365,10 @@ def _halo_in_place(h, lpsi):
     return cp.asnumpy(got)
 
 
-def _switched(gdims, dims, fat, long, psi, bglob, on, credit_free=False):
+def _switched(gdims, dims, fat, long, psi, bglob, on, credit_free=False, batch_signals=False):
     """One stream_gated grid with the in-place receive and peer sums ``on`` or off (and ``credit_free``,
-    HMC_P2P_CREDIT_FREE): its halo, D, CG (fast and exact sums) and exact multishift, and the census of one CG graph
-    per iteration."""
+    HMC_P2P_CREDIT_FREE, and ``batch_signals``, HMC_P2P_BATCH_SIGNALS): its halo, D, CG (fast and exact sums) and
+    exact multishift, and the census of one CG graph per iteration."""
     import dataclasses
 
     import cupy as cp
@@ -380,7 +382,7 @@ def _switched(gdims, dims, fat, long, psi, bglob, on, credit_free=False):
     from bench.dslash_dist_cuda import close_graph_mode
 
     cfg = dataclasses.replace(RunConfig.from_environment(), p2p_in_place=on, p2p_peer_sums=on, solver_graph=8,
-                              p2p_credit_free=credit_free)
+                              p2p_credit_free=credit_free, p2p_batch_signals=batch_signals)
     grid = ProcessGrid(gdims, transport="stream_gated", config=cfg)
     geom = Geometry(dims, get_backend("cupy"), grid)
     loc = lambda a: cp.asarray(np.ascontiguousarray(geom.local_part(a)))  # noqa: E731
@@ -424,6 +426,7 @@ def _switches(out, grid_text, lattice_text):
     bglob = np.asarray(dnp.even_odd(0.05).prepare(psi))
     off, on = (_switched(gdims, dims, fat, long, psi, bglob, s) for s in (False, True))
     free = _switched(gdims, dims, fat, long, psi, bglob, True, credit_free=True)
+    batched = _switched(gdims, dims, fat, long, psi, bglob, True, batch_signals=True)
     rep = {"grid": gdims, "lattice": dims, "ranks": comm.size,
            "dslash_bitwise": all(np.array_equal(a, b) for a, b in zip(off["dslash"], on["dslash"])),
            "cg_on_vs_off": (_rel(on["cg"], off["cg"]), on["cg_iters"] - off["cg_iters"]),
@@ -433,12 +436,16 @@ def _switches(out, grid_text, lattice_text):
                                        and np.array_equal(free["cg_exact"], off["cg_exact"])
                                        and all(np.array_equal(a, b) for a, b in zip(free["ms_exact"], off["ms_exact"]))
                                        and free["halo_bitwise"]),
+           "batched_bitwise": bool(all(np.array_equal(a, b) for a, b in zip(off["dslash"], batched["dslash"]))
+                                   and np.array_equal(batched["cg_exact"], off["cg_exact"])
+                                   and batched["halo_bitwise"]),
            "credit_free_cg": (_rel(free["cg"], on["cg"]), free["cg_iters"] - on["cg_iters"])}
-    for name, r in (("off", off), ("on", on), ("credit_free", free)):
+    for name, r in (("off", off), ("on", on), ("credit_free", free), ("batched", batched)):
         rep[name] = {k: v for k, v in r.items() if not isinstance(v, (np.ndarray, list))}
     flags = comm.allgather([rep["dslash_bitwise"], rep["cg_exact_bitwise"], rep["multishift_exact_bitwise"],
-                            on["halo_bitwise"], off["halo_bitwise"], rep["credit_free_bitwise"]])
-    rep["all_ranks"] = [all(f[i] for f in flags) for i in range(6)]
+                            on["halo_bitwise"], off["halo_bitwise"], rep["credit_free_bitwise"],
+                            rep["batched_bitwise"]])
+    rep["all_ranks"] = [all(f[i] for f in flags) for i in range(7)]
     if comm.rank == 0:
         Path(out, "switches.json").write_text(json.dumps(rep, indent=1, default=str))
     print(f"rank {comm.rank}: {json.dumps(rep, default=str)}", flush=True)
