@@ -70,6 +70,7 @@ class CreditFreeOrder:
         self.keep = None              # the stream of ``last`` (a join records an event on it)
         self.capturing = False
         self.event = None
+        self.started = 0              # exchanges started (a capture holds this engine's exchanges if it changed)
 
     def before_start(self, stream, keys) -> None:
         """Check an exchange about to start on ``stream`` (CuPy stream) with faces ``keys``; join the stream of the
@@ -84,6 +85,7 @@ class CreditFreeOrder:
                              f"link; this one lacks {missing} (a ring exchange? use peer sums or "
                              f"HMC_P2P_CREDIT_FREE=0)")
         self.capturing = bool(stream.is_capturing())
+        self.started += 1
         if self.last is None:
             return
         ptr, captured = self.last
@@ -111,15 +113,19 @@ class CreditFreeOrder:
 
 def capture_marks() -> list:
     """Before a capture: (engine, buffer index, last release) of every credit-free engine."""
-    return [(eng, eng.state.buffer_index, eng.credit_order.last, eng.credit_order.keep) for eng in list(ENGINES)]
+    return [(eng, eng.state.buffer_index, eng.credit_order.started, eng.credit_order.last, eng.credit_order.keep)
+            for eng in list(ENGINES)]
 
 
 def check_capture(marks, strict: bool = True) -> list:
     """After a capture: every credit-free engine back at its buffer index (an even number of exchanges), its last
-    release restored (the capture ran nothing); returns (engine, buffer index) for :func:`before_launch`.
+    release restored (the capture ran nothing); returns (engine, buffer index) for :func:`before_launch`, for the
+    engines that started exchanges in the capture.
     ``strict=False`` (the capture failed): restore only, so that the capture's own error is the one raised."""
     out = []
-    for eng, index, last, keep in marks:
+    for eng, index, started, last, keep in marks:
+        if eng.credit_order.started == started:
+            continue                                 # none of this engine's exchanges in the graph
         eng.credit_order.last, eng.credit_order.keep = last, keep
         if strict and eng.state.buffer_index != index:
             raise CommsError("credit-free graph mode (HMC_P2P_CREDIT_FREE): a captured graph must span an even "

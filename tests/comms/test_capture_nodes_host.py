@@ -190,6 +190,7 @@ for name, dims in (("2 links", [3]), ("4 links", [2, 3])):      # credit-free gr
         creditfree.before_launch(launch, other)
     except CommsError as err:
         refused.append(str(err))
+    got["idle capture"] = creditfree.check_capture(creditfree.capture_marks()) == []   # no exchange of e in it
     creditfree.ENGINES.discard(e)
     CURRENT[0] = COMPUTE
     got["refused"] = refused
@@ -316,7 +317,7 @@ def test_credit_free_joins_streams_and_refuses_what_breaks_the_order(recorded, n
     assert len(refused) == 4
     assert "finished and released" in refused[0] and "every link" in refused[1]
     assert "even number" in refused[2] and "odd number" in refused[3]
-    assert got["restored"] and got["launch join"] == ["record", "waitevent"]
+    assert got["restored"] and got["launch join"] == ["record", "waitevent"] and got["idle capture"]
 
 
 @pytest.mark.parametrize("name,links", [("2 links", 2), ("4 links", 4)])
