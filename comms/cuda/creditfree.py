@@ -18,18 +18,20 @@ same chain orders P's reset of its arrival flag b (n) before A sets it again (n 
    streams joined in that order (:meth:`CreditFreeOrder.before_start` joins them by an event where they differ);
 3. the buffers strictly alternate in device order: a captured graph spans an even number of exchanges and is
    launched where the engine's buffer index is the one it was captured at (:func:`capture_marks`,
-   :func:`check_capture`, :func:`before_launch`, called by comms/cuda/graph.py);
+   :func:`check_capture`, :func:`before_launch`, called by comms/cuda/graph.py): after an odd number of uncaptured
+   exchanges (a single hop) one 8-byte exchange of every link (:meth:`CreditFreeOrder.pad`) realigns it;
 4. graph mode (binary flags), every link stream_gated with the copy_engine policy, in-place receive and peer sums on
    every rank, an even ``solver_graph`` (the solvers' sums of an odd one take rings): decided collectively by
    :func:`decide` at ``set_graph_mode(True)``; else, and with counters (host-driven mode), the credits stay.
 
-Where rule 1, 2 or 3 does not hold the engine refuses with a CommsError naming it (different streams are joined, not
+Where rule 1, 2 or 3 (an odd capture) does not hold the engine refuses with a CommsError naming it (different streams are joined, not
 refused, except after an exchange captured outside CapturedGraph, whose parity cannot be checked).
 """
 from __future__ import annotations
 
 import weakref
 
+import numpy as np
 from cuda.bindings import driver as drv
 
 from ..base import CommsError
@@ -71,6 +73,8 @@ class CreditFreeOrder:
         self.capturing = False
         self.event = None
         self.started = 0              # exchanges started (a capture holds this engine's exchanges if it changed)
+        self.pads = 0                 # exchanges made by :meth:`pad`
+        self._pad = None
 
     def before_start(self, stream, keys) -> None:
         """Check an exchange about to start on ``stream`` (CuPy stream) with faces ``keys``; join the stream of the
@@ -101,6 +105,19 @@ class CreditFreeOrder:
             self.event = self.engine.cp.cuda.Event(disable_timing=True)
         call(drv.cuEventRecord, self.event.ptr, from_ptr)
         call(drv.cuStreamWaitEvent, to_ptr, self.event.ptr, 0)
+
+    def pad(self, stream) -> None:
+        """One exchange of an 8-byte face on every link, on ``stream``, uncaptured: it flips the buffer index so that
+        a graph launched next finds the index it was captured at (every rank has the same index, invariant 6, and
+        launches the same graphs: collective)."""
+        eng = self.engine
+        if self._pad is None:
+            self._pad = eng.cp.zeros(1, dtype=np.float64)
+        with stream:
+            ex = eng.start({key: self._pad for key in sorted(eng.links)})
+            ex.finish_in_place()
+            ex.release()
+        self.pads += 1
 
     def released(self, stream) -> None:
         """The buffer was last read on ``stream`` (a CuPy stream, kept alive until the next join, or a pointer)."""
@@ -141,10 +158,9 @@ def before_launch(marks, stream) -> None:
     for eng, index in marks:
         if not eng.credit_free:
             continue
-        if eng.state.buffer_index != index:
-            raise CommsError("credit-free graph mode (HMC_P2P_CREDIT_FREE): a graph replayed after an odd number "
-                             "of uncaptured halo exchanges would reuse a buffer twice in a row")
         order = eng.credit_order
+        if eng.state.buffer_index != index:          # an odd number of uncaptured exchanges since the capture
+            order.pad(stream)
         if order.last is not None and order.last[0] != int(stream_ptr):
             order.join(order.last[0], int(stream_ptr))
         order.last, order.keep = (stream_ptr, False), stream
