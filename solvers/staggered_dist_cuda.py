@@ -35,6 +35,10 @@ else their reductions go through ``geom.sum`` on the host. For graphs and timing
 * ``close_graph_mode(geom)``: back to counters (collective) after graph work.
 * ``geom.grid.halo.parallel_recv`` (HMC_P2P_PARALLEL_RECV, default on): stream_gated receive chains per link on
   their own streams (parallel graph branches) or one after the other on the compute stream; set it before capture.
+* In graph mode with in-place receive and peer sums, ``HMC_P2P_CREDIT_FREE=1`` drops the credit waits and credits
+  (comms/cuda/creditfree.py) and ``HMC_P2P_BATCH_SIGNALS=1`` sends every link's signal in one batch
+  (docs/halo-protocol.md "Credit-free graph mode", "Batched signals"); :meth:`DistHop.__call__` meets their
+  conditions (one exchange at a time, every link, released on the stream of the next pack).
 
 Layout: faces are whole slabs (both parities) of depth 3 (Naik) or 1, packed by one kernel into one contiguous
 send buffer [face (mu, dir) in sorted order]; received faces land in one ghost buffer [(mu, side)], which the

@@ -5,7 +5,9 @@ parallel receives), on the link's own receive stream joined back by an event (do
 
 In-place receive (``finish_in_place`` / ``release``, HMC_P2P_IN_PLACE, docs/halo-protocol.md "In-place receive"):
 every link's arrival wait in one batch of memory operations on the compute stream, no copy out: the consumer reads
-the faces where the peers wrote them, then ``release`` returns every credit in one batch after it.
+the faces where the peers wrote them, then ``release`` returns every credit in one batch after it. In credit-free
+graph mode (HMC_P2P_CREDIT_FREE, comms/cuda/creditfree.py) no credits at all: ``release`` and ``finish`` only note
+the stream the buffer was last read on.
 """
 from __future__ import annotations
 
@@ -70,8 +72,11 @@ class GpuExchange:
             raise CommsError("release() of a halo exchange not finished in place (or released twice)")
         eng, b = self.engine, self.buffer
         sp = self.stream.ptr if stream is None else int(getattr(stream, "ptr", stream))
-        batch(sp, [eng.links[(dim, side)].kind.credit_op(eng, eng.links[(dim, side)], dim, side, b, expected)
-                   for dim, side, _, _, expected, _, _ in self.recvs])
+        if eng.credit_free:                  # implied by the order (comms/cuda/creditfree.py)
+            eng.credit_order.released(self.stream if stream is None else stream)
+        else:
+            batch(sp, [eng.links[(dim, side)].kind.credit_op(eng, eng.links[(dim, side)], dim, side, b, expected)
+                       for dim, side, _, _, expected, _, _ in self.recvs])
         self.held = False
         eng.state.busy[b] = None
         eng.state.outstanding -= 1
@@ -118,6 +123,8 @@ class GpuExchange:
         finally:
             if switch:
                 cs.__exit__()
+        if eng.credit_free:
+            eng.credit_order.released(cs)
         st.busy[b] = None
         st.outstanding -= 1
         self.done = True
@@ -176,7 +183,8 @@ class GpuExchange:
         else:
             src = eng._dev_view(src_ptr, shape, dtype)
             result = self._deliver(src, dest, shape, dtype)
-        link.kind.return_credit(eng, link, dim, side, b, expected, csp)
+        if not eng.credit_free:
+            link.kind.return_credit(eng, link, dim, side, b, expected, csp)
         return result
 
     def _receive_chain(self, link, dim, side, shape, dtype, expected, dest):
@@ -192,7 +200,8 @@ class GpuExchange:
         if dest is None:
             dest = eng.cp.empty(shape, dtype)
         call(drv.cuMemcpyAsync, dest.data.ptr, eng.seg.ptr + data_offset(b, dim, side, eng.capacity), dest.nbytes, rs)
-        link.kind.return_credit(eng, link, dim, side, b, expected, rs)
+        if not eng.credit_free:
+            link.kind.return_credit(eng, link, dim, side, b, expected, rs)
         call(drv.cuEventRecord, link.ev_recv[b].ptr, rs)
         return dest
 

@@ -4,12 +4,14 @@
 Capture runs in relaxed mode (``CU_STREAM_CAPTURE_MODE_RELAXED``): the halo engine's stream memory operations and
 cross-stream events are captured as graph nodes, and host-side calls that are not stream work (CuPy's pool handing
 out an already allocated block, a kernel lookup) stay legal during capture. Everything a captured function touches
-must outlive the graph: the graph keeps raw device pointers.
+must outlive the graph: the graph keeps raw device pointers. In credit-free graph mode (comms/cuda/creditfree.py) a
+capture must span an even number of halo exchanges and a launch must find the engine's buffer index as captured.
 """
 from __future__ import annotations
 
 from cuda.bindings import driver as drv
 
+from . import creditfree
 from .cu import call
 
 
@@ -18,16 +20,23 @@ class CapturedGraph:
     is the CUgraph (its nodes can be listed), ``exec`` the executable graph."""
 
     def __init__(self, stream, fn):
+        self.exec = None
+        marks = creditfree.capture_marks()
         call(drv.cuStreamBeginCapture, stream.ptr, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+        captured = False
         try:
             with stream:
                 fn()
+            captured = True
         finally:
             graph = call(drv.cuStreamEndCapture, stream.ptr)
-        self.graph = graph
+            self.graph = graph
+            self.credit_marks = creditfree.check_capture(marks, strict=captured)   # odd: CommsError
         self.exec = call(drv.cuGraphInstantiate, graph, 0)
 
     def launch(self, stream) -> None:
+        if self.credit_marks:
+            creditfree.before_launch(self.credit_marks, stream)
         call(drv.cuGraphLaunch, self.exec, stream.ptr)
 
     def node_count(self) -> int:
@@ -52,8 +61,9 @@ class CapturedGraph:
         """Destroy the graph now (also done when the object is collected)."""
         if getattr(self, "exec", None) is not None:
             drv.cuGraphExecDestroy(self.exec)
+        if getattr(self, "graph", None) is not None:
             drv.cuGraphDestroy(self.graph)
-            self.exec = self.graph = None
+        self.exec = self.graph = None
 
     def __del__(self):
         try:

@@ -33,7 +33,8 @@ from ..transport import registry
 from ..transport.host import MIN_CAPACITY, TAG_BASE
 from ..watchdog import Watchdog
 from . import alloc as alloc_policy
-from . import cu, vmm
+from . import creditfree, cu, vmm
+from .creditfree import CreditFreeOrder
 from .cu import WAIT_GEQ, call, try_call
 from .exchange import GpuExchange
 from .segment import ACK, ACKF, HEADER, MAX_PEERS, SCRATCH, SIG, SIGF, SegmentMixin, data_offset, notice
@@ -120,6 +121,8 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
         self.graph_mode = False
         self.peer_sums = False
         self._peer_sum = None
+        self.credit_free = False
+        self.credit_order = CreditFreeOrder(self)
         self.notices = []
         self._sendbufs = {}
         self._views = {}
@@ -279,6 +282,7 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
             self._write_header()
             call(drv.cuCtxSynchronize)
         self.state.reset()
+        self.credit_order.reset()
         self.comm.Barrier()
 
     # lifecycle ------------------------------------------------------------------------------------------------
@@ -312,6 +316,7 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
                 raise CommsError("graph capture is implemented for the copy_engine policy only")
         self.graph_mode = bool(on)
         self._reset_slots()
+        self.credit_free = creditfree.decide(self)      # collective (docs/halo-protocol.md "Credit-free graph mode")
 
     def receives_in_place(self) -> bool:
         """Whether this rank's exchanges are received in place (HMC_P2P_IN_PLACE on and every link's transport
@@ -334,6 +339,8 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
 
     def free(self):
         self.sync("free()")
+        creditfree.ENGINES.discard(self)
+        self.credit_free = False
         if self._watchdog is not None:
             self._watchdog.close()
             self._watchdog = None
@@ -450,6 +457,8 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
             if need > self.capacity:
                 self._grow(need)
         cs = cp.cuda.get_current_stream()
+        if self.credit_free:
+            self.credit_order.before_start(cs, keys)
         self._used_streams[cs.ptr] = cs
         ex = GpuExchange(self, b, cs, host_in)
         comm = self.comm
@@ -512,14 +521,37 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
                 sb[...] = face
             srcs.append((sb.data.ptr, sb.nbytes))
         call(drv.cuEventRecord, self.pack_event.ptr, cs.ptr)
+        batched = self._batch_signals(p2p)
         for (dim, d, link, msg, face), (src, nbytes) in zip(p2p, srcs):
             sp = link.stream.ptr
             call(drv.cuStreamWaitEvent, sp, self.pack_event.ptr, 0)
-            link.kind.wait_credit(self, link, dim, d, b, sp)
+            if not self.credit_free:                    # credit-free: implied by the order (creditfree.py)
+                link.kind.wait_credit(self, link, dim, d, b, sp)
             st.last_sent[dim][d][b] = msg
             call(drv.cuMemcpyAsync, link.peer_ptr + data_offset(b, dim, 1 - d, cap), src, nbytes, sp)
-            link.kind.signal(self, ex, link, dim, d, b, msg, sp)
+            if not batched:
+                link.kind.signal(self, ex, link, dim, d, b, msg, sp)
             call(drv.cuEventRecord, link.ev_sent[b].ptr, sp)
             ex.sent.append(link.ev_sent[b])
+        if batched:
+            self._signal_batch(p2p, b, ex)
+
+    def _batch_signals(self, p2p) -> bool:
+        """Whether this exchange's signals go out as ONE batch after every link's copy (HMC_P2P_BATCH_SIGNALS, every
+        link's transport with a ``signal_op``, more than one link): a sender's choice, the receivers see the same
+        writes."""
+        return bool(self.config.p2p_batch_signals and len(p2p) > 1
+                    and all(hasattr(link.kind, "signal_op") for _, _, link, _, _ in p2p))
+
+    def _signal_batch(self, p2p, b, ex):
+        """The last link's stream waits for every other link's copy (their ev_sent), then writes every signal in
+        one batch (default flags: after the copies it waits for) and records its ev_sent, which the compute stream
+        then waits for (my sends before my waits)."""
+        last = p2p[-1][2]
+        sp = last.stream.ptr
+        for _, _, link, _, _ in p2p[:-1]:
+            call(drv.cuStreamWaitEvent, sp, link.ev_sent[b].ptr, 0)
+        cu.batch(sp, [link.kind.signal_op(self, link, dim, d, b, msg) for dim, d, link, msg, _ in p2p])
+        call(drv.cuEventRecord, last.ev_sent[b].ptr, sp)
 
 

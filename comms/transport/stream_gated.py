@@ -79,6 +79,13 @@ class StreamGated(GpuTransport):
             call(drv.cuStreamWriteValue64, stream_ptr, link.peer_ptr + 8 * sig_slot(dim, 1 - d), msg,
                  WRITE_DEFAULT)
 
+    def signal_op(self, engine, link, dim, d, b, msg):
+        """:meth:`signal` as one operation of a batch (HMC_P2P_BATCH_SIGNALS: every link's signal in one batch, after
+        every link's copy)."""
+        if engine.graph_mode:
+            return write_op(link.peer_ptr + 8 * sigf_slot(b, dim, 1 - d), 1)
+        return write_op(link.peer_ptr + 8 * sig_slot(dim, 1 - d), msg)
+
     def wait_arrival(self, engine, ex, link, dim, side, expected, req, view, stream_ptr):
         """The wait on the own signal slot (graph mode: EQ 1 on the flag, then its reset, one batch of memory
         operations)."""

@@ -64,6 +64,8 @@ from comms.cuda.exchange import GpuExchange
 from comms.cuda.peersum import PeerSum
 from comms.cuda.segment import HEADER, area_offset, data_offset, rsf_slot, sigf_slot, ackf_slot
 from comms.cuda.transports import GpuHaloEngine, GpuLink
+from comms.cuda import creditfree
+from comms.base import CommsError
 from comms.halo import ProtocolState
 
 _ids = itertools.count(1 << 20)
@@ -77,17 +79,35 @@ class FakeArray:
         self.flags = types.SimpleNamespace(c_contiguous=True)
         self.data = types.SimpleNamespace(ptr=next(_ids) << 8)
 
-COMPUTE = obj()
-cp = types.SimpleNamespace(ndarray=FakeArray, cuda=types.SimpleNamespace(get_current_stream=lambda: COMPUTE))
+class stream:
+    def __init__(self, capturing=False):
+        self.ptr, self.capturing = next(_ids), capturing
 
-def engine(dims, in_place, size=2):
+    def is_capturing(self):
+        return self.capturing
+
+    def __enter__(self):
+        self.was = CURRENT[0]
+        CURRENT[0] = self
+
+    def __exit__(self, *exc):
+        CURRENT[0] = self.was
+
+COMPUTE = stream()
+CURRENT = [COMPUTE]
+cp = types.SimpleNamespace(ndarray=FakeArray, cuda=types.SimpleNamespace(get_current_stream=lambda: CURRENT[0],
+                                                                         Event=lambda disable_timing=True: obj()),
+                           zeros=lambda n, dtype: FakeArray((n,), dtype))
+
+def engine(dims, in_place, size=2, **cfg):
     e = GpuHaloEngine.__new__(GpuHaloEngine)
-    e.cp, e.state, e.config = cp, ProtocolState(), RunConfig(p2p_in_place=in_place)
+    e.cp, e.state, e.config = cp, ProtocolState(), RunConfig(p2p_in_place=in_place, **cfg)
     e.world_rank = e.rank = 0
     e.seg, e.capacity = types.SimpleNamespace(ptr=1 << 40), 1 << 16
     e.links, e._used_streams, e.graph_mode, e.parallel_recv = {}, {}, True, True
     e.policy, e.wait_flags, e.timeout = "copy_engine", None, 5.0
     e.pack_event, e.fin_event = obj(), obj()
+    e.credit_free, e.credit_order = False, creditfree.CreditFreeOrder(e)
     peer = {dim: (dim + 1) << 44 for dim in dims}
     for dim in dims:
         for d in (0, 1):
@@ -128,6 +148,81 @@ for name, dims in (("2 links", [3]), ("4 links", [2, 3])):
         key = f"{name} {'in place' if in_place else 'copy'}"
         out[key] = {"send": nodes(sends), "receive": nodes(recvs), "calls": recvs, "free": e.state.busy == [None, None],
                     "seg": e.seg.ptr, "cap": e.capacity, "peers": {str(k): v for k, v in peer.items()}}
+for name, dims in (("2 links", [3]), ("4 links", [2, 3])):      # credit-free graph mode (HMC_P2P_CREDIT_FREE)
+    e, peer = engine(dims, True)
+    e.credit_free = True
+    faces = {(dim, d): FakeArray((3, 4, 4, 4, 3)) for dim in dims for d in (0, 1)}
+    drv.CALLS.clear()
+    ex = e.start(faces)
+    sends = list(drv.CALLS)
+    drv.CALLS.clear()
+    ex.finish_in_place()
+    drv.CALLS.append(("kernel", COMPUTE.ptr))
+    ex.release()
+    recvs = list(drv.CALLS)
+    got = {"send": nodes(sends), "receive": nodes(recvs), "free": e.state.busy == [None, None],
+           "last": list(e.credit_order.last) == [COMPUTE.ptr, False]}
+    CURRENT[0] = other = stream()                             # the next exchange on another stream: joined
+    drv.CALLS.clear()
+    ex = e.start(faces)
+    got["join"] = drv.CALLS[:3]
+    got["streams"] = [COMPUTE.ptr, other.ptr, e.pack_event.ptr]
+    refused = []
+    try:
+        e.start(faces)                                        # the first one not finished
+    except CommsError as err:
+        refused.append(str(err))
+    ex.finish_in_place()
+    ex.release(COMPUTE)
+    try:
+        e.start({k: v for k, v in faces.items() if k != (dims[0], 0)})     # a ring step: one link missing
+    except CommsError as err:
+        refused.append(str(err))
+    creditfree.ENGINES.add(e)
+    CURRENT[0] = cap = stream(capturing=True)
+    marks = creditfree.capture_marks()
+    before = e.credit_order.last
+    e.start(faces).finish_in_place()                         # an odd capture: one exchange
+    e.state.busy, e.state.outstanding = [None, None], 0
+    try:
+        creditfree.check_capture(marks)
+    except CommsError as err:
+        refused.append(str(err))
+    got["restored"] = e.credit_order.last == before
+    marks = creditfree.capture_marks()
+    for _ in range(2):                                       # an even capture
+        e.start(faces).finish_in_place()
+        e.state.busy, e.state.outstanding = [None, None], 0
+    launch = creditfree.check_capture(marks)
+    drv.CALLS.clear()
+    creditfree.before_launch(launch, other)
+    got["launch join"] = [c[0] for c in drv.CALLS]
+    CURRENT[0] = other
+    ex = e.start(faces)                                      # one uncaptured exchange (a single hop) later
+    ex.finish_in_place()
+    ex.release()
+    drv.CALLS.clear()
+    creditfree.before_launch(launch, other)                  # realigned by one 8-byte exchange of every link
+    got["pad"] = {"pads": e.credit_order.pads, "index": e.state.buffer_index == launch[0][1],
+                  "copies": [c[4] for c in drv.CALLS if c[0] == "memcpy"], "busy": e.state.busy == [None, None]}
+    got["idle capture"] = creditfree.check_capture(creditfree.capture_marks()) == []   # no exchange of e in it
+    creditfree.ENGINES.discard(e)
+    CURRENT[0] = COMPUTE
+    got["refused"] = refused
+    out[f"{name} credit-free"] = got
+for name, dims in (("2 links", [3]), ("4 links", [2, 3])):      # HMC_P2P_BATCH_SIGNALS, credit-free
+    e, peer = engine(dims, True, p2p_batch_signals=True)
+    e.credit_free = True
+    faces = {(dim, d): FakeArray((3, 4, 4, 4, 3)) for dim in dims for d in (0, 1)}
+    drv.CALLS.clear()
+    ex = e.start(faces)
+    sends = list(drv.CALLS)
+    ex.finish_in_place()
+    ex.release()
+    last = e.links[max(e.links)]
+    out[f"{name} batched"] = {"send": nodes(sends), "calls": sends, "last": last.stream.ptr,
+                              "copied": [l.ev_sent[0].ptr for k, l in sorted(e.links.items()) if l is not last],
+                              "sent": last.ev_sent[0].ptr, "peers": sorted(peer.values())}
 for k in (2, 4):
     e, _ = engine([3], False, size=k)
     e.rank = 1
@@ -217,3 +312,40 @@ def test_peer_sums_are_two_batches_over_every_peer(recorded):
         assert sorted(o[1] for o in wait[2][::2]) == [me + 8 * (lay["rsf"][0] + r) for r in range(k) if r != 1]
         assert got["areas"] == [b + lay["area1"] for b in bases] and got["own"] == me + lay["area1"]
     assert lay["area1"] + 2048 <= lay["header"] == lay["data0"] and lay["rsf"][1] * 8 < 4096
+
+
+@pytest.mark.parametrize("name,links", [("2 links", 2), ("4 links", 4)])
+def test_credit_free_drops_the_credit_wait_per_link_and_the_credit_batch(recorded, name, links):
+    got = recorded[f"{name} credit-free"]
+    assert got["send"] == {"batch": 0, "wait": 0, "write": links, "memcpy": links}    # copy and signal per link
+    assert got["receive"] == {"batch": 1, "wait": 0, "write": 0, "memcpy": 0}          # the arrival waits only
+    assert got["free"] and got["last"]
+
+
+@pytest.mark.parametrize("name", ["2 links", "4 links"])
+def test_credit_free_joins_streams_and_refuses_what_breaks_the_order(recorded, name):
+    got = recorded[f"{name} credit-free"]
+    old, new, pack = got["streams"]
+    (r, s1, ev), (w, s2, ev2), (r2, s3, ev3) = got["join"]
+    assert (r, s1, w, s2, ev2) == ("record", old, "waitevent", new, ev) and (r2, s3, ev3) == ("record", new, pack)
+    refused = got["refused"]
+    assert len(refused) == 3
+    assert "finished and released" in refused[0] and "every link" in refused[1] and "even number" in refused[2]
+    links = 2 if name == "2 links" else 4
+    assert got["pad"] == {"pads": 1, "index": True, "copies": [8] * links, "busy": True}
+    assert got["restored"] and got["launch join"] == ["record", "waitevent"] and got["idle capture"]
+
+
+@pytest.mark.parametrize("name,links", [("2 links", 2), ("4 links", 4)])
+def test_batched_signals_are_one_batch_after_every_copy(recorded, name, links):
+    got = recorded[f"{name} batched"]
+    assert got["send"] == {"batch": 1, "wait": 0, "write": 0, "memcpy": links}     # credit-free and batched
+    calls = got["calls"]
+    at = next(i for i, c in enumerate(calls) if c[0] == "batch")
+    assert at > max(i for i, c in enumerate(calls) if c[0] == "memcpy")
+    assert calls[at][1] == got["last"] and len(calls[at][2]) == links
+    assert {o[0] for o in calls[at][2]} == {"write"} and {o[2] for o in calls[at][2]} == {1}
+    assert all(any(p < o[1] < p + 4096 for p in got["peers"]) for o in calls[at][2])
+    joined = {c[2] for c in calls[:at] if c[0] == "waitevent" and c[1] == got["last"]}
+    assert set(got["copied"]) <= joined                       # after every other link's copy
+    assert calls[at + 1] == ["record", got["last"], got["sent"]]

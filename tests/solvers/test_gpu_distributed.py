@@ -167,6 +167,13 @@ def test_in_place_receive_and_peer_sums(tmp_path, mps, n, grid, lattice):  # noq
     con, coff = on["census"], off["census"]
     comm_nodes = lambda c: sum(v for k, v in c.items() if k not in ("KERNEL", "EMPTY"))  # noqa: E731
     assert con.get("MEMCPY", 0) < coff.get("MEMCPY", 0) and comm_nodes(con) < comm_nodes(coff), rep
+    free = rep["credit_free"]                 # HMC_P2P_CREDIT_FREE (docs/halo-protocol.md "Credit-free graph mode")
+    assert free["credit_free"] and not on["credit_free"] and free["cg_graph_iterations"] == 8, rep
+    rel, diter = rep["credit_free_cg"]
+    assert rel < 1e-7 and abs(diter) <= 3, rep
+    assert comm_nodes(free["census"]) < comm_nodes(con) and free["census"].get("MEMCPY", 0) == con.get("MEMCPY", 0)
+    batched = rep["batched"]                  # HMC_P2P_BATCH_SIGNALS: one signal batch per exchange (with credits)
+    assert comm_nodes(batched["census"]) < comm_nodes(con) and batched["cg_graph_iterations"] == 8, rep
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -358,9 +365,10 @@ def _halo_in_place(h, lpsi):
     return cp.asnumpy(got)
 
 
-def _switched(gdims, dims, fat, long, psi, bglob, on):
-    """One stream_gated grid with the in-place receive and peer sums ``on`` or off: its halo, D, CG (fast and
-    exact sums) and exact multishift, and the census of one CG graph per iteration."""
+def _switched(gdims, dims, fat, long, psi, bglob, on, credit_free=False, batch_signals=False):
+    """One stream_gated grid with the in-place receive and peer sums ``on`` or off (and ``credit_free``,
+    HMC_P2P_CREDIT_FREE, and ``batch_signals``, HMC_P2P_BATCH_SIGNALS): its halo, D, CG (fast and exact sums) and
+    exact multishift, and the census of one CG graph per iteration."""
     import dataclasses
 
     import cupy as cp
@@ -373,7 +381,8 @@ def _switched(gdims, dims, fat, long, psi, bglob, on):
     from solvers.operator import set_reductions
     from bench.dslash_dist_cuda import close_graph_mode
 
-    cfg = dataclasses.replace(RunConfig.from_environment(), p2p_in_place=on, p2p_peer_sums=on, solver_graph=8)
+    cfg = dataclasses.replace(RunConfig.from_environment(), p2p_in_place=on, p2p_peer_sums=on, solver_graph=8,
+                              p2p_credit_free=credit_free, p2p_batch_signals=batch_signals)
     grid = ProcessGrid(gdims, transport="stream_gated", config=cfg)
     geom = Geometry(dims, get_backend("cupy"), grid)
     loc = lambda a: cp.asarray(np.ascontiguousarray(geom.local_part(a)))  # noqa: E731
@@ -390,6 +399,7 @@ def _switched(gdims, dims, fat, long, psi, bglob, on):
     r["cg"], r["cg_iters"], r["cg_graph_iterations"] = cp.asnumpy(x), st.iters, st.extra["graph_iterations"]
     census = loop_for(geom, "cg", 8, np.float64).graph.node_census()
     r["census"] = {k: v / 8 for k, v in sorted(census.items())}
+    r["credit_free"] = bool(grid.halo.credit_free)
     old = set_reductions("exact")
     try:
         r["cg_exact"] = cp.asnumpy(cg(1e-9, 2000)(A).solve(lb)[0])
@@ -415,16 +425,27 @@ def _switches(out, grid_text, lattice_text):
     dnp = StaggeredDslash(gnp, fat, long)
     bglob = np.asarray(dnp.even_odd(0.05).prepare(psi))
     off, on = (_switched(gdims, dims, fat, long, psi, bglob, s) for s in (False, True))
+    free = _switched(gdims, dims, fat, long, psi, bglob, True, credit_free=True)
+    batched = _switched(gdims, dims, fat, long, psi, bglob, True, batch_signals=True)
     rep = {"grid": gdims, "lattice": dims, "ranks": comm.size,
            "dslash_bitwise": all(np.array_equal(a, b) for a, b in zip(off["dslash"], on["dslash"])),
            "cg_on_vs_off": (_rel(on["cg"], off["cg"]), on["cg_iters"] - off["cg_iters"]),
            "cg_exact_bitwise": bool(np.array_equal(on["cg_exact"], off["cg_exact"])),
-           "multishift_exact_bitwise": all(np.array_equal(a, b) for a, b in zip(on["ms_exact"], off["ms_exact"]))}
-    for name, r in (("off", off), ("on", on)):
+           "multishift_exact_bitwise": all(np.array_equal(a, b) for a, b in zip(on["ms_exact"], off["ms_exact"])),
+           "credit_free_bitwise": bool(all(np.array_equal(a, b) for a, b in zip(off["dslash"], free["dslash"]))
+                                       and np.array_equal(free["cg_exact"], off["cg_exact"])
+                                       and all(np.array_equal(a, b) for a, b in zip(free["ms_exact"], off["ms_exact"]))
+                                       and free["halo_bitwise"]),
+           "batched_bitwise": bool(all(np.array_equal(a, b) for a, b in zip(off["dslash"], batched["dslash"]))
+                                   and np.array_equal(batched["cg_exact"], off["cg_exact"])
+                                   and batched["halo_bitwise"]),
+           "credit_free_cg": (_rel(free["cg"], on["cg"]), free["cg_iters"] - on["cg_iters"])}
+    for name, r in (("off", off), ("on", on), ("credit_free", free), ("batched", batched)):
         rep[name] = {k: v for k, v in r.items() if not isinstance(v, (np.ndarray, list))}
     flags = comm.allgather([rep["dslash_bitwise"], rep["cg_exact_bitwise"], rep["multishift_exact_bitwise"],
-                            on["halo_bitwise"], off["halo_bitwise"]])
-    rep["all_ranks"] = [all(f[i] for f in flags) for i in range(5)]
+                            on["halo_bitwise"], off["halo_bitwise"], rep["credit_free_bitwise"],
+                            rep["batched_bitwise"]])
+    rep["all_ranks"] = [all(f[i] for f in flags) for i in range(7)]
     if comm.rank == 0:
         Path(out, "switches.json").write_text(json.dumps(rep, indent=1, default=str))
     print(f"rank {comm.rank}: {json.dumps(rep, default=str)}", flush=True)
