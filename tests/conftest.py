@@ -116,3 +116,16 @@ def write_worker_report(comm, out, report: str, rep: dict, fails: list) -> None:
     if comm.rank == 0:
         rep["fails"] = [f"rank {k}: {f}" for k, fs in enumerate(allf) for f in fs]
         Path(out, report).write_text(json.dumps(rep, indent=1, default=str))
+
+
+def pytest_collection_finish(session):
+    """Start the background runs the collected tests need (tests/background.py)."""
+    from tests import background
+
+    background.start(session.items)
+
+
+def pytest_sessionfinish(session):
+    from tests import background
+
+    background.stop()

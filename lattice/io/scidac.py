@@ -11,7 +11,8 @@ specification (ildg-format record, namespace http://www.lqcd.org/ildg, schema fi
   (su3gauge), the precision in bits and lx, ly, lz, lt. Per site the 4 links (x, y, z, t), each a row-major 3x3
   of (re, im), big-endian.
 
-The usqcdInfo plaquette and link trace of a gauge record (lattice.io.usqcd_info) are checked when present.
+The usqcdInfo plaquette and link trace of a gauge record (lattice.io.usqcd_info) and Grid's grid-format and
+FieldNormMetaData records (lattice.io.grid_meta) are checked when present.
 The writers are in scidac_write.py; :func:`read_ksprop` reads a USQCD KS propagator of three colours and
 :func:`read_ksprop_pairs` one of source-sink pairs (their layouts are there). Hypercube records (QIO's recordtype 2,
 e.g. a source on one time slice) are read into the whole lattice, zero outside (:func:`_hypercube`).
@@ -26,7 +27,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 
-from . import lime, usqcd_info
+from . import grid_meta, lime, usqcd_info
 from .common import check_dims, checksum_error, dims_str, fail, scidac_checksum
 from .scidac_write import KSPROP_C1V3, KSPROP_CV_PAIRS, KSPROP_VV_PAIRS, hypercube_checksum, hypercube_ranks
 
@@ -187,6 +188,7 @@ def _read_record(path: str, records, index: int, ignore_checksum: bool):
         sums["ok"] = (ea, eb) == (ca, cb)
         if not sums["ok"] and not ignore_checksum:
             raise checksum_error(path, "SciDAC", f"suma {ea:x} sumb {eb:x}", f"{ca:x} {cb:x}")
+    meta.update(grid_meta.read_records(path, before, after))
     elem = (colors, colors) if ncomplex == colors * colors else (ncomplex,)
     a = (np.frombuffer(raw, dtype=f">f{nbytes}").astype(np.float64).view(np.complex128)
          .reshape((nt, nz, ny, nx, count) + elem))
@@ -214,6 +216,8 @@ def read_gauge(path, ignore_checksum: bool = False):
                    "read it with lattice.io.read_color_vector or read_color_matrices")
     record = xml_fields(info["header"].get("record_xml", "").encode())      # usqcdInfo's plaq and linktr, if any
     info["usqcd_info"] = usqcd_info.check(path, record, a, info["precision"] // 8, strict=not ignore_checksum)
+    info["grid_metadata"] = grid_meta.check(path, info["header"], a, info["dims"], info["precision"],
+                                            info["checksums"]["computed"], strict=not ignore_checksum)
     return a, info
 
 

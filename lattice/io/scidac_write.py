@@ -47,7 +47,7 @@ from xml.sax.saxutils import escape
 
 import numpy as np
 
-from . import lime, usqcd_info
+from . import grid_meta, lime, usqcd_info
 from .common import scidac_checksum, site_crc32
 
 PRECISIONS = (32, 64)
@@ -163,10 +163,14 @@ def _dims_of(a: np.ndarray) -> tuple:
     return nx, ny, nz, nt
 
 
-def _gauge_records(a: np.ndarray, precision: int, title: str, info: str, ildg_lfn: str | None) -> tuple[list, dict]:
-    """The two LIME messages of a gauge file of ``a`` (ILDG when ``ildg_lfn`` is given) and what they record."""
+def _gauge_records(a: np.ndarray, precision: int, title: str, info: str, ildg_lfn: str | None,
+                   grid_metadata=None) -> tuple[list, dict]:
+    """The two LIME messages of a gauge file of ``a`` (ILDG when ``ildg_lfn`` is given) and what they record;
+    with ``grid_metadata`` (True, or a dict of sequence_number and ensemble: Grid's header fields) also Grid's
+    records where Grid's IldgWriter puts them (:mod:`lattice.io.grid_meta`)."""
     _check_precision(precision, "ILDG" if ildg_lfn is not None else "SciDAC")
-    usqcd, _ = usqcd_info.record_xml(stored(a, precision)[1], info)
+    held = stored(a, precision)[1]
+    usqcd, _ = usqcd_info.record_xml(held, info)
     extra = []
     if ildg_lfn is not None:
         nt, nz, ny, nx = a.shape[:4]
@@ -178,26 +182,35 @@ def _gauge_records(a: np.ndarray, precision: int, title: str, info: str, ildg_lf
                  ("ildg-data-lfn", ildg_lfn.encode() + b"\0")]
     rec_msg, sums = field_message(a, "ColorMatrix", precision, xml(usqcd), extra,
                                   "ildg-binary-data" if ildg_lfn is not None else "scidac-binary-data")
-    return [file_message(_dims_of(a), xml(f"<title>{escape(title)}</title>")), rec_msg], sums
+    file_msg = file_message(_dims_of(a), xml(f"<title>{escape(title)}</title>"))
+    if grid_metadata:
+        grid = grid_metadata if isinstance(grid_metadata, dict) else {}
+        header = grid_meta.field_metadata(held, precision, sums, ildg_lfn or "", int(grid.get("sequence_number", 0)),
+                                          str(grid.get("ensemble", "")))
+        norm = (grid_meta.FIELD_NORM, grid_meta.field_norm(held))
+        file_msg = [(grid_meta.GRID_FORMAT, header), norm] + file_msg
+        rec_msg.insert(len(rec_msg) - 1, norm)                    # after the binary record, before the checksum
+    return [file_msg, rec_msg], sums
 
 
 def write_ildg(f, a: np.ndarray, lfn: str, precision: int = 64, title: str = "hisq-hmc ILDG gauge configuration",
-               info: str = "") -> dict:
+               info: str = "", grid_metadata=None) -> dict:
     """Write an ILDG file of the site-major array ``a`` (nt, nz, ny, nx, 4, 3, 3) to the open binary file ``f``;
     ``lfn``: its ildg-data-lfn (a logical file name; :func:`lattice.io.write_gauge` gives the file's name).
-    Returns the checksums (suma, sumb) written."""
+    ``grid_metadata``: also Grid's grid-format and FieldNormMetaData records (True, or {"sequence_number": n,
+    "ensemble": text}). Returns the checksums (suma, sumb) written."""
     if not lfn:
         raise ValueError("an ILDG file needs its logical file name (ildg-data-lfn): give lfn=")
-    messages, written = _gauge_records(a, precision, title, info, lfn)
+    messages, written = _gauge_records(a, precision, title, info, lfn, grid_metadata)
     lime.write_messages(f, messages)
     return written
 
 
 def write_scidac(f, a: np.ndarray, precision: int = 64, title: str = "hisq-hmc SciDAC gauge configuration",
-                 info: str = "") -> dict:
-    """Write a SciDAC (QIO, single file) gauge file of the site-major array ``a`` to the open binary file ``f``.
-    Returns the checksums (suma, sumb) written."""
-    messages, written = _gauge_records(a, precision, title, info, None)
+                 info: str = "", grid_metadata=None) -> dict:
+    """Write a SciDAC (QIO, single file) gauge file of the site-major array ``a`` to the open binary file ``f``;
+    ``grid_metadata`` as for :func:`write_ildg`. Returns the checksums (suma, sumb) written."""
+    messages, written = _gauge_records(a, precision, title, info, None, grid_metadata)
     lime.write_messages(f, messages)
     return written
 

@@ -1,12 +1,18 @@
 """MILC's own regression suite (ks_imp_rhmc/test): every case of the checklist is
 run by ``hmc check --milc`` (its sample deck through ``hmc milc``, in a fresh process) and must pass MILC's
-comparison with the sample output under its errtol file. One core: 12-30 s CPU per case (runs/milc/README.md).
+comparison with the sample output under its errtol file. One core: 12-30 s CPU per case (runs/milc/README.md); the
+run starts in the background when the session's collection ends (tests/background.py), on the core the serial suite
+leaves idle.
 """
+import sys
+
 import pytest
 
 from fixture_paths import FIXTURES
 from hmc.milc.compare import read_checklist
 from hmc.milc.runner import check_milc
+from tests import background
+from tests.conftest import launch_env
 
 MILC_TEST = FIXTURES / "ks_imp_rhmc"
 
@@ -27,18 +33,26 @@ def test_cases_are_in_the_checklist(milc_test):
     assert set(CASES) == prefixes
 
 
+def _check_command(folder):
+    """``hmc check --milc`` of every case, two at a time (``--jobs 2``), the outputs kept in ``folder/out``."""
+    return [sys.executable, "-m", "hmc", "check", "--milc", str(MILC_TEST), *CASES, "--search", str(FIXTURES),
+            "--out-dir", str(folder / "out"), "--jobs", "2", "--no-progress"]
+
+
+background.register("milc_case_outputs", _check_command, launch_env({"OPENBLAS_NUM_THREADS": "1"}), "test_milc_cases")
+
+
 @pytest.fixture(scope="module")
-def outputs(milc_test, tmp_path_factory):
-    """Every case's output, the cases run two at a time (the CI machine's two cores: ``hmc check --milc --jobs
-    2``); each test below then compares its own case's output (``--test-out``)."""
-    out, lines = tmp_path_factory.mktemp("milc_cases"), []
-    check_milc(milc_test, CASES, search=[FIXTURES], out_dir=out, log=lines.append, jobs=2, show_progress=False)
-    return out, lines
+def milc_case_outputs(milc_test):
+    """Every case's output (the background run of :func:`_check_command`) and what that run printed; each test
+    below then compares its own case's output (``--test-out``)."""
+    run = background.result("milc_case_outputs")
+    return run.folder / "out", (run.stdout + run.stderr).splitlines()
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_case_passes_milc_comparison(milc_test, outputs, case):
-    folder, run_log = outputs
+def test_case_passes_milc_comparison(milc_test, milc_case_outputs, case):
+    folder, run_log = milc_case_outputs
     lines = [ln for ln in run_log if case in ln]          # what the run said of this case (an hmc milc failure)
     test_out = folder / f"{case}.test-out"
     assert test_out.exists(), "\n".join(lines)

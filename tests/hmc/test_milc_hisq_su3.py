@@ -1,22 +1,40 @@
 """MILC's su3_rhmc_hisq_su3 build (HISQ links with the SU(3) unitarization group): its sample deck
 su3_rhmc_hisq_su3.f2111 (May 2009, not in MILC's checklist) run by ``hmc check --milc`` as MILC's checklist would run
 it, at PRECISION 2 and 1 (the single-precision build's output compared with the double run in that build's formats),
-every selected line from delta S on within its errtol; and the start action, which the errtol does not select."""
+every selected line from delta S on within its errtol; and the start action, which the errtol does not select. The
+check runs in the background from the end of the collection (tests/background.py)."""
+import sys
+
 import pytest
 
 from fixture_paths import FIXTURES
-from hmc.milc.runner import check_milc
 from milc_folders import MILC_TEST, checklist_folder
+from tests import background
+from tests.conftest import launch_env
 
 CASE = "su3_rhmc_hisq_su3.f2111"
 
 
-def test_milc_su3_rhmc_hisq_su3_f2111(tmp_path):
-    folder = checklist_folder(tmp_path / "test", "su3_rhmc_hisq_su3", "f2111", "delta")
-    lines = []
-    failed = check_milc(folder, [], search=[FIXTURES], out_dir=tmp_path / "out", log=lines.append, jobs=2)
-    assert failed == 0, "\n".join(lines)
-    out = (tmp_path / "out" / f"{CASE}.2.test-out").read_text().splitlines()
+def _check_command(folder):
+    """``hmc check --milc`` of a checklist of the case at PRECISION 1 and 2, two at a time, outputs in folder/out."""
+    test = checklist_folder(folder / "test", "su3_rhmc_hisq_su3", "f2111", "delta")
+    return [sys.executable, "-m", "hmc", "check", "--milc", str(test), "--search", str(FIXTURES), "--out-dir",
+            str(folder / "out"), "--jobs", "2", "--no-progress"]
+
+
+background.register("su3_f2111_check", _check_command, launch_env({"OPENBLAS_NUM_THREADS": "1"}),
+                    "test_milc_hisq_su3")
+
+
+@pytest.fixture
+def su3_f2111_check():
+    return background.result("su3_f2111_check")
+
+
+def test_milc_su3_rhmc_hisq_su3_f2111(su3_f2111_check):
+    r = su3_f2111_check
+    assert r.returncode == 0 and "2 cases, 0 failed" in r.stdout, r.stdout + r.stderr      # hmc check: 0 failed
+    out = (r.folder / "out" / f"{CASE}.2.test-out").read_text().splitlines()
     sample = (MILC_TEST / f"{CASE}.2.sample-out").read_text().splitlines()
     # the start action: g and h to MILC's digits, f (through the SU(3) links) to 3e-7
     start = [l for l in out if l.startswith("ACTION:")][0].split("=")[1].split()

@@ -5,7 +5,7 @@ from force.gauge_action import SymanzikAction, WilsonAction
 from hmc.milc.compare import compare_lines
 from hmc.milc_loops import g_loop_lines
 from lattice import CounterRNG, GaugeField, Geometry
-from tests.conftest import ROOT, fixture_path
+from tests.conftest import fixture_path
 
 
 def _loop_block(path, which=0):
@@ -42,17 +42,13 @@ def test_gaction_is_the_gauge_action():
     assert gaction == pytest.approx(3 * act.action(u) / (act.beta * geom.volume), rel=1e-6)
 
 
-def test_milc_su3_rhmc_hisq_2_g_loops(tmp_path):
-    """After su3_rhmc_hisq.2's trajectory (reproduced by runs/milc_su3_rhmc_hisq.toml): MILC's 34 G_LOOP lines and
-    GACTION within su3_rhmc_hisq.2.errtol."""
+def test_milc_su3_rhmc_hisq_2_g_loops(twin_su3_rhmc_hisq):
+    """After su3_rhmc_hisq.2's trajectory (reproduced by runs/milc_su3_rhmc_hisq.toml, run in the background:
+    tests/hmc/conftest.py; test_rhmc.py checks the same run's trajectory): MILC's 34 G_LOOP lines and GACTION
+    within su3_rhmc_hisq.2.errtol."""
     from hmc import runfile
-    from hmc.run import init_run, run
 
-    out = str(tmp_path / "t.h5")
-    init_run(str(ROOT / "runs" / "milc_su3_rhmc_hisq.toml"), out, str(fixture_path("lat.sample.l6666.hisq")),
-             log=lambda *a: None, rationals=str(fixture_path("rationals.sample.su3_rhmc_hisq")))
-    run(out, show_progress=False, log=lambda *a: None)
-    state = runfile.load(out)
+    state = runfile.load(twin_su3_rhmc_hisq.path)
     geom = Geometry((6, 6, 6, 6))
     u = GaugeField.from_site_major(geom, state.links)
     got = g_loop_lines(u, SymanzikAction(7.4, 0.89, 3, "hisq"))

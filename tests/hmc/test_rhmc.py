@@ -15,7 +15,7 @@ from hmc.momenta import random_momenta
 from hmc.rational_file import read_rationals
 from hmc.rhmc import FermionMonomial, PseudofermionTerm
 from hmc.rngs import MilcStreams, pseudofermion_sources
-from hmc.run import init_run, run
+from hmc.run import init_run
 from hmc.runfile import load
 from hmc.trajectory import hamiltonian, molecular_dynamics, reversibility_check
 from lattice import CounterRNG, GaugeField, Geometry, su3
@@ -203,14 +203,10 @@ def test_rhmc_run_resumes_exactly(tmp_path, capsys, kind):
 
 # -- MILC's test trajectories --------------------------------------------------------------------------------------
 
-def milc_trajectory(tmp_path, deck, lattice, rationals, capsys):
-    out = str(tmp_path / "t.h5")
-    init_run(str(ROOT / "runs" / deck), out, str(fixture_path(lattice)), log=lambda *a: None,
-             rationals=str(fixture_path(rationals)))
-    capsys.readouterr()
-    lines = []
-    state = run(out, show_progress=False, log=lines.append)
-    return state.history[-1], lines
+def milc_trajectory(twin):
+    """(the last history row, the printed lines) of a MILC twin deck's run (tests/hmc/conftest.py: run once per
+    session in the background, from MILC's lattice with MILC's rational functions)."""
+    return load(twin.path).history[-1], twin.lines
 
 
 def _parse(lines):
@@ -220,12 +216,11 @@ def _parse(lines):
     return actions, grs, iters
 
 
-def test_milc_su3_rhmc_hisq_2(tmp_path, capsys):
+def test_milc_su3_rhmc_hisq_2(twin_su3_rhmc_hisq):
     """su3_rhmc_hisq.2: GRSOURCE sums, every CG iteration count, ACTION lines and delta S, PLAQ and P_LOOP."""
     ref = json.loads((REFS / "su3_rhmc_hisq.2.json").read_text())["trajectory"]
     meas = json.loads((REFS / "su3_rhmc_hisq.2.json").read_text())["measurements"]
-    row, lines = milc_trajectory(tmp_path, "milc_su3_rhmc_hisq.toml", "lat.sample.l6666.hisq",
-                                 "rationals.sample.su3_rhmc_hisq", capsys)
+    row, lines = milc_trajectory(twin_su3_rhmc_hisq)
     actions, grs, iters = _parse(lines)
     assert grs == [f"{s:.10e}" for s in ref["grsource_sum"]]
     want_iters = [c["iters"] for c in ref["heatbath_cg"] + ref["action_start_cg"]]
@@ -239,7 +234,7 @@ def test_milc_su3_rhmc_hisq_2(tmp_path, capsys):
     assert f"P_LOOP:\t{meas['P_LOOP'][0]:e}\t{meas['P_LOOP'][1]:e}" in lines
 
 
-def test_milc_su3_rhmc_hisq_f211_2(tmp_path, capsys):
+def test_milc_su3_rhmc_hisq_f211_2(twin_su3_rhmc_hisq_f211):
     """su3_rhmc_hisq.f211.2 (2+1+1, charm with Naik epsilon; MILC's sample output of May 2009): GRSOURCE sums, g and
     h exactly, the start fermion action to 5e-7 (measured 1.9e-7), PLAQ to MILC's printed digits and to 1e-8 of the
     full-precision PLAQ of MILC's own 2009-09 rerun (measured 1.2e-9); delta S within MILC's errtol 4e-4 (measured
@@ -248,8 +243,7 @@ def test_milc_su3_rhmc_hisq_f211_2(tmp_path, capsys):
     ref = json.loads((REFS / "su3_rhmc_hisq.f211.2.json").read_text())
     rerun = json.loads((REFS / "su3_rhmc_hisq.f211.2.test-2009-09.json").read_text())["measurements"]
     traj, meas = ref["trajectory"], ref["measurements"]
-    row, lines = milc_trajectory(tmp_path, "milc_su3_rhmc_hisq_f211.toml", "lat.sample.hisq.f211b670.l6666",
-                                 "rationals.sample.su3_rhmc_hisq_f211", capsys)
+    row, lines = milc_trajectory(twin_su3_rhmc_hisq_f211)
     actions, grs, _ = _parse(lines)
     assert grs == [f"{s:.10e}" for s in traj["grsource_sum"]]
     start = traj["action_start"]
