@@ -53,3 +53,20 @@ def vdot(a, b):
 
 def rel(a, b):
     return np.linalg.norm((a - b).ravel()) / np.linalg.norm(b.ravel())
+
+
+def partitioned_pair(dims=(4, 4, 4, 4), seed=21):
+    """(plain geometry, the same lattice on a one-rank grid with every dimension on the halo path, random HISQ-like
+    (fat, long) links): the pair of the bitwise decomposition tests. Skips where no MPI library gives the
+    self-exchange."""
+    import pytest
+
+    from comms import ProcessGrid
+    from lattice import Geometry
+
+    plain = Geometry(dims)
+    try:
+        part = Geometry(dims, grid=ProcessGrid(partitioned="xyzt"))
+    except Exception as exc:        # no MPI library for the self-exchange
+        pytest.skip(f"partitioned one-rank grid unavailable: {exc}")
+    return plain, part, random_links(plain, seed=seed)

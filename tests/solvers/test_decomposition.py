@@ -4,21 +4,14 @@ path of comms.halo) they give bitwise the single-process results."""
 import numpy as np
 import pytest
 
-from comms import ProcessGrid
-from lattice import Geometry
 from solvers import StaggeredDslash, cg, mixed_cg, multishift_cg, project, set_reductions
 
-from solver_testlib import random_field, random_links
+from solver_testlib import partitioned_pair, random_field
 
 
 @pytest.fixture(scope="module")
 def pair():
-    plain = Geometry((4, 4, 4, 4))
-    try:
-        part = Geometry((4, 4, 4, 4), grid=ProcessGrid(partitioned="xyzt"))
-    except Exception as exc:        # no MPI library for the self-exchange
-        pytest.skip(f"partitioned one-rank grid unavailable: {exc}")
-    links = random_links(plain, seed=21)
+    plain, part, links = partitioned_pair()
     return StaggeredDslash(plain, *links), StaggeredDslash(part, *links)
 
 

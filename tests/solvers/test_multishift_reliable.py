@@ -213,16 +213,10 @@ def test_bitwise_on_a_partitioned_grid():
     """The mixed first stage (its reliable updates' double products, the x_i precisions chosen from a global sum)
     reaches neighbours and sums only through the geometry: bitwise the single-process answer on a one-rank grid
     with every dimension on the halo path (exact sums, as tests/solvers/test_decomposition.py)."""
-    from comms import ProcessGrid
     from solvers import StaggeredDslash, project, set_reductions
-    from solver_testlib import random_field, random_links
+    from solver_testlib import partitioned_pair, random_field
 
-    plain = Geometry((4, 4, 4, 4))
-    try:
-        part = Geometry((4, 4, 4, 4), grid=ProcessGrid(partitioned="xyzt"))
-    except Exception as exc:        # no MPI library for the self-exchange
-        pytest.skip(f"partitioned one-rank grid unavailable: {exc}")
-    links = random_links(plain, seed=21)
+    plain, part, links = partitioned_pair()
     b = project(random_field(plain, np.random.default_rng(2)), plain, 0)
     make = MultishiftCG((0.3, 2.0), 1e-5, 2000, True, True, np.complex64, 0.01)
     old = set_reductions("exact")
