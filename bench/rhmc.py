@@ -11,7 +11,9 @@ then ``hmc init`` (cold
 start) and ``hmc run``, each a process of its own with its log in DIR (``init_L_backend.log``, ``run_L_backend.log``,
 ``dslash_L_backend.err``). The report per trajectory: solvers (heat bath GR, actions FA, force MD), link smearing
 (fat/long link builds), fermion force without its solves (outer products + HISQ chain rule), gauge force, link
-updates and the rest (actions, momenta, Metropolis); the multishift iteration counts, dH and the plaquette. The share
+updates and the rest (actions, momenta, Metropolis), then the work outside the molecular dynamics by phase (momenta,
+heat baths, actions, re-unitarization, monitors: the history's time_* columns); the multishift iteration counts, dH
+and the plaquette. The share
 of the solver time spent in the Dslash is estimated as (multishift iterations = applications of A) x (time of one
 A) / solver time. Then per trajectory the table of the phases' times, floors (the fewest bytes at the measured copy
 bandwidth) and floor / time; ``floors_L_backend.json`` in DIR holds the same rows. The first trajectory starts cold

@@ -63,46 +63,37 @@ def molecular_dynamics(u: GaugeField, p, schedule, monomials, expm=su3.expm_su3,
     finished it (a link update or a gauge force is only enqueued when its call returns), so that its time is not
     counted in the next phase."""
     by_name = {m.name: m for m in monomials}
-    timers = timers if timers is not None else {}
     backend = u.geom.backend
-
-    def add(key, t0):
-        backend.synchronize()
-        timers[key] = timers.get(key, 0.0) + time.perf_counter() - t0
-
+    clock = _PhaseClock(backend, timers)
     for op in schedule:
         if op[0] == "R":
-            t0 = time.perf_counter()
             u.reunitarize()
-            add("links", t0)
+            clock.stop("links")
         elif op[0] == "A":
-            t0 = time.perf_counter()
             if monitors is not None:
                 monitors.append(measured_action(u, p, monomials))
-            add("monitor", t0)
+            clock.stop("monitor")
         elif op[0] == "U":
-            t0 = time.perf_counter()
             if expm is su3.expm_su3 or expm is su3.expm_taylor:     # one fused kernel on a GPU
                 u.links = su3.exp_update(u.links, p, op[1], backend, expm)
             else:
                 u.links = expm(op[1] * p) @ u.links
-            add("links", t0)
+            clock.stop("links")
         else:
             _, names, dt = op
             for name in names:
-                t0 = time.perf_counter()
                 p += dt * by_name[name].force(u)
-                add(f"force_{name}", t0)
-    return timers
+                clock.stop(f"force_{name}")
+    return clock.times
 
 
 class _PhaseClock:
-    """Seconds of the trajectory's work outside the molecular dynamics, by phase: each ``stop(name)`` adds the time
-    since the last stop (or restart) to ``times[name]``, after the device has finished (a GPU call returns before)."""
+    """Seconds of a trajectory's work by phase: each ``stop(name)`` adds the time since the last stop (or restart,
+    or the start) to ``times[name]``, after the device has finished (a GPU call returns before its work is done)."""
 
-    def __init__(self, backend):
-        self.backend, self.times = backend, {}
-        self.t = time.perf_counter()
+    def __init__(self, backend, times: dict | None = None):
+        self.backend, self.times = backend, (times if times is not None else {})
+        self.restart()
 
     def restart(self):
         self.backend.synchronize()
