@@ -385,14 +385,20 @@ def report_error(args, e) -> int:
 def cli(args) -> int:
     """Entry point of ``hmc solve`` (called by hmc.cli). Bad parameters (exit status 2) and solves that do not
     converge (1) are one-line errors; file errors reach hmc.cli's handler (2)."""
+    return run_and_print(args, run, format_result)
+
+
+def run_and_print(args, run_command, format_command) -> int:
+    """Run a solving command (``hmc solve``, ``hmc spectrum``) and print its result on rank 0, as JSON with --json;
+    a bad parameter or a solve that does not converge is a one-line error (:func:`report_error`)."""
     from solvers import SolverConvergenceError
 
     try:
-        r = run(args)
+        r = run_command(args)
     except (SolveError, SolverConvergenceError) as e:
         return report_error(args, e)
     if _rank0(r):
-        print(json.dumps(r, indent=2) if args.json else format_result(r))
+        print(json.dumps(r, indent=2) if args.json else format_command(r))
     return 0
 
 

@@ -26,14 +26,12 @@ against MILC's printed correlators (both choices agree with them to within half 
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from .progress import command_progress
 from .solve_mg import add_mg_args, mg_options, solve_sources_mg
 from .solve import SolveError, add_link_args, describe_links, links_line, load_links, make_dslash, point_source, \
-    report_error, solve_field
+    run_and_print, solve_field
 
 
 def add_parser(sub):
@@ -131,14 +129,4 @@ def format_result(r: dict) -> str:
 
 def cli(args) -> int:
     """Entry point of ``hmc spectrum`` (called by hmc.cli)."""
-    from solvers import SolverConvergenceError
-
-    from .solve import _rank0
-
-    try:
-        r = run(args)
-    except (SolveError, SolverConvergenceError) as e:
-        return report_error(args, e)
-    if _rank0(r):
-        print(json.dumps(r, indent=2) if args.json else format_result(r))
-    return 0
+    return run_and_print(args, run, format_result)
