@@ -203,6 +203,8 @@ def _add_export_parser(sub):
                                                                 "file keeps its latest; default: that one)")
     p.add_argument("--precision", type=int, choices=(32, 64), help="nersc, ildg and scidac: 32 or 64 bits (default "
                                                                    "64)")
+    p.add_argument("--grid-metadata", action="store_true", help="ildg and scidac: also Grid's grid-format "
+                   "(FieldMetaData) and FieldNormMetaData records, which Grid's reader checks")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     add_progress_arg(p)
     export_links.add_args(p)
@@ -216,7 +218,8 @@ def _export(args) -> int:
     with command_progress(2 + bool(args.links), "hmc export", not args.no_progress) as bar:
         bar.update(0, f"reading {args.runfile}")
         result = export_links(args, bar) if args.links else export(args.runfile, args.output, args.format,
-                                                                   args.trajectory, args.precision, progress=bar)
+                                                                   args.trajectory, args.precision, progress=bar,
+                                                                   grid_metadata=args.grid_metadata)
         bar.update(bar.total, f"wrote {args.output}")
     if args.json:
         print(json.dumps(result, indent=2))
