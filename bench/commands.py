@@ -7,6 +7,7 @@ import argparse
 import json
 
 from comms.transport import registry
+from hmc.cli import count
 
 
 def add_parsers(sub) -> None:
@@ -31,7 +32,7 @@ def _add_gauge(bsub):
     b = bsub.add_parser("gauge", help="gauge force and pure-gauge trajectory time per site")
     b.add_argument("--lattice", type=int, nargs=4, default=[8, 8, 8, 8], metavar=("NX", "NY", "NZ", "NT"))
     b.add_argument("--action", choices=("wilson", "symanzik"), default="symanzik")
-    b.add_argument("--repeat", type=int, default=5)
+    b.add_argument("--repeat", type=count(1), default=5)
     b.add_argument("--json", action="store_true")
     b.set_defaults(run_command=_run_gauge)
 
@@ -40,7 +41,7 @@ def _add_fat_vjp(bsub):
     b = bsub.add_parser("fat-vjp", help="one HISQ fat-link chain-rule evaluation: per-direction vs staged kernels")
     b.add_argument("--lattice", type=int, nargs=4, default=[8, 8, 8, 8], metavar=("NX", "NY", "NZ", "NT"))
     b.add_argument("--coeffs", choices=("level2", "fat7", "asqtad"), default="level2")
-    b.add_argument("--repeat", type=int, default=5)
+    b.add_argument("--repeat", type=count(1), default=5)
     b.add_argument("--json", action="store_true")
     b.set_defaults(run_command=_run_fat_vjp)
 
@@ -50,7 +51,7 @@ def _add_halo(bsub):
     b.add_argument("--transport", dest="bench_transport", default="mpi,shm",
                    help=f"transports to measure, comma-separated: {registry.described()}, the GPU ones with their "
                         "faces on the device; default mpi,shm")
-    b.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16], metavar="L",
+    b.add_argument("--sizes", type=count(1), nargs="+", default=[2, 4, 8, 16], metavar="L",
                    help="face sizes: L^3 sites (default: 2 4 8 16)")
     b.add_argument("--element", choices=("matrix", "vector"), default="matrix",
                    help="per-site data: 3x3 complex128 matrices (144 B) or 3-vectors (48 B)")
@@ -65,14 +66,14 @@ def _add_dslash(bsub):
                                        "per transport")
     b.add_argument("--lattice", type=int, nargs=4, default=[8, 8, 8, 8], metavar=("NX", "NY", "NZ", "NT"))
     b.add_argument("--precision", choices=("single", "double"), default="double")
-    b.add_argument("--repeat", type=int, default=20)
+    b.add_argument("--repeat", type=count(1), default=20)
     b.add_argument("--json", action="store_true")
-    b.add_argument("--local", type=int, nargs="+", metavar="L", help="distributed: local volumes L^4 per rank")
+    b.add_argument("--local", type=count(2), nargs="+", metavar="L", help="distributed: local volumes L^4 per rank")
     b.add_argument("--transports", help="distributed: transports, comma-separated (default: --transport, else "
                                         "mpi and every GPU transport)")
     b.add_argument("--graph", action="store_true", help="distributed: also the graph-captured stream-gated D and CG "
                                                         "iteration")
-    b.add_argument("--reps", type=int, default=100, help="distributed: calls per timing block")
+    b.add_argument("--reps", type=count(1), default=100, help="distributed: calls per timing block")
     b.add_argument("--out", help="distributed: write the rows as JSON here")
     b.set_defaults(run_command=_run_dslash)
 

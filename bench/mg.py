@@ -51,6 +51,9 @@ import traceback
 
 import numpy as np
 
+from hmc.cli import count
+from lattice import Geometry, get_backend
+
 from .mg_batched import run_mg_batched
 
 T_START = time.perf_counter()
@@ -72,26 +75,23 @@ def parse(argv=None):
 
 def add_arguments(p, backend: bool = True):
     """The benchmark's options on ``p`` (``hmc bench mg``: ``backend=False``, the global ``--backend`` holds it)."""
-    p.add_argument("--lattice", type=int, default=32, help="L of the L^4 lattice (default 32)")
+    p.add_argument("--lattice", type=count(2), default=32, help="L of the L^4 lattice (default 32)")
     p.add_argument("--mass", type=float, default=0.001, help="bare quark mass m, M = 2m + D (default 0.001)")
-    p.add_argument("--tol", type=float, default=1e-10,
-                   help="|b - M x| <= tol |b| for both solvers (default 1e-10)")
+    p.add_argument("--tol", type=float, default=1e-10, help="|b - M x| <= tol |b| for both solvers (default 1e-10)")
     p.add_argument("--beta", type=float, default=6.0, help="Wilson gauge coupling (default 6.0)")
-    p.add_argument("--therm", type=int, default=20,
-                   help="pure-gauge trajectories from the cold start (default 20)")
-    p.add_argument("--steps", type=int, default=10, help="Omelyan steps per trajectory, tau 1 (default 10)")
+    p.add_argument("--therm", type=count(0), default=20, help="pure-gauge trajectories from the cold start (default 20)")
+    p.add_argument("--steps", type=count(1), default=10, help="Omelyan steps per trajectory, tau 1 (default 10)")
     p.add_argument("--seed", type=int, default=7, help="seed of the momenta and of the sources")
     p.add_argument("--budget", type=float, default=130.0,
                    help="seconds this process plans within: thermalization stops at 25%% of it, the second "
                         "multigrid source is skipped when it would not fit (default 130)")
-    p.add_argument("--cg-maxiter", type=int, default=30000, help="most CG iterations (default 30000)")
+    p.add_argument("--cg-maxiter", type=count(1), default=30000, help="most CG iterations (default 30000)")
     if backend:
         p.add_argument("--backend", default=None, help="numpy, cupy or auto (default: HMC_BACKEND, else auto)")
     p.add_argument("--out", default=".", help="folder of the JSON and Markdown files (default .)")
     g = p.add_argument_group("multigrid")
     g.add_argument("--mg-levels", type=int, default=None, help="levels (default from the lattice, see above)")
-    g.add_argument("--mg-blocks", default=None,
-                   help='aggregation blocks, e.g. "4,4,4,4 2,2,2,2" (one per aggregation level)')
+    g.add_argument("--mg-blocks", default=None, help='aggregation blocks, e.g. "4,4,4,4 2,2,2,2" (one per aggregation level)')
     g.add_argument("--mg-nv", default="48", help='near-null vectors per level, e.g. "24" or "24 32"')
     g.add_argument("--mg-setup-iters", default="50", help="set-up CG iterations per level")
     g.add_argument("--mg-smoother-steps", default="0 4", help="GCR smoother steps")
@@ -99,8 +99,8 @@ def add_arguments(p, backend: bool = True):
     p.add_argument("--scan-masses", type=float, nargs="*", default=[],
                    help="after the comparison, multigrid (same near-null vectors) and CG at these masses too: "
                         "the flat-in-mass check (e.g. 0.1 0.01)")
-    g.add_argument("--mg-maxiter", type=int, default=300, help="most outer iterations (default 300)")
-    g.add_argument("--mg-batch", type=int, default=0,
+    g.add_argument("--mg-maxiter", type=count(1), default=300, help="most outer iterations (default 300)")
+    g.add_argument("--mg-batch", type=count(0), default=0,
                    help="also solve this many right-hand sides at once (solvers/multigrid/batched.py: one batched "
                         "outer GCR and K-cycle) and report their time as the batched 12-rhs figure (12; default 0: off)")
     g.add_argument("--mg-precision", default="double", choices=("double", "single", "half"),
@@ -538,13 +538,11 @@ def main(argv=None, args=None) -> int:
     """One benchmark run from ``argv`` (or parsed ``args``, as ``hmc bench mg`` passes them)."""
     args = args if args is not None else parse(argv)
     rep = Report(args)
+    be = get_backend(args.backend, args.run_config)          # bad input: one line from hmc (exit 2), no report
+    L = args.lattice
+    geom = Geometry((L, L, L, L), be, config=args.run_config)
+    rep.r["backend"] = be.name
     try:
-        from lattice import Geometry, get_backend
-
-        be = get_backend(args.backend, args.run_config)
-        rep.r["backend"] = be.name
-        L = args.lattice
-        geom = Geometry((L, L, L, L), be, config=args.run_config)
         hp = hierarchy_params(args, geom.dims)
         print(f"[{elapsed():6.1f} s] mg_bench {L}^4 on {be.name} ({rep.r['machine'].get('gpu') or 'CPU'}), "
               f"m = {args.mass}, tol {args.tol:g}, budget {args.budget:g} s; multigrid {hp}", flush=True)
@@ -573,13 +571,16 @@ def main(argv=None, args=None) -> int:
 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)      # a second TERM must not interrupt the report
         where = rep.r.get("in_progress", "start-up")
-        rep.r["status"] = (f"stopped by timeout during {where}" if "SIGTERM" in str(e)
-                           else f"failed during {where}: {type(e).__name__}")
+        rep.r["status"] = (f"stopped by timeout during {where}" if "SIGTERM" in str(e) else f"interrupted during "
+                           f"{where}" if isinstance(e, KeyboardInterrupt) else f"failed during {where}: {type(e).__name__}")
         rep.r["error"] = (str(e).splitlines() or [type(e).__name__])[0][:300]
         rep.r["traceback"] = traceback.format_exc()[-3000:]
         compare(args, rep)
         rep.r["elapsed_s"] = round(elapsed(), 3)
         rep.write()
+        if isinstance(e, KeyboardInterrupt):       # Ctrl-C (130) or SIGTERM (143): one line, as every hmc command
+            print(f"hmc bench mg: {rep.r['status']}; report so far: {rep.base}.json", file=sys.stderr, flush=True)
+            return 143 if "SIGTERM" in str(e) else 130
         print(traceback.format_exc(), file=sys.stderr, flush=True)
         return 1
 

@@ -28,18 +28,20 @@ import subprocess
 import time
 from pathlib import Path
 
+from hmc.cli import count
+
 from .rhmc import ROOT, _hmc, make_deck
 
 REVERSIBILITY = re.compile(r"REVERSIBILITY: max\|dU\| = (\S+) max\|dP\| = (\S+) dH = (\S+)")
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--lattice", type=int, required=True, metavar="L", help="L of the L^4 lattice")
+    p.add_argument("--lattice", type=count(2), required=True, metavar="L", help="L of the L^4 lattice")
     p.add_argument("--deck", required=True, help="the production deck (e.g. runs/hisq211_16.toml)")
-    p.add_argument("--trajectories", type=int, default=20, help="trajectories per run (default 20)")
-    p.add_argument("--warmups", type=int, default=5, help="warm-up trajectories (no Metropolis test) of the "
+    p.add_argument("--trajectories", type=count(1), default=20, help="trajectories per run (default 20)")
+    p.add_argument("--warmups", type=count(0), default=5, help="warm-up trajectories (no Metropolis test) of the "
                    "trajectories, left out of the comparison (default 5)")
-    p.add_argument("--steps", type=int, help="integrator steps (default: the deck's)")
+    p.add_argument("--steps", type=count(1), help="integrator steps (default: the deck's)")
     p.add_argument("--cgprec", nargs=3, type=int, choices=(1, 2), metavar=("MD", "FA", "GR"), required=True,
                    help="the setting under test, as MILC's cgprec_md_fa_gr (1 single refined in double, 2 double)")
     p.add_argument("--reference-cgprec", nargs=3, type=int, choices=(1, 2), default=(2, 2, 2),

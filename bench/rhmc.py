@@ -28,15 +28,17 @@ import sys
 import time
 from pathlib import Path
 
+from hmc.cli import count
+
 ROOT = Path(__file__).resolve().parents[1]
 RATIONALS = ROOT / "runs" / "rationals" / "rationals.hisq211_b580"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--lattice", type=int, required=True, metavar="L", help="L of the L^4 lattice")
+    p.add_argument("--lattice", type=count(2), required=True, metavar="L", help="L of the L^4 lattice")
     p.add_argument("--deck", required=True, help="the production deck to start from (e.g. runs/hisq211_16.toml)")
-    p.add_argument("--trajectories", type=int, default=2, help="trajectories to run (default 2)")
-    p.add_argument("--steps", type=int, help="integrator steps (default: --steps-for, else the deck's)")
+    p.add_argument("--trajectories", type=count(1), default=2, help="trajectories to run (default 2)")
+    p.add_argument("--steps", type=count(1), help="integrator steps (default: --steps-for, else the deck's)")
     p.add_argument("--steps-for", nargs="*", default=[], metavar="L=STEPS",
                    help="integrator steps per lattice size, used when --steps is not given (e.g. 32=36: eps ~ "
                         "V^(-1/8) keeps the acceptance near 0.8)")

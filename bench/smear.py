@@ -5,6 +5,8 @@ old one, and the staged kernels' bytes (their model: :data:`force.hisq_staged.BY
 fraction of the measured copy bandwidth. ``--twin`` adds the NumPy twin on the device (slow at 32^4)."""
 from __future__ import annotations
 
+from hmc.cli import count
+
 #: the path tables --coeffs names (force.smearing)
 COEFFS = ("asqtad", "fat7", "level2")
 
@@ -18,7 +20,7 @@ def coefficients(name: str):
 def add_arguments(b) -> None:
     b.add_argument("--lattice", type=int, nargs=4, default=[32, 32, 32, 32], metavar=("NX", "NY", "NZ", "NT"))
     b.add_argument("--coeffs", choices=COEFFS, default="level2", help="path table (default: HISQ level 2)")
-    b.add_argument("--repeat", type=int, default=5)
+    b.add_argument("--repeat", type=count(1), default=5)
     b.add_argument("--twin", action="store_true", help="also time the NumPy twin (array code) on the device")
     b.add_argument("--json", action="store_true")
 

@@ -34,9 +34,17 @@ def launched_size() -> int:
 
 
 def mpi():
-    """The mpi4py MPI module (initializing MPI on first use, after :func:`comms.config.set_mpi_defaults`)."""
+    """The mpi4py MPI module (initializing MPI on first use, after :func:`comms.config.set_mpi_defaults`). Without
+    an MPI library for mpi4py to load (a plain ``pip install``: mpi4py installs without one) a one-line
+    :class:`CommsError` says where to get one."""
     set_mpi_defaults()
-    from mpi4py import MPI
+    try:
+        from mpi4py import MPI
+    except RuntimeError as e:
+        if "cannot load MPI library" not in str(e):
+            raise
+        raise CommsError("no MPI library for mpi4py to load (libmpi not found): install the mpi extra "
+                         "(pip install 'hisq-hmc[mpi]', Open MPI) or a system MPI") from None
 
     return MPI
 

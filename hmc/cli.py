@@ -61,7 +61,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-def _count(minimum: int):
+def count(minimum: int):
     """An argparse type: an integer of at least ``minimum`` (a number of trajectories, repeats, ...)."""
     def parse(text):
         try:
@@ -183,7 +183,7 @@ def _add_check_parser(sub):
     p.add_argument("--out-dir", metavar="DIR", help="--milc: keep the outputs and run files here")
     p.add_argument("--launch", metavar="CMD", help="--milc: command that starts each run, as MILC's LAUNCH, e.g. "
                                                    "'mpiexec -n 2' (--grid and --transport reach the runs)")
-    p.add_argument("--jobs", type=_count(1), default=1, metavar="N",
+    p.add_argument("--jobs", type=count(1), default=1, metavar="N",
                    help="--milc: run up to N cases at once (each in its own process; default 1)")
     add_progress_arg(p)
 
@@ -199,10 +199,12 @@ def _add_export_parser(sub):
     p.add_argument("--format", required=True, choices=EXPORT_FORMATS,
                    help="milc: MILC v5 (single precision); nersc: 4D_SU3_GAUGE_3x3 IEEE64BIG; ildg: 64-bit ILDG; "
                         "scidac: 64-bit SciDAC (QIO); openqcd: openQCD (double)")
-    p.add_argument("--trajectory", type=_count(0), metavar="N", help="the trajectory whose configuration to write (the run "
+    p.add_argument("--trajectory", type=count(0), metavar="N", help="the trajectory whose configuration to write (the run "
                                                                 "file keeps its latest; default: that one)")
     p.add_argument("--precision", type=int, choices=(32, 64), help="nersc, ildg and scidac: 32 or 64 bits (default "
                                                                    "64)")
+    p.add_argument("--grid-metadata", action="store_true", help="ildg and scidac: also Grid's grid-format "
+                   "(FieldMetaData) and FieldNormMetaData records, which Grid's reader checks")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     add_progress_arg(p)
     export_links.add_args(p)
@@ -216,7 +218,8 @@ def _export(args) -> int:
     with command_progress(2 + bool(args.links), "hmc export", not args.no_progress) as bar:
         bar.update(0, f"reading {args.runfile}")
         result = export_links(args, bar) if args.links else export(args.runfile, args.output, args.format,
-                                                                   args.trajectory, args.precision, progress=bar)
+                                                                   args.trajectory, args.precision, progress=bar,
+                                                                   grid_metadata=args.grid_metadata)
         bar.update(bar.total, f"wrote {args.output}")
     if args.json:
         print(json.dumps(result, indent=2))

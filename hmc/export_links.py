@@ -40,6 +40,8 @@ def export_links(args, progress=None) -> dict:
 
     from .lattice_source import read_lattice, split_spec
 
+    if getattr(args, "grid_metadata", False):
+        raise ExportLinksError("--grid-metadata describes a gauge field (Grid's FieldMetaData): drop it with --links")
     if args.format != "scidac":
         raise ExportLinksError(f"--links writes a SciDAC colour-matrix file: give --format scidac, not "
                                f"{args.format}")

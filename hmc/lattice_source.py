@@ -81,13 +81,18 @@ def read_lattice(spec, geom=None, backend=None, ignore_checksum: bool = False, r
 
 
 def export(spec: str, out: str, fmt: str, trajectory: int | None = None, precision: int | None = None,
-           progress=None) -> dict:
+           progress=None, grid_metadata: bool = False) -> dict:
     """Write a run file's configuration as a MILC v5 (single precision, as MILC writes), NERSC
     (4D_SU3_GAUGE_3x3, IEEE64BIG or with precision 32 IEEE32BIG), ILDG (64-bit unless precision 32, with its
     ildg-data-lfn), SciDAC (64-bit unless precision 32) or openQCD (64-bit only) file, through
     :func:`lattice.io.write_gauge`; returns what was written. ``progress`` (hmc.progress.Progress of 2 steps) is
-    told when the reading is done."""
+    told when the reading is done. ``grid_metadata`` (ildg and scidac): also Grid's grid-format FieldMetaData and
+    FieldNormMetaData records, with the trajectory as Grid's sequence_number and the deck's name as its ensemble_id
+    (:mod:`lattice.io.grid_meta`, docs/formats.md)."""
     path, at = split_spec(spec)
+    if grid_metadata and fmt not in ("ildg", "scidac"):
+        raise runfile.RunFileError(f"--grid-metadata writes Grid's records of ILDG and SciDAC files: give --format "
+                                   f"ildg or scidac, not {fmt}")
     if trajectory is not None and at is not None and trajectory != at:
         raise runfile.RunFileError(f"{spec} and --trajectory {trajectory} disagree: give one of them")
     if fmt == "milc" and precision not in (None, 32):
@@ -110,5 +115,7 @@ def export(spec: str, out: str, fmt: str, trajectory: int | None = None, precisi
                    "info": f"{info['name']}: trajectory {info['trajectory']} of {os.path.abspath(path)}"}
         if fmt == "ildg":
             options["lfn"] = os.path.basename(out)
+        if grid_metadata:
+            options["grid_metadata"] = {"sequence_number": info["trajectory"], "ensemble": info["name"]}
     written = write_gauge(out, a, fmt, **options)
     return {"file": out, "format": fmt, "trajectory": info["trajectory"], "written": written}

@@ -51,11 +51,15 @@ def _legend_handles(lats, labels, plt, ideal="ideal 1/n"):
 
 
 def _log_y(ax):
-    """Readable labels on a logarithmic y axis that may span less than a decade: ticks at 1, 2, 5 x 10^k."""
+    """Readable labels on a logarithmic y axis (call it after plotting): ticks at 1, 2, 5 x 10^k, and on an axis
+    spanning less than a decade also at 1.5, 2.5, 3, 4, 6 and 8 x 10^k (100 to 250 had only 100 and 200)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    lo, hi = ax.get_ylim()
+    dense = lo > 0 and hi / lo < 10.0
+    subs = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0) if dense else (1.0, 2.0, 5.0)
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
 
@@ -236,6 +240,7 @@ def _plot_pair_ratios(study, path, plt, pairs, colour, ylabel, title, ncol, font
     fig, axes = _panels(plt, len(ops), 4.2, 3.8)
     ranks = sorted({r["ranks"] for r in study["configs"] if r["status"] == "ok" and r["ranks"] > 1})
     for ax, op in zip(axes, ops):
+        top = 1.0
         for i, lat in enumerate(lats):
             by = {(r["ranks"], r["label"]): r["ops"][op]["median_s"] for r in study["configs"]
                   if r["lattice"] == lat and r["status"] == "ok" and op in r["ops"]}
@@ -243,11 +248,12 @@ def _plot_pair_ratios(study, path, plt, pairs, colour, ylabel, title, ncol, font
                 pts = [(n, by[(n, a)] / by[(n, b)]) for n in ranks if (n, a) in by and (n, b) in by]
                 if pts:
                     p = np.array(pts)
+                    top = max(top, float(p[:, 1].max()))
                     ax.plot(p[:, 0], p[:, 1], color=colour((a, b)), ls=LINESTYLES[i % 4],
                             marker=MARKERS[i % 4], ms=5, lw=1.6)
         ax.axhline(1.0, color="grey", lw=1, ls=(0, (1, 2)))
         _rank_axis(ax, ranks)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, 1.1 * top)                 # from 0, with room above the highest marker (none clipped)
         ax.set_ylabel(ylabel)
         ax.set_title(OP_TITLES[op])
         ax.grid(True, alpha=0.3)

@@ -659,3 +659,41 @@ def test_speedup_legend_names_the_ideal_line_it_draws(tmp_path):
     figures.clear()
     plots.plot_time({"configs": configs}, tmp_path / "t.png", KeepFigures())
     assert "ideal 1/n" in [t.get_text() for lg in figures[0].legends for t in lg.get_texts()]
+
+
+def test_halo_axis_labels_and_ratio_headroom(tmp_path):
+    """Issue 20's plot points: a halo panel spanning less than a decade (100-250 us) labels more than 100 and 200
+    inside its range, and the transport-ratio panel's top lies above its highest point (nothing clipped)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as real_plt
+
+    from bench.scaling import plots
+
+    lat = (4, 4, 4, 8)
+    times = {(1, "mpi"): 1.0e-4, (2, "mpi"): 1.3e-4, (4, "mpi"): 1.6e-4,
+             (2, "shm"): 2.4e-4, (4, "shm"): 2.5e-4}
+    configs = [{"lattice": lat, "ranks": n, "status": "ok", "label": label, "transport": label,
+                "ops": {"halo": {"median_s": t, "min_s": t, "max_s": t}}} for (n, label), t in times.items()]
+    figures = []
+
+    class KeepFigures:
+        def __getattr__(self, name):
+            return getattr(real_plt, name)
+
+        def subplots(self, *a, **k):
+            fig, axes = real_plt.subplots(*a, **k)
+            figures.append(fig)
+            return fig, axes
+
+    plots.plot_time({"configs": configs}, tmp_path / "t.png", KeepFigures())
+    ax = figures[0].axes[0]
+    lo, hi = ax.get_ylim()
+    labels = [t.get_text() for t, v in zip(ax.get_yticklabels(), ax.get_yticks()) if lo <= v <= hi and t.get_text()]
+    assert len(labels) >= 3, labels                                   # 100, 200 and at least one more
+    figures.clear()
+    assert plots.plot_ratios({"configs": configs}, tmp_path / "r.png", KeepFigures())
+    ax = figures[0].axes[0]
+    top = max(np.max(line.get_ydata()) for line in ax.get_lines() if len(line.get_ydata()) > 1)
+    assert ax.get_ylim()[1] >= 1.03 * top, (ax.get_ylim(), top)

@@ -56,6 +56,20 @@ def test_export_round_trip(run_file, tmp_path, capsys, fmt, precision, kind, tol
     assert abs(m_file["plaquette"] - m_run["plaquette"]) <= 1e-12 + 10 * tol
 
 
+@pytest.mark.parametrize("fmt", ["ildg", "scidac"])
+def test_export_grid_metadata(run_file, tmp_path, capsys, fmt):
+    """--grid-metadata: Grid's FieldMetaData (trajectory as sequence_number) and FieldNormMetaData, checked on read."""
+    from lattice.io import lime, read_gauge
+    from lattice.io.grid_meta import parse
+    out = str(tmp_path / f"lat.{fmt}")
+    assert main(["export", run_file, "-o", out, "--format", fmt, "--grid-metadata", "--no-progress"]) == 0
+    _, info = read_gauge(out)
+    assert info["checksums"]["ok"] and info["grid_metadata"]["norm2"]
+    g = parse(lime.read_data(out, lime.find(lime.scan(out), "grid-format")))
+    assert g["sequence_number"] == "2" and g["ildg_lfn"] == ("lat.ildg" if fmt == "ildg" else "")
+    assert abs(float(g["plaquette"]) - sum(load(run_file).plaquette) / 6) < 1e-12
+
+
 def test_measure_run_file_reports_the_recorded_plaquette(run_file, capsys):
     st = load(run_file)
     for spec in (run_file, f"{run_file}:2"):
@@ -81,6 +95,8 @@ def test_solve_and_spectrum_take_a_run_file(run_file, tmp_path, capsys):
     (["--trajectory", "1"], ["keeps the configuration of trajectory 2 only", "r.h5:2"]),
     (["--format", "milc", "--precision", "64"], ["single precision"]),
     (["--format", "openqcd", "--precision", "32"], ["double precision only"]),
+    (["--format", "nersc", "--grid-metadata"], ["ILDG and SciDAC", "not nersc"]),
+    (["--format", "scidac", "--grid-metadata", "--links", "fat"], ["drop it with --links"]),
 ])
 def test_export_bad_input_is_one_line(run_file, tmp_path, capsys, argv, words):
     args = ["export", run_file, "-o", str(tmp_path / "x")] + (argv if "--format" in argv else argv + ["--format",
