@@ -63,14 +63,18 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="folder of the decks, run files, logs and the report")
 
 
-def edit_deck(deck: Path, seed_offset: int = 0, quenched: bool = False, reversibility: bool = False) -> None:
+def edit_deck(deck: Path, seed_offset: int = 0, quenched: bool = False, reversibility: bool = False,
+              checkpoint_every: int | None = None) -> None:
     """A deck written by :func:`bench.rhmc.make_deck`, changed in place: the [run] seed moved by ``seed_offset``;
     ``quenched``: without its [fermions] (and [multigrid]) section, i.e. the same gauge action and integrator with
-    no fermions; ``reversibility``: the [integrator] reversibility_check on."""
+    no fermions; ``reversibility``: the [integrator] reversibility_check on; ``checkpoint_every``: the [run] key
+    (the thermalization's runs write their run file once, at the end)."""
     text = deck.read_text()
     if seed_offset:
         text = re.sub(r"^seed = (\d+)", lambda m: f"seed = {int(m.group(1)) + seed_offset}", text, count=1,
                       flags=re.M)
+    if checkpoint_every:
+        text = re.sub(r"^checkpoint_every = .*", f"checkpoint_every = {checkpoint_every}", text, count=1, flags=re.M)
     if quenched:
         text = re.sub(r"^\[(fermions|multigrid)\]\n.*?(?=^\[|\Z)", "", text, flags=re.M | re.S)
     if reversibility:
@@ -115,7 +119,7 @@ def thermalize(args, backend: str, out: Path) -> tuple[str | None, dict]:
         deck = out / f"precision_{args.lattice}_{label}.toml"
         make_deck(ROOT / args.deck, deck, args.lattice, args.steps, n,
                   None if quenched else list(args.reference_cgprec), warmups=warmups)
-        edit_deck(deck, seed_offset=offset, quenched=quenched)
+        edit_deck(deck, seed_offset=offset, quenched=quenched, checkpoint_every=n)
         rc, wall = _run(backend, deck, n, deck.with_suffix(".log"), start)
         print(f"-- thermalize, {label}: {n} trajectories ({warmups} warm-ups), exit {rc}, {wall:.0f} s wall "
               f"(log {deck.with_suffix('.log')})", flush=True)

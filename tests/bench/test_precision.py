@@ -61,8 +61,9 @@ def test_edit_deck_makes_the_quenched_deck_and_moves_the_seed(tmp_path):
 
     deck = tmp_path / "q.toml"
     make_deck(ROOT / "runs" / "hisq211_16.toml", deck, 4, 2, 3, warmups=3)
-    edit_deck(deck, seed_offset=1, quenched=True)
+    edit_deck(deck, seed_offset=1, quenched=True, checkpoint_every=3)
     q, _ = load(deck)
+    assert q["run"]["checkpoint_every"] == 3
     full, _ = load(ROOT / "runs" / "hisq211_16.toml")
     assert "fermions" not in q and q["gauge"] == full["gauge"] and q["run"]["seed"] == full["run"]["seed"] + 1
     assert q["integrator"]["scheme"] == "3g1f" and q["integrator"]["steps"] == 2 and q["run"]["warmups"] == 3
