@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("deck", nargs="?", help="TOML run deck (see runs/); omitted: the embedded quick deck")
     p.add_argument("-o", "--output", required=True, help="run file to create, e.g. trajectory.h5")
     p.add_argument("--from-lattice", metavar="FILE",
-                   help="start from a stored configuration (MILC, NERSC, ILDG, SciDAC, openQCD)")
+                   help="start from a stored configuration (MILC, NERSC, ILDG, SciDAC, openQCD) or a run file's "
+                        "(RUN.h5, or RUN.h5:N for trajectory N kept with save_every)")
     p.add_argument("--rationals", metavar="FILE",
                    help="RHMC rational functions (MILC's format) instead of the deck's [fermions] rationals")
     p.add_argument("--ignore-checksum", action="store_true", help="read a lattice whose checksum does not match")

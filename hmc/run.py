@@ -24,10 +24,12 @@ def _starting_links(d: dict, geom, from_lattice: str | None, ignore_checksum: bo
         return GaugeField.unit(geom), "cold start"
     if start == "hot":
         return GaugeField.random(geom, CounterRNG(d["run"]["seed"])), "hot start"
-    from lattice.io import read_gauge
+    from .lattice_source import read_lattice
 
-    u, info = read_gauge(start, geom=geom, ignore_checksum=ignore_checksum, reunitarize=True, check_links=True,
-                         force_reunitarize=force_reunitarize)
+    u, info = read_lattice(start, geom=geom, ignore_checksum=ignore_checksum, reunitarize=True, check_links=True,
+                           force_reunitarize=force_reunitarize)
+    if info.get("format") == runfile.FORMAT:     # RUN.h5 or RUN.h5:N (hmc.lattice_source)
+        return u, f"trajectory {info['trajectory']} of run file {os.path.abspath(info['path'])}"
     return u, f"{info.get('format', 'lattice')} file {os.path.abspath(start)}"
 
 

@@ -22,9 +22,11 @@ saving a lattice, a second input set, PBP masses with a Naik epsilon or a relati
 limits per phase. su3_spectrum_hisq's block becomes PBP at the sea masses (one source each,
 ``error_for_propagator``) after MILC's Coulomb gauge fixing, with its ``spectrum_request`` in ``[milc]``
 (:mod:`hmc.milc.spectrum`). ``steps_per_trajectory 0`` is a trajectory without molecular dynamics
-(``[integrator] steps = 0``: the action measured twice, dH = 0). MILC's precision flags (``cgprec_md_fa_gr``,
-``prec_ff``, ``prec_pbp``) choose single-precision solves in MILC; the project solves in double precision and
-ignores them.
+(``[integrator] steps = 0``: the action measured twice, dH = 0). MILC's ``cgprec_md_fa_gr`` (1 single, 2 double, per
+phase and pseudofermion) becomes the project's ``[fermions] cgprec_md_fa_gr``: a 1 runs that phase's multishift in
+single precision, every shift refined to the double-precision tolerance (MILC's QOP/QDP builds choose the precision
+by it, ``generic_ks/ks_multicg_offset_qop.c``; its plain C multishift takes none). ``prec_ff`` and ``prec_pbp``
+(single-precision fermion force and PBP solves) are read and ignored: the force and the PBP solves are double.
 ``max_cg_prop`` x (``max_cg_prop_restarts`` + 1) bounds the PBP solves (MILC's restarted CG). The rational
 functions are MILC's file as MILC reads it: approximations as coarse as the file states are allowed
 (``max_rational_error``), each still checked against its own stated error.
@@ -284,6 +286,10 @@ def project_deck(d: MilcDeck, search=(), precision: int = 2) -> dict:
     if len(limits) > 1:
         raise d.error(d.pseudofermions[0]["max_multicg_md_fa_gr"], "hmc takes one multishift iteration limit for "
                       f"all phases and pseudofermions, but the deck gives {sorted(limits)}")
+    for pf in d.pseudofermions:
+        e = pf["cgprec_md_fa_gr"]
+        _check(d, e, all(p in (1, 2) for p in e.value), "each of MD, FA, GR must be 1 (single precision, refined "
+               "to the double-precision tolerance) or 2 (double)")
     start = "cold" if d.start.key == "fresh" else resolve(d, d.start, search)
     spectrum = {}
     if b.spectrum:
@@ -293,6 +299,7 @@ def project_deck(d: MilcDeck, search=(), precision: int = 2) -> dict:
     fermions = {"action": b.fermion, "rationals": resolve(d, d.entry("load_rhmc_params"), search),
                 "dyn_mass": d["dyn_mass"], "dyn_flavors": d["dyn_flavors"],
                 "cgresid_md_fa_gr": [pf["cgresid_md_fa_gr"].value for pf in d.pseudofermions],
+                "cgprec_md_fa_gr": [pf["cgprec_md_fa_gr"].value for pf in d.pseudofermions],
                 "max_multicg": limits.pop() if limits else 2500, **(_spectrum_pbp(d) if b.spectrum else
                                                                      _pbp_section(d))}
     stated = _stated_error(d, fermions["rationals"])

@@ -1,5 +1,6 @@
 """The command line as a user meets it: the README's example, measure on MILC's lattice, bad input."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -85,3 +86,17 @@ def test_init_from_lattice(tmp_path, name, capsys):
     stored, _ = read_site_major(str(path))
     assert abs(load(out).links - su3.reunitarize(stored.astype(complex))).max() == 0
     assert main(["run", out, "--trajectories", "1", "--no-progress"]) == 0
+
+
+def test_init_from_a_run_file(tmp_path):
+    """hmc init --from-lattice RUN.h5 starts from the run file's configuration (hmc bench precision's thermalized
+    start), re-unitarized like any lattice file: equal to rounding."""
+    from hmc.runfile import load
+    from lattice import su3
+
+    first, second = str(tmp_path / "a.h5"), str(tmp_path / "b.h5")
+    assert main(["init", "-o", first]) == 0 and main(["run", first, "--trajectories", "1", "--no-progress"]) == 0
+    assert main(["init", str(ROOT / "runs" / "quick4.toml"), "-o", second, "--from-lattice", first]) == 0
+    a, b = load(first), load(second)
+    assert b.source == f"trajectory 1 of run file {os.path.abspath(first)}" and b.trajectory == 0
+    assert abs(b.links - su3.reunitarize(a.links)).max() == 0 and abs(b.links - a.links).max() < 1e-14

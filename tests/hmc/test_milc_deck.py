@@ -79,12 +79,22 @@ def test_translation_and_file_resolution(files):
     f = raw["fermions"]
     assert f["rationals"] == str(files / "decks" / "rationals.test")       # relative to the deck
     assert f["cgresid_md_fa_gr"] == [[5e-4, 1e-4, 1e-4], [5e-6, 1e-6, 1e-6]]
+    assert f["cgprec_md_fa_gr"] == [[2, 2, 2], [2, 2, 2]]
     assert f["pbp_masses"] == [0.0018, 0.018] and f["pbp_error"] == [1e-6, 1e-8] and f["pbp_maxiter"] == 3000
     assert raw["integrator"]["steps"] == 10 and raw["integrator"]["tau"] == pytest.approx(0.2, abs=1e-16)
     assert raw["gauge"]["nf"] == 3
     assert raw["milc"] == {"build": "su3_rhmc_hisq", "warms": 0, "traj_between_meas": 1, "precision": 2}
     rhmd = translate(DECK, files, "su3_rhmd_hisq")
     assert rhmd["run"]["metropolis"] is False and rhmd["integrator"]["scheme"] == "3g1f"
+
+
+def test_cgprec_is_the_decks_solver_precision(files):
+    """MILC's cgprec_md_fa_gr (1 single, 2 double) is the project's: su3_leapfrog.2 asks for 1 2 2 and runs its MD
+    multishift solves in single precision, refined in double (tests/hmc/test_milc_cases.py)."""
+    mixed = DECK.replace("cgprec_md_fa_gr  2 2 2\nprec_ff", "cgprec_md_fa_gr  1 2 2\nprec_ff")
+    assert translate(mixed, files)["fermions"]["cgprec_md_fa_gr"] == [[2, 2, 2], [1, 2, 2]]
+    one_line_error(DECK.replace("cgprec_md_fa_gr  2 2 2\nprec_ff", "cgprec_md_fa_gr  3 2 2\nprec_ff"), files,
+                   "line 25: cgprec_md_fa_gr 3 2 2: each of MD, FA, GR must be 1")
 
 
 def one_line_error(text, files, match, build="su3_rhmc_hisq", search=None):
