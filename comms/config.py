@@ -182,12 +182,6 @@ SETTINGS = {
                            "staged HISQ fat-link kernels (whole lattice on one GPU; needs hisq_kernels)"),
     "hisq_staged_vjp": Setting("HMC_HISQ_STAGED_VJP", _flag(True), True,
                                "staged all-direction HISQ fat-link chain rule (one GPU, whole lattice)"),
-    "hisq_min_blocks": Setting("HMC_HISQ_MIN_BLOCKS", _int_in(0, 16, "use an integer 0..16 (0: no launch bounds)"), 0,
-                               "staged HISQ kernels compiled with __launch_bounds__(128, n) (0: none)"),
-    "hisq_staged_rows": Setting("HMC_HISQ_STAGED_ROWS", _flag(False), False,
-                                "staged fat-link kernels with three threads a matrix, one a row (fewer registers)"),
-    "hisq_links_split": Setting("HMC_HISQ_LINKS_SPLIT", _flag(False), False,
-                                "staged chain rule's last stage in two launches (fewer registers)"),
     "mg_kernels": Setting("HMC_MG_KERNELS", _flag(True), True, "multigrid CUDA kernels"),
     "mg_timing_sync": Setting("HMC_MG_TIMING_SYNC", _flag(True), True, "multigrid clocks synchronize the device"),
     "solver_fused": Setting("HMC_SOLVER_FUSED", _fused, "on", "fused solver linear algebra: on, off or all"),
@@ -258,9 +252,6 @@ class RunConfig:
     hisq_kernels: bool = True
     hisq_staged: bool = True
     hisq_staged_vjp: bool = True
-    hisq_min_blocks: int = 0
-    hisq_staged_rows: bool = False
-    hisq_links_split: bool = False
     mg_kernels: bool = True
     mg_timing_sync: bool = True
     solver_fused: str = "on"

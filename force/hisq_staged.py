@@ -30,14 +30,15 @@ staged_fat     U (4 M), inner (12 M)   F (4 M)     20 M
 :func:`force.hisq_cuda.fat_link` (runs/rhmc/README.md, "Link smearing and the fermion-force chain rule"). The
 intermediates A and inner take 2 x 12 link fields (3.6 GB at 32^4).
 
-Kernel forms (run configuration, all the same sums): ``hisq_staged_rows`` three threads a matrix (:func:`rows`),
-``hisq_min_blocks`` launch bounds (:func:`variant`); tools/kernel_resources.py lists their registers.
+One thread per output matrix (tools/kernel_resources.py lists the registers and spills). Register-lean forms
+(three threads a matrix, launch bounds, the chain rule's last stage split in two) were slower on the H200 and are
+gone (runs/rhmc/README.md, "Kernel forms"; docs/perf-notes.md).
 
 Selection: registered ahead of :func:`force.hisq_cuda.fat_link` for the unpadded placements (``priority=1``,
-:func:`lattice.placement.implements`), on where the run configuration's ``hisq_staged`` (HMC_HISQ_STAGED=1, or
-the override :func:`set_enabled`) and ``hisq_kernels`` are both on; off by default, the old kernels then serve
-(A/B timing: ``hmc bench smear``). Equal to the twin to rounding (tests/force/test_hisq_staged_host.py, host-compiled;
-tests/force/test_hisq_staged_gpu.py on the device).
+:func:`lattice.placement.implements`), on where the run configuration's ``hisq_staged`` (HMC_HISQ_STAGED, or the
+override :func:`set_enabled`) and ``hisq_kernels`` are both on (default on; HMC_HISQ_STAGED=0: the per-direction
+kernels; A/B timing: ``hmc bench smear``). Equal to the twin to rounding (tests/force/test_hisq_staged_host.py,
+host-compiled; tests/force/test_hisq_staged_gpu.py on the device).
 """
 from __future__ import annotations
 
@@ -68,45 +69,16 @@ def enabled(config=None) -> bool:
     return switch_on(SWITCH, config) and hisq_cuda.enabled(config)
 
 
-def min_blocks(config) -> int:
-    """The launch bound of the staged kernels under ``config`` (None: none): its ``hisq_min_blocks``."""
-    return 0 if config is None else int(config.hisq_min_blocks)
-
-
-def variant(config) -> dict:
-    """The template parameters of the staged kernel files (hisq_staged.cu, hisq_staged_vjp.cu) under ``config``:
-    no launch bounds, or ``__launch_bounds__(BLOCK, n)`` with n = ``hisq_min_blocks`` (at least n blocks of BLOCK
-    threads an SM: at most 65536 / (BLOCK n) registers a thread; tools/kernel_resources.py lists the registers and
-    spills of each variant). Same arithmetic in every variant."""
-    n = min_blocks(config)
-    return {"BOUNDS": "", "SUF": ""} if n == 0 else {"BOUNDS": f"__launch_bounds__({BLOCK}, {n}) ", "SUF": f"_b{n}"}
-
-
-def kernel(backend, file, name, config=None):
-    """The kernel ``name`` of the staged kernel file ``file`` in the variant of ``config`` (:func:`variant`)."""
-    params = variant(config)
-    return cuda_source.function(backend, "force", file, name + params["SUF"], params)
-
-
-def rows(config) -> bool:
-    """Whether the kernels run with three threads a matrix, thread 3 m + i computing row i of matrix m (the
-    ``_rows`` kernels: the same sums, term for term, about half the registers a thread), under ``config`` (None:
-    one thread a matrix): its ``hisq_staged_rows``."""
-    return config is not None and bool(config.hisq_staged_rows)
-
-
-def _fn(backend, name, config=None):
-    return kernel(backend, "hisq_staged.cu", name + ("_rows" if rows(config) else ""), config)
+def kernel(backend, file, name):
+    """The kernel ``name`` of the staged kernel file ``file`` (force/kernels/)."""
+    return cuda_source.function(backend, "force", file, name)
 
 
 def launch(geom, file, name, matrices, args):
-    """Kernel ``name`` of the staged kernel file ``file`` in the form geom's configuration asks for (:func:`rows`,
-    :func:`variant`) over ``matrices`` output matrices (three threads each in the rows form), the local extents
-    appended to ``args``."""
-    threads = matrices * (3 if rows(geom.config) else 1)
+    """Kernel ``name`` of the staged kernel file ``file``, one thread per output matrix over ``matrices`` of them,
+    the local extents appended to ``args``."""
     dims = tuple(np.int32(n) for n in geom.local_dims)
-    fn = kernel(geom.backend, file, name + ("_rows" if rows(geom.config) else ""), geom.config)
-    fn(_grid(threads), (BLOCK,), tuple(args) + dims)
+    kernel(geom.backend, file, name)(_grid(matrices), (BLOCK,), tuple(args) + dims)
 
 
 def _launch(geom, name, matrices, args):

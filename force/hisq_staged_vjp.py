@@ -28,11 +28,9 @@ D_F, D_inner, D_a, D_U and writes D_U: 64 M. In all 164 M = 23616 bytes a site (
 at 32^4; the intermediates take 48 M a site of device memory (7.2 GiB at 32^4).
 
 Registered ahead of the per-direction kernels (priority 1) for the whole lattice on one GPU, behind the run
-configuration's ``hisq_staged_vjp`` (HMC_HISQ_STAGED_VJP=1; default off: the per-direction kernels) and the
-``hisq_kernels`` switch; :func:`set_enabled` overrides it (tests, timings). Launch bounds: the run configuration's
-``hisq_min_blocks`` (:func:`force.hisq_staged.variant`) and three threads a matrix, ``hisq_staged_rows``
-(:func:`force.hisq_staged.rows`), as for the forward kernels; stage 5 in two launches: ``hisq_links_split``
-(:func:`links_split`). The same sums in every form.
+configuration's ``hisq_staged_vjp`` (HMC_HISQ_STAGED_VJP, default on; 0: the per-direction kernels) and the
+``hisq_kernels`` switch; :func:`set_enabled` overrides it (tests, timings). One thread per output matrix, as for the
+forward kernels (the register-lean forms lost on the H200: runs/rhmc/README.md, "Kernel forms").
 """
 from __future__ import annotations
 
@@ -63,13 +61,6 @@ def enabled(config: RunConfig | None = None) -> bool:
     return switch_on(SWITCH, config) and hisq_cuda.enabled(config)
 
 
-def links_split(config) -> bool:
-    """Whether stage 5 runs in two launches (``svjp_links_g``, then ``svjp_links_h``: the g and the h terms of the
-    staple-link derivatives apart, one accumulator in registers instead of two; D_U read and written once more,
-    8 M a site) under ``config`` (None: one launch): its ``hisq_links_split``. The same sums either way."""
-    return config is not None and bool(config.hisq_links_split)
-
-
 def _launch(geom, name, matrices, args):
     hisq_staged.launch(geom, KERNEL_FILE, name, matrices, args)
 
@@ -88,9 +79,7 @@ def fat_link_vjp(geom, links, c, d_fat):
     vol = geom.local_volume
     _launch(geom, "svjp_d_inner", 12 * vol, (u, d_f, d_inner))
     _launch(geom, "svjp_d_a", 4 * vol, (u, d_f, d_inner, d_a, d_u, c1, c3, c5, c7, cl))
-    links = (u, a, inner, d_f, d_inner, d_a, d_u, c5, c7)
-    for name in (("svjp_links_g", "svjp_links_h") if links_split(geom.config) else ("svjp_links",)):
-        _launch(geom, name, 4 * vol, links)
+    _launch(geom, "svjp_links", 4 * vol, (u, a, inner, d_f, d_inner, d_a, d_u, c5, c7))
     return d_u
 
 

@@ -22,19 +22,13 @@ if str(ROOT) not in sys.path:
 from lattice import cuda_source, get_backend  # noqa: E402
 
 PACKAGES = ("comms", "lattice", "solvers", "force", "hmc")
-#: the launch bounds (run configuration hisq_min_blocks) the staged HISQ kernel files are checked with (0: none)
-STAGED_MIN_BLOCKS = (0, 3, 4)
 
 
 def _variants() -> dict:
     """{(package, file): [params, ...]} for the templated files: the tables their drivers compile from."""
-    from comms.config import RunConfig
-    from force.hisq_staged import variant
     from solvers.multigrid.cuda import PRECISIONS
 
-    staged = [variant(RunConfig(hisq_min_blocks=n)) for n in STAGED_MIN_BLOCKS]
-    return {("solvers.multigrid", "coarse.cu"): list(PRECISIONS.values()),
-            ("force", "hisq_staged.cu"): staged, ("force", "hisq_staged_vjp.cu"): staged}
+    return {("solvers.multigrid", "coarse.cu"): list(PRECISIONS.values())}
 
 
 def kernel_packages() -> list[str]:

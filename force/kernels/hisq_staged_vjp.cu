@@ -4,8 +4,6 @@
 // direction != mu in increasing order; an intermediate is a (12, V, 3, 3) array, U and the link derivatives
 // (4, V, 3, 3). Every output matrix has one owning thread that sums all the terms landing on it: no atomics.
 // (the forward intermediates A and inner come from staged_a and staged_inner of force/kernels/hisq_staged.cu).
-// A template (lattice/cuda_source.py): the placeholder BOUNDS is empty or __launch_bounds__(128, n), SUF the
-// kernel-name suffix of that variant (force.hisq_staged.variant: the run configuration's hisq_min_blocks).
 #include "hmc_common.cuh"
 // the 3x3 algebra, the lattice walk, S_nu[X]_mu and its adjoint: the shared header's (lattice/kernels/hmc_common.cuh)
 using namespace m3;
@@ -15,79 +13,53 @@ using lat::fourth;
 
 // The derivative of Re Tr[S_nu[X]_mu D] by the staple link U_nu(x) (nu = lam, the owned link's direction),
 // X = a1 X1 + a2 X2 (staple::Arg), D and U_lam read at s = {x, x+lam, x-mu, x-mu+lam} and xpm = x+mu:
-//   g += X(x+lam) U_lam(x+mu)^dag D(x) + D(x-mu+lam) U_lam(x-mu)^dag X(x-mu)       (TERMS & G_TERMS)
-//   h += X(x) U_lam(x+mu) D(x+lam) + D(x-mu) U_lam(x-mu) X(x-mu+lam)            (TERMS & H_TERMS; h^dag joins g)
+//   g += X(x+lam) U_lam(x+mu)^dag D(x) + D(x-mu+lam) U_lam(x-mu)^dag X(x-mu)
+//   h += X(x) U_lam(x+mu) D(x+lam) + D(x-mu) U_lam(x-mu) X(x-mu+lam)            (h^dag joins g)
 // Every operand is loaded where it is used (the neighbours' re-reads hit the cache): the accumulators stay in
 // registers, not the eight matrices of the four sites.
-enum { G_TERMS = 1, H_TERMS = 2 };
-template <int TERMS>
 __device__ __forceinline__ void link_terms(M3 &g, M3 &h, const staple::Arg &X, const double2 *D, const double2 *Ul,
-                                           const long s[4], long xpm, int) {
-    if (TERMS & G_TERMS) {
-        mac(g, staple::at(X, s[1]), dn(load(Ul, xpm), load(D, s[0])));
-        mac(g, load(D, s[3]), dn(load(Ul, s[2]), staple::at(X, s[2])));
-    }
-    if (TERMS & H_TERMS) {
-        mac(h, staple::at(X, s[0]), nn(load(Ul, xpm), load(D, s[1])));
-        mac(h, load(D, s[2]), nn(load(Ul, s[2]), staple::at(X, s[3])));
-    }
-}
-
-// the rows form: row i of g and column i of h (add_dag then gives row i of g + h^dag), the same sums
-template <int TERMS>
-__device__ __forceinline__ void link_terms(V3 &g, V3 &h, const staple::Arg &X, const double2 *D, const double2 *Ul,
-                                           const long s[4], long xpm, int i) {
-    if (TERMS & G_TERMS) {
-        mac(g, staple::at_row(X, s[1], i), dn(load(Ul, xpm), load(D, s[0])));
-        mac(g, load_row(D, s[3], i), dn(load(Ul, s[2]), staple::at(X, s[2])));
-    }
-    if (TERMS & H_TERMS) {
-        mac(h, staple::at(X, s[0]), mv(load(Ul, xpm), load_col(D, s[1], i)));
-        mac(h, load(D, s[2]), mv(load(Ul, s[2]), staple::at_col(X, s[3], i)));
-    }
+                                           const long s[4], long xpm) {
+    mac(g, staple::at(X, s[1]), dn(load(Ul, xpm), load(D, s[0])));
+    mac(g, load(D, s[3]), dn(load(Ul, s[2]), staple::at(X, s[2])));
+    mac(h, staple::at(X, s[0]), nn(load(Ul, xpm), load(D, s[1])));
+    mac(h, load(D, s[2]), nn(load(Ul, s[2]), staple::at(X, s[3])));
 }
 
 // stage 3 (adjoint of F_mu = ... + sum_nu S_nu[inner_nu]_mu): DI_p = S_nu^T[D_F mu]
-template <bool ROWS>
-__device__ __forceinline__ void d_inner(const double2 *U, const double2 *DF, double2 *DI, int nx, int ny, int nz,
-                                        int nt) {
-    typedef staple::Part<ROWS> P;
+extern "C" __global__ void svjp_d_inner(const double2 *__restrict__ U, const double2 *__restrict__ DF, double2 *DI,
+                                        int nx, int ny, int nz, int nt) {
     const lat::Box g = lat::whole(nx, ny, nz, nt);
     lat::Job w;
-    if (!lat::job<P::PER>(g, 12, w)) return;
+    if (!lat::job(g, 12, w)) return;
     const int p = w.f, mu = p / 3, nu = other(mu, p % 3);
-    P::store(DI + 9 * p * g.vol, w.x, w.row,
-             P::adj(g, w.c, w.x, U + 9 * nu * g.vol, nu, mu, DF + 9 * mu * g.vol, w.row));
+    store(DI + 9 * p * g.vol, w.x, staple::adj(g, w.c, w.x, U + 9 * nu * g.vol, nu, mu, DF + 9 * mu * g.vol));
 }
 
 // stage 4 (adjoint of the inner_nu), one thread per (mu, x): with D_arg(nu, rho) = S_rho^T[DI_{mu,nu}],
 //   DA_{mu,sigma} = cL DI_{mu,sigma} + c7 [D_arg(nu, rho) + D_arg(rho, nu)]   ({nu, rho} the two others),
 //   DU_mu(x) = (c1 - 6 cL) D_F mu(x) + c3 sum_nu DI_{mu,nu}(x) + c5 sum_{nu != rho} D_arg(nu, rho)(x)  (written)
-template <bool ROWS>
-__device__ __forceinline__ void d_a(const double2 *U, const double2 *DF, const double2 *DI, double2 *DA, double2 *DU,
-                                    double c1, double c3, double c5, double c7, double cl,
-                                    int nx, int ny, int nz, int nt) {
-    typedef staple::Part<ROWS> P;
-    typedef typename P::T T;
+extern "C" __global__ void svjp_d_a(const double2 *__restrict__ U, const double2 *__restrict__ DF,
+                                    const double2 *__restrict__ DI, double2 *DA, double2 *DU, double c1, double c3,
+                                    double c5, double c7, double cl, int nx, int ny, int nz, int nt) {
     const lat::Box g = lat::whole(nx, ny, nz, nt);
     lat::Job w;
-    if (!lat::job<P::PER>(g, 4, w)) return;
-    const int mu = w.f, row = w.row;
+    if (!lat::job(g, 4, w)) return;
+    const int mu = w.f;
     const long x = w.x;
-    T du = scaled(c1 - 6.0 * cl, P::load(DF + 9 * mu * g.vol, x, row));
+    M3 du = scaled(c1 - 6.0 * cl, load(DF + 9 * mu * g.vol, x));
     for (int j = 0; j < 3; ++j) {  // sigma = other(mu, j)
         const int nu = other(mu, j == 0 ? 1 : 0), rho = other(mu, j == 2 ? 1 : 2);
         const double2 *DIs = DI + 9 * (3 * mu + j) * g.vol;
-        T args = P::adj(g, w.c, x, U + 9 * rho * g.vol, rho, mu, DI + 9 * (3 * mu + slot(mu, nu)) * g.vol, row);
-        add(args, P::adj(g, w.c, x, U + 9 * nu * g.vol, nu, mu, DI + 9 * (3 * mu + slot(mu, rho)) * g.vol, row));
-        const T di = P::load(DIs, x, row);
-        T da = scaled(cl, di);
+        M3 args = staple::adj(g, w.c, x, U + 9 * rho * g.vol, rho, mu, DI + 9 * (3 * mu + slot(mu, nu)) * g.vol);
+        add(args, staple::adj(g, w.c, x, U + 9 * nu * g.vol, nu, mu, DI + 9 * (3 * mu + slot(mu, rho)) * g.vol));
+        const M3 di = load(DIs, x);
+        M3 da = scaled(cl, di);
         axpy(da, c7, args);
-        P::store(DA + 9 * (3 * mu + j) * g.vol, x, row, da);
+        store(DA + 9 * (3 * mu + j) * g.vol, x, da);
         axpy(du, c3, di);
         axpy(du, c5, args);
     }
-    P::store(DU + 9 * mu * g.vol, x, row, du);
+    store(DU + 9 * mu * g.vol, x, du);
 }
 
 // stage 5, one thread per output link (lam, x): DU_lam(x) += sum_nu S_nu^T[DA_{lam,nu}](x) (the adjoint of
@@ -95,32 +67,24 @@ __device__ __forceinline__ void d_a(const double2 *U, const double2 *DF, const d
 // direction lam of the level's mu links (link_terms):
 //   S_lam[inner_{mu,lam}]_mu with D_F mu;  S_lam[U_mu]_mu with DA_{mu,lam};
 //   S_lam[c5 U_mu + c7 A_{mu,sigma}]_mu with DI_{mu,nu} for the two nu != mu, lam (sigma the fourth direction)
-// TERMS = G_TERMS | H_TERMS: all of it in one launch (svjp_links). Split (svjp_links_g, then svjp_links_h): the
-// first writes D_U with the adjoint and g terms, the second adds h^dag: the same sums, each accumulator alone in
-// registers, D_U read and written once more.
-template <int TERMS, bool ROWS>
-__device__ __forceinline__ void links(const double2 *U, const double2 *A, const double2 *inner, const double2 *DF,
-                                      const double2 *DI, const double2 *DA, double2 *DU, double c5, double c7,
-                                      int nx, int ny, int nz, int nt) {
-    typedef staple::Part<ROWS> P;
-    typedef typename P::T T;
+extern "C" __global__ void svjp_links(const double2 *__restrict__ U, const double2 *__restrict__ A,
+                                      const double2 *__restrict__ inner, const double2 *__restrict__ DF,
+                                      const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
+                                      double c5, double c7, int nx, int ny, int nz, int nt) {
     const lat::Box g = lat::whole(nx, ny, nz, nt);
     lat::Job w;
-    if (!lat::job<P::PER>(g, 4, w)) return;
-    const int lam = w.f, row = w.row;
+    if (!lat::job(g, 4, w)) return;
+    const int lam = w.f;
     const long x = w.x;
     const int *c = w.c;
     const long V9 = 9 * g.vol;
     const double2 *Ul = U + lam * V9;
-    T du = P::zero();                    // the g accumulator: D_U_lam(x) and the terms of A's adjoint (G_TERMS)
-    if (TERMS & G_TERMS) {
-        du = P::load(DU + lam * V9, x, row);
-        for (int j = 0; j < 3; ++j) {
-            const int nu = other(lam, j);
-            add(du, P::adj(g, c, x, U + nu * V9, nu, lam, DA + (3 * lam + j) * V9, row));
-        }
+    M3 du = load(DU + lam * V9, x);      // the g accumulator: D_U_lam(x) and the terms of A's adjoint
+    for (int j = 0; j < 3; ++j) {
+        const int nu = other(lam, j);
+        add(du, staple::adj(g, c, x, U + nu * V9, nu, lam, DA + (3 * lam + j) * V9));
     }
-    T h = P::zero();
+    M3 h = zero();
     #pragma unroll 1
     for (int k = 0; k < 3; ++k) {
         const int mu = other(lam, k);
@@ -129,73 +93,16 @@ __device__ __forceinline__ void links(const double2 *U, const double2 *A, const 
         const long xpm = lat::hop(g, c, mu, 1, lam, 0);
         const double2 *Um = U + mu * V9;
         const long pl = 3 * mu + slot(mu, lam);
-        link_terms<TERMS>(du, h, staple::arg(inner + pl * V9), DF + mu * V9, Ul, s, xpm, row);
-        link_terms<TERMS>(du, h, staple::arg(Um), DA + pl * V9, Ul, s, xpm, row);
+        link_terms(du, h, staple::arg(inner + pl * V9), DF + mu * V9, Ul, s, xpm);
+        link_terms(du, h, staple::arg(Um), DA + pl * V9, Ul, s, xpm);
         #pragma unroll 1
         for (int i = 0; i < 3; ++i) {
             const int nu = other(mu, i);
             if (nu == lam) continue;
             const double2 *As = A + (3 * mu + slot(mu, fourth(mu, nu, lam))) * V9;
-            link_terms<TERMS>(du, h, staple::arg(Um, c5, As, c7, c7 != 0.0), DI + (3 * mu + i) * V9, Ul, s, xpm,
-                              row);
+            link_terms(du, h, staple::arg(Um, c5, As, c7, c7 != 0.0), DI + (3 * mu + i) * V9, Ul, s, xpm);
         }
     }
-    if (TERMS == H_TERMS) du = P::load(DU + lam * V9, x, row);   // written by svjp_links_g
-    if (TERMS & H_TERMS) add_dag(du, h);
-    P::store(DU + lam * V9, x, row, du);
-}
-// the kernels: one thread per output matrix, and the _rows forms (three threads a matrix, one a row)
-extern "C" __global__ void ${BOUNDS}svjp_d_inner${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ DF, double2 *DI, int nx, int ny, int nz, int nt) {
-    d_inner<false>(U, DF, DI, nx, ny, nz, nt);
-}
-extern "C" __global__ void ${BOUNDS}svjp_d_a${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ DF, const double2 *__restrict__ DI, double2 *DA,
-        double2 *DU, double c1, double c3, double c5, double c7, double cl, int nx, int ny, int nz, int nt) {
-    d_a<false>(U, DF, DI, DA, DU, c1, c3, c5, c7, cl, nx, ny, nz, nt);
-}
-extern "C" __global__ void ${BOUNDS}svjp_links${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
-        const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
-        double c5, double c7, int nx, int ny, int nz, int nt) {
-    links<G_TERMS | H_TERMS, false>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
-}
-extern "C" __global__ void ${BOUNDS}svjp_links_g${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
-        const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
-        double c5, double c7, int nx, int ny, int nz, int nt) {
-    links<G_TERMS, false>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
-}
-extern "C" __global__ void ${BOUNDS}svjp_links_h${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
-        const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
-        double c5, double c7, int nx, int ny, int nz, int nt) {
-    links<H_TERMS, false>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
-}
-extern "C" __global__ void ${BOUNDS}svjp_d_inner_rows${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ DF, double2 *DI, int nx, int ny, int nz, int nt) {
-    d_inner<true>(U, DF, DI, nx, ny, nz, nt);
-}
-extern "C" __global__ void ${BOUNDS}svjp_d_a_rows${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ DF, const double2 *__restrict__ DI, double2 *DA,
-        double2 *DU, double c1, double c3, double c5, double c7, double cl, int nx, int ny, int nz, int nt) {
-    d_a<true>(U, DF, DI, DA, DU, c1, c3, c5, c7, cl, nx, ny, nz, nt);
-}
-extern "C" __global__ void ${BOUNDS}svjp_links_rows${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
-        const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
-        double c5, double c7, int nx, int ny, int nz, int nt) {
-    links<G_TERMS | H_TERMS, true>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
-}
-extern "C" __global__ void ${BOUNDS}svjp_links_g_rows${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
-        const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
-        double c5, double c7, int nx, int ny, int nz, int nt) {
-    links<G_TERMS, true>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
-}
-extern "C" __global__ void ${BOUNDS}svjp_links_h_rows${SUF}(
-        const double2 *__restrict__ U, const double2 *__restrict__ A, const double2 *__restrict__ inner,
-        const double2 *__restrict__ DF, const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
-        double c5, double c7, int nx, int ny, int nz, int nt) {
-    links<H_TERMS, true>(U, A, inner, DF, DI, DA, DU, c5, c7, nx, ny, nz, nt);
+    add_dag(du, h);
+    store(DU + lam * V9, x, du);
 }

@@ -123,118 +123,7 @@ __device__ __forceinline__ M3 zero() {
     for (int i = 0; i < 9; ++i) y.e[i] = make_double2(0.0, 0.0);
     return y;
 }
-// --- one row of a 3x3 matrix (V3: row i of M, e[k] = M_ik), for kernels that share a matrix among three threads:
-// row i of a product is the row of the same sums, term for term, as the full product above computes
-struct V3 { double2 e[3]; };
-__device__ __forceinline__ V3 load_row(const double2 *__restrict__ p, long site, int i) {
-    V3 v;
-    const double2 *q = p + 9 * site + 3 * i;
-    #pragma unroll
-    for (int k = 0; k < 3; ++k) v.e[k] = __ldg(q + k);
-    return v;
-}
-__device__ __forceinline__ V3 load_col(const double2 *__restrict__ p, long site, int i) {  // e[j] = M_ji
-    V3 v;
-    const double2 *q = p + 9 * site + i;
-    #pragma unroll
-    for (int j = 0; j < 3; ++j) v.e[j] = __ldg(q + 3 * j);
-    return v;
-}
-__device__ __forceinline__ void store_row(double2 *__restrict__ p, long site, int i, const V3 &v) {
-    double2 *q = p + 9 * site + 3 * i;
-    #pragma unroll
-    for (int k = 0; k < 3; ++k) q[k] = v.e[k];
-}
-__device__ __forceinline__ V3 nn(const V3 &a, const M3 &b) {  // row i of a b, a = row i of the left factor
-    V3 c;
-    #pragma unroll
-    for (int k = 0; k < 3; ++k) {
-        double2 s = cmul(a.e[0], b.e[k]);
-        s = cadd(s, cmul(a.e[1], b.e[3 + k]));
-        s = cadd(s, cmul(a.e[2], b.e[6 + k]));
-        c.e[k] = s;
-    }
-    return c;
-}
-__device__ __forceinline__ V3 nd(const V3 &a, const M3 &b) {  // row i of a b^dag
-    V3 c;
-    #pragma unroll
-    for (int k = 0; k < 3; ++k) {
-        double2 s = cmulc(a.e[0], b.e[3 * k]);
-        s = cadd(s, cmulc(a.e[1], b.e[3 * k + 1]));
-        s = cadd(s, cmulc(a.e[2], b.e[3 * k + 2]));
-        c.e[k] = s;
-    }
-    return c;
-}
-__device__ __forceinline__ V3 dn(const V3 &a, const M3 &b) {  // row i of a^dag b, a = column i of the left factor
-    V3 c;
-    #pragma unroll
-    for (int k = 0; k < 3; ++k) {
-        double2 s = ccmul(a.e[0], b.e[k]);
-        s = cadd(s, ccmul(a.e[1], b.e[3 + k]));
-        s = cadd(s, ccmul(a.e[2], b.e[6 + k]));
-        c.e[k] = s;
-    }
-    return c;
-}
-__device__ __forceinline__ void add(V3 &y, const V3 &x) {
-    #pragma unroll
-    for (int k = 0; k < 3; ++k) y.e[k] = cadd(y.e[k], x.e[k]);
-}
-__device__ __forceinline__ void axpy(V3 &y, double a, const V3 &x) {
-    #pragma unroll
-    for (int k = 0; k < 3; ++k) { y.e[k].x += a * x.e[k].x; y.e[k].y += a * x.e[k].y; }
-}
-__device__ __forceinline__ V3 scaled(double a, const V3 &x) {
-    V3 y;
-    #pragma unroll
-    for (int k = 0; k < 3; ++k) y.e[k] = make_double2(a * x.e[k].x, a * x.e[k].y);
-    return y;
-}
-__device__ __forceinline__ void mac(V3 &y, const V3 &a, const M3 &b) {  // y += a b: row i of mac's y += a b
-    #pragma unroll
-    for (int k = 0; k < 3; ++k) {
-        double2 s = y.e[k];
-        s = cadd(s, cmul(a.e[0], b.e[k]));
-        s = cadd(s, cmul(a.e[1], b.e[3 + k]));
-        s = cadd(s, cmul(a.e[2], b.e[6 + k]));
-        y.e[k] = s;
-    }
-}
-__device__ __forceinline__ V3 mv(const M3 &a, const V3 &v) {  // a v: column i of a b for v = column i of b
-    V3 c;
-    #pragma unroll
-    for (int k = 0; k < 3; ++k) {
-        double2 s = cmul(a.e[3 * k], v.e[0]);
-        s = cadd(s, cmul(a.e[3 * k + 1], v.e[1]));
-        s = cadd(s, cmul(a.e[3 * k + 2], v.e[2]));
-        c.e[k] = s;
-    }
-    return c;
-}
-__device__ __forceinline__ void mac(V3 &y, const M3 &a, const V3 &v) {  // y += a v: column i of mac's y += a b
-    #pragma unroll
-    for (int k = 0; k < 3; ++k) {
-        double2 s = y.e[k];
-        s = cadd(s, cmul(a.e[3 * k], v.e[0]));
-        s = cadd(s, cmul(a.e[3 * k + 1], v.e[1]));
-        s = cadd(s, cmul(a.e[3 * k + 2], v.e[2]));
-        y.e[k] = s;
-    }
-}
 __device__ __forceinline__ void add_dag(M3 &y, const M3 &h) { add(y, dag(h)); }  // y += h^dag
-// y += conj(v) elementwise: row i of y += h^dag for v = column i of h (add_dag's elements)
-__device__ __forceinline__ void add_dag(V3 &y, const V3 &v) {
-    #pragma unroll
-    for (int k = 0; k < 3; ++k) y.e[k] = cadd(y.e[k], make_double2(v.e[k].x, -v.e[k].y));
-}
-__device__ __forceinline__ V3 zero_row() {
-    V3 y;
-    #pragma unroll
-    for (int k = 0; k < 3; ++k) y.e[k] = make_double2(0.0, 0.0);
-    return y;
-}
 }  // namespace m3
 
 namespace lat {
@@ -291,21 +180,18 @@ __device__ __forceinline__ long hop(const Box &L, const int c[4], int d1, int s1
 __device__ __forceinline__ int other(int mu, int j) { return j < mu ? j : j + 1; }
 __device__ __forceinline__ int slot(int mu, int nu) { return nu < mu ? nu : nu - 1; }
 __device__ __forceinline__ int fourth(int mu, int nu, int rho) { return 6 - mu - nu - rho; }
-// what thread gid of a launch over `fields` fields of matrices, PER threads a matrix, works on: field f, site x
-// (coordinates c) and, PER = 3, the row of the matrix (thread 3 m + row); false past the end
+// what thread gid of a launch over `fields` fields of matrices, one thread a matrix, works on: field f, site x
+// (coordinates c); false past the end
 struct Job {
-    int f, row;
+    int f;
     long x;
     int c[4];
 };
-template <int PER>
 __device__ __forceinline__ bool job(const Box &L, int fields, Job &j) {
     const long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (gid >= PER * fields * L.vol) return false;
-    const long m = gid / PER;
-    j.row = gid - m * PER;
-    j.f = m / L.vol;
-    j.x = m - j.f * L.vol;
+    if (gid >= fields * L.vol) return false;
+    j.f = gid / L.vol;
+    j.x = gid - j.f * L.vol;
     coords(L, j.x, j.c);
     return true;
 }
@@ -341,15 +227,6 @@ __device__ __forceinline__ M3 fwd(const lat::Box &L, const int c[4], long x, con
     m3::add(r, m3::nn(m3::dn(m3::load(Un, xmn), at(X, xmn)), m3::load(Un, xmnpm)));
     return r;
 }
-// row i of S_nu[X]_mu(x): the same sums as fwd's row i
-__device__ __forceinline__ m3::V3 fwd_row(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu, int mu,
-                                          const Arg &X, int i) {
-    const long xpn = lat::hop(L, c, nu, 1, mu, 0), xpm = lat::hop(L, c, mu, 1, nu, 0);
-    const long xmn = lat::hop(L, c, nu, -1, mu, 0), xmnpm = lat::hop(L, c, nu, -1, mu, 1);
-    m3::V3 r = m3::nd(m3::nn(m3::load_row(Un, x, i), at(X, xpn)), m3::load(Un, xpm));
-    m3::add(r, m3::nn(m3::dn(m3::load_col(Un, xmn, i), at(X, xmn)), m3::load(Un, xmnpm)));
-    return r;
-}
 // the adjoint in X: S_nu^T[D](x) = U_nu(x-nu+mu)^dag D(x-nu) U_nu(x-nu) + U_nu(x+mu) D(x+nu) U_nu(x)^dag
 __device__ __forceinline__ M3 adj(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu, int mu,
                                   const double2 *D) {
@@ -359,63 +236,6 @@ __device__ __forceinline__ M3 adj(const lat::Box &L, const int c[4], long x, con
     m3::add(r, m3::nn(m3::load(Un, xpm), m3::nd(m3::load(D, xpn), m3::load(Un, x))));
     return r;
 }
-// row i of the adjoint: the same sums as adj's row i
-__device__ __forceinline__ m3::V3 adj_row(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu,
-                                          int mu, const double2 *D, int i) {
-    const long xpn = lat::hop(L, c, nu, 1, mu, 0), xpm = lat::hop(L, c, mu, 1, nu, 0);
-    const long xmn = lat::hop(L, c, nu, -1, mu, 0), xmnpm = lat::hop(L, c, nu, -1, mu, 1);
-    m3::V3 r = m3::dn(m3::load_col(Un, xmnpm, i), m3::nn(m3::load(D, xmn), m3::load(Un, xmn)));
-    m3::add(r, m3::nn(m3::load_row(Un, xpm, i), m3::nd(m3::load(D, xpn), m3::load(Un, x))));
-    return r;
-}
-// row i and column i of X at a site: at()'s elements
-__device__ __forceinline__ m3::V3 at_row(const Arg &X, long site, int i) {
-    m3::V3 m = m3::scaled(X.a1, m3::load_row(X.x1, site, i));
-    if (X.has2) m3::axpy(m, X.a2, m3::load_row(X.x2, site, i));
-    return m;
-}
-__device__ __forceinline__ m3::V3 at_col(const Arg &X, long site, int i) {
-    m3::V3 m = m3::scaled(X.a1, m3::load_col(X.x1, site, i));
-    if (X.has2) m3::axpy(m, X.a2, m3::load_col(X.x2, site, i));
-    return m;
-}
-// what one thread of a staged kernel computes of an output matrix: all of it (ROWS false: M3, PER 1) or row `row`
-// of it (ROWS true: V3, PER 3, the _rows kernels of force/kernels/hisq_staged*.cu); the same sums either way
-template <bool ROWS> struct Part;
-template <> struct Part<false> {
-    typedef M3 T;
-    static const int PER = 1;
-    static __device__ __forceinline__ M3 zero() { return m3::zero(); }
-    static __device__ __forceinline__ M3 load(const double2 *p, long site, int) { return m3::load(p, site); }
-    static __device__ __forceinline__ void store(double2 *p, long site, int, const M3 &m) { m3::store(p, site, m); }
-    static __device__ __forceinline__ M3 fwd(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu,
-                                             int mu, const Arg &X, int) {
-        return staple::fwd(L, c, x, Un, nu, mu, X);
-    }
-    static __device__ __forceinline__ M3 adj(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu,
-                                             int mu, const double2 *D, int) {
-        return staple::adj(L, c, x, Un, nu, mu, D);
-    }
-};
-template <> struct Part<true> {
-    typedef m3::V3 T;
-    static const int PER = 3;
-    static __device__ __forceinline__ m3::V3 zero() { return m3::zero_row(); }
-    static __device__ __forceinline__ m3::V3 load(const double2 *p, long site, int i) {
-        return m3::load_row(p, site, i);
-    }
-    static __device__ __forceinline__ void store(double2 *p, long site, int i, const m3::V3 &v) {
-        m3::store_row(p, site, i, v);
-    }
-    static __device__ __forceinline__ m3::V3 fwd(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu,
-                                                 int mu, const Arg &X, int i) {
-        return fwd_row(L, c, x, Un, nu, mu, X, i);
-    }
-    static __device__ __forceinline__ m3::V3 adj(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu,
-                                                 int mu, const double2 *D, int i) {
-        return adj_row(L, c, x, Un, nu, mu, D, i);
-    }
-};
 }  // namespace staple
 
 #endif  // HMC_COMMON_CUH

@@ -69,8 +69,7 @@ def test_intermediates_are_the_staples(geoms):
     u, _, _ = fields(cpu, 6)
     s = sm.StapleOperator(cpu, u)
     a = np.empty((12,) + u.shape[1:], dtype=u.dtype)
-    hisq_staged._fn(host.backend, "staged_a")(hisq_staged._grid(12 * cpu.local_volume), (hisq_staged.BLOCK,),
-                                              (u, a) + tuple(np.int32(n) for n in cpu.local_dims))
+    hisq_staged.launch(host, "hisq_staged.cu", "staged_a", 12 * cpu.local_volume, (u, a))
     for mu in range(4):
         for j, nu in enumerate(d for d in range(4) if d != mu):
             close(a[3 * mu + j], s(nu, mu, u[mu]), TOL)
