@@ -106,9 +106,6 @@ def add_arguments(p, backend: bool = True):
     g.add_argument("--mg-precision", default="double", choices=("double", "single", "half"),
                    help="precision of the preconditioner (K-cycle, smoothers, coarse operators, coarsest solve); "
                         "the outer GCR and its true residual stay double (default double)")
-    g.add_argument("--mg-half-rows", action="store_true",
-                   help="with --mg-precision half: the warp-per-row half kernel on coarse lattices under 2^17 rows "
-                        "(solvers/multigrid/half.py; default: one thread per row)")
 
 
 def finish_args(a):
@@ -146,8 +143,7 @@ def hierarchy_params(args, dims) -> dict:
     if coarsest == "auto" and coarse * 2 * nv[min(len(blocks), len(nv)) - 1] > LU_MAX_UNKNOWNS:
         coarsest = "gcr"        # a host sparse LU of a larger 4-d stencil fills in: minutes, not seconds
     return {"levels": len(blocks) + 2, "blocks": blocks, "nv": nv, "setup_iters": ints(args.mg_setup_iters),
-            "smoother_steps": ints(args.mg_smoother_steps), "coarsest": coarsest, "precision": args.mg_precision,
-            "half_rows": bool(getattr(args, "mg_half_rows", False))}
+            "smoother_steps": ints(args.mg_smoother_steps), "coarsest": coarsest, "precision": args.mg_precision}
 
 
 # ------------------------------------------------------------------------------------------------ output

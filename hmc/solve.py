@@ -5,7 +5,7 @@
               [--operator M|MdagM] [--solver cg|mixed|mg] [--tol T] [--maxiter N]
               [--mg-levels L] [--mg-block BX BY BZ BT ...] [--mg-nv N ...] [--mg-setup-iters N ...]
               [--mg-smoother-steps N ...] [--mg-coarsest auto|lu|gcr] [--mg-precision double|single|half]
-              [--mg-half-rows] [--no-mg-batch] [--no-mg-compare]
+              [--no-mg-batch] [--no-mg-compare]
               [--time-bc antiperiodic|periodic] [--reunitarize | --no-reunitarize]
               [--out FILE [--out-precision 32|64] [--ksprop]] [--check REFERENCE] [--json] [--no-progress]
 

@@ -38,9 +38,6 @@ def add_mg_args(p, compare: bool = True) -> None:
     g.add_argument("--mg-precision", choices=("double", "single", "half"), default="double",
                    help="precision of the preconditioner (K-cycle, smoothers, coarse operators, coarsest solve); the "
                         "outer GCR and its true residual stay double (default double)")
-    g.add_argument("--mg-half-rows", action="store_true",
-                   help="with --mg-precision half: the warp-per-row half kernel on the small coarse lattices "
-                        "(solvers/multigrid/half.py; default: one thread per row on every level)")
     g.add_argument("--mg-batch", action=argparse.BooleanOptionalAction, default=True,
                    help="several sources (the three colours): one set-up, solved together by the batched multigrid "
                         "solve (default); --no-mg-batch: one after another on the same set-up")
@@ -57,7 +54,6 @@ def mg_options(args) -> dict:
             "nv": list(getattr(args, "mg_nv", [48])), "setup_iters": list(getattr(args, "mg_setup_iters", [50])),
             "smoother_steps": list(getattr(args, "mg_smoother_steps", [0, 4])),
             "coarsest": getattr(args, "mg_coarsest", "auto"), "precision": getattr(args, "mg_precision", "double"),
-            "half_rows": bool(getattr(args, "mg_half_rows", False)),
             "compare": getattr(args, "mg_compare", False), "batch": getattr(args, "mg_batch", True)}
 
 
@@ -126,8 +122,7 @@ def single_result(inv, D, b, x, st) -> dict:
 
 def params_dict(p) -> dict:
     return {"levels": p.levels, "blocks": [list(b) for b in p.blocks], "nv": list(p.nv),
-            "setup_iters": list(p.setup_iters), "smoother_steps": list(p.smoother_steps), "precision": p.precision,
-            "half_rows": p.half_rows}
+            "setup_iters": list(p.setup_iters), "smoother_steps": list(p.smoother_steps), "precision": p.precision}
 
 
 def batched_result(inv, D, sources, progress=None):

@@ -35,7 +35,6 @@ class MultigridParams:
     seed: int = 2024
     raise_on_fail: bool = True
     precision: str = "double"
-    half_rows: bool = False
 
     def per_level(self, values, l: int, what: str):
         """The value of a per-aggregation-level parameter for aggregation level l (2, 3, ...): the last entry

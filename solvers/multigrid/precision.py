@@ -95,9 +95,7 @@ class CycleLevels:
         else:
             lvl = h.ops[1]
             self.ops = [None, LevelOperator(M, lvl.stencil.converted(dtype), self.kd, lvl.counter)]
-            rows = h.params.half_rows
-            coarse = (lambda op: HalfCoarseOperator(op, rows=rows)) if precision == "half" else \
-                (lambda op: op.converted(dtype))
+            coarse = HalfCoarseOperator if precision == "half" else (lambda op: op.converted(dtype))
             self.ops += [coarse(op) for op in h.ops[2:]]
             self.transfers = [tr.converted(dtype) for tr in h.transfers]
         self.lu = None

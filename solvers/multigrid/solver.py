@@ -54,7 +54,7 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
               refresh_iters: int = 10, smoother_steps=(0, 4), kcycle_tol: float = 0.05, kcycle_maxiter: int = 20,
               coarsest: str = "auto", coarsest_tol: float = 0.25, coarsest_maxiter: int = 100, nkrylov: int = 32,
               kd: bool = True, seed: int = 2024, raise_on_fail: bool = True, precision: str = "double",
-              half_rows: bool = False, subspace=None, refresh_every: int | None = None):
+              subspace=None, refresh_every: int | None = None):
     """``multigrid(tol, ...)(M)``: M^-1 for a :class:`solvers.StaggeredMatrix` M = 2m + D, as an operator
     (:class:`MultigridInverse`): ``x = inv(b)``, ``x, stats = inv.solve(b)``.
 
@@ -77,8 +77,6 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
     * ``precision``: of the preconditioner, "double", "single" (complex64 copies of X^-1, the near-null vectors,
       the coarse stencils and M's links; the outer GCR and the true residual stay double: :mod:`.precision`) or
       "half" (single, with the coarse stencils in 16-bit integers with a scale: :mod:`.half`);
-    * ``half_rows``: with "half", the coarse lattices of fewer than :data:`.half.ROWS_MAX` rows get the
-      warp-per-row half kernel (their stencils stored row by row: :mod:`.half`); default off (one thread per row);
     * ``subspace``: a :class:`Subspace` to share (near-null vectors of another mass: ``inv.subspace``);
     * ``refresh_every``: the new subspace's rule for new links (:class:`Subspace`: None refreshes the vectors on
       every link update, N >= 1 every N epochs with thin updates between, 0 never).
@@ -92,7 +90,7 @@ def multigrid(tol: float = 1e-10, maxiter: int = 200, *, levels: int = 3, blocks
                              else (smoother_steps,),
                              kcycle_tol=kcycle_tol, kcycle_maxiter=kcycle_maxiter, coarsest=coarsest,
                              coarsest_tol=coarsest_tol, coarsest_maxiter=coarsest_maxiter, nkrylov=nkrylov, kd=kd,
-                             seed=seed, raise_on_fail=raise_on_fail, precision=precision, half_rows=bool(half_rows))
+                             seed=seed, raise_on_fail=raise_on_fail, precision=precision)
     if subspace is None:
         return lambda M: MultigridInverse(M, params, refresh_every=refresh_every)
     if refresh_every is not None:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from lattice import Geometry, cuda_source
+from lattice import Geometry
 from lattice.backend import Backend
 from solvers import StaggeredDslash, norm2
 from solvers.multigrid import cuda as mgcuda
@@ -70,42 +70,6 @@ def test_half_kernel_on_the_host_equals_twin():
         assert rel(got, half.stencil_reference(h.Yq, h.scale, v, nb)) < 1e-6
 
 
-def test_row_layout_decodes_to_the_same_stencil(monkeypatch):
-    """``rows`` stores each block as it is (not transposed): the same decoded stencil, the same operator."""
-    op = coarse_op()
-    cols, rows = half.HalfCoarseOperator(op), half.HalfCoarseOperator(op, rows=True)
-    assert rows.rows and not cols.rows
-    assert np.array_equal(rows.Yq, np.swapaxes(cols.Yq, -3, -2)) and np.array_equal(rows.Y, cols.Y)
-    nb = mgcuda.neighbour_table(op.geom)
-    v = crandn(np.random.default_rng(5), op.shape + (2,)).astype(np.complex64)
-    assert rel(half.stencil_reference(rows.Yq, rows.scale, v, nb, rows=True),
-               half.stencil_reference(cols.Yq, cols.scale, v, nb)) < 1e-6
-    rows_here = int(np.prod(op.geom.shape)) * op.n
-    monkeypatch.setattr(half, "ROWS_MAX", rows_here)             # a lattice of ROWS_MAX rows keeps the old layout
-    assert not half.HalfCoarseOperator(op, rows=True).rows
-    monkeypatch.setattr(half, "ROWS_MAX", rows_here + 1)
-    assert half.HalfCoarseOperator(op, rows=True).rows
-
-
-@needs_gxx
-def test_half_row_kernel_on_the_host_equals_twin():
-    """The warp-per-row kernel with one lane per output (the host build runs one thread at a time): its row-layout
-    indexing and decoding against the twin, 1, 2 and TILE + 2 columns; TILE is the kernel's HALF_TILE."""
-    if gpu_available():
-        pytest.skip("the GPU test covers it")
-    op = coarse_op(n=5)
-    h = half.HalfCoarseOperator(op, rows=True)
-    be = Backend("cupy", FakeCuPy())
-    nb = mgcuda.neighbour_table(op.geom)
-    rng = np.random.default_rng(6)
-    for shape in (op.shape, op.shape + (2,), op.shape + (half.TILE + 2,)):      # one tile, part of one, two
-        v = np.ascontiguousarray(crandn(rng, shape).astype(np.complex64))
-        got = half.stencil(be, h.Yq, h.scale, v, nb, rows=True, lanes=1)
-        assert rel(got, half.stencil_reference(h.Yq, h.scale, v, nb, rows=True)) < 1e-6
-    src = cuda_source.kernel_file("solvers.multigrid", "coarse_half.cu").read_text()
-    assert f"#define HALF_TILE {half.TILE}\n" in src
-
-
 @pytest.fixture(scope="module")
 def l8888():
     from force.hisq_links import hisq_links
@@ -128,38 +92,6 @@ def test_half_solve_meets_the_tolerance_within_a_few_outer_iterations(l8888):
         assert math.sqrt(norm2(M.geom, b - M(x)) / norm2(M.geom, b)) <= 1e-10
         out[prec] = st.iters
     assert abs(out["half"] - out["double"]) <= 3, out
-
-
-@pytest.mark.gpu
-def test_gpu_half_row_kernel_and_solve(l8888):
-    """On CuPy the warp-per-row half kernel (32 lanes) equals its twin (1, 3 and 12 columns), and a half_rows solve
-    (coarsest level by GCR, so its 2^4 x 16 stencil goes through the kernel) meets the tolerance within 2 outer
-    iterations of the one-thread-per-row half solve."""
-    import cupy as cp
-
-    from lattice import get_backend
-
-    op = coarse_op(n=48)
-    h = half.HalfCoarseOperator(op, rows=True)
-    be = get_backend("cupy")
-    nb = cp.asarray(mgcuda.neighbour_table(op.geom))
-    rng = np.random.default_rng(7)
-    for shape in (op.shape, op.shape + (3,), op.shape + (12,)):
-        v = crandn(rng, shape).astype(np.complex64)
-        got = half.stencil(be, cp.asarray(h.Yq), cp.asarray(h.scale), cp.asarray(v), nb, rows=True)
-        assert rel(got.get(), half.stencil_reference(h.Yq, h.scale, v, nb.get(), rows=True)) < 1e-6
-    links, D = l8888
-    geom = Geometry(tuple(D.geom.dims), be)
-    Dg = StaggeredDslash(geom, cp.asarray(links.fat), cp.asarray(links.long))
-    b = cp.asarray(random_field(D.geom, np.random.default_rng(3)))
-    iters = {}
-    for rows in (False, True):
-        inv = multigrid(1e-10, nv=8, setup_iters=20, precision="half", half_rows=rows, coarsest="gcr")(
-            Dg.matrix(0.01))                                     # GCR: the coarsest stencil is applied, by the kernel
-        _, st = inv.solve(b)
-        assert st.converged and inv.hierarchy.cycle.ops[2].rows == rows
-        iters[rows] = st.iters
-    assert abs(iters[True] - iters[False]) <= 2, iters
 
 
 @pytest.mark.gpu
