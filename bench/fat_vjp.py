@@ -1,8 +1,9 @@
 """``hmc bench fat-vjp``: one evaluation of the HISQ fat-link chain rule D_U = F'[U; c]^T D_F
 (:func:`force.smearing_derivative.fat_link_vjp`) timed for each implementation that serves the lattice: on one GPU
 the per-direction kernels (:func:`force.hisq_cuda.fat_link_vjp`, 24 launches per direction) and the staged ones
-(:mod:`force.hisq_staged_vjp`, five launches), their results compared, and each time set against the staged
-floor model (:data:`force.hisq_staged_vjp.BYTES_PER_SITE` bytes a site at the measured copy bandwidth,
+(:mod:`force.hisq_staged_vjp`, five launches), and the staged ones reusing the intermediates of a staged build of
+the same links (``staged_kept``, three launches: the force's case, :attr:`force.hisq_links.FermionLinks.kept`),
+their results compared, and each time set against the staged floor model (:data:`force.hisq_staged_vjp.BYTES_PER_SITE` bytes a site at the measured copy bandwidth,
 :func:`bench.gauge.copy_bandwidth`). On the CPU the array twin alone runs."""
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ def _inputs(geom):
 
 
 def _variants(backend) -> dict:
-    """The staged switch per timed variant: both kernels on a GPU, the twin (switch irrelevant) on the CPU."""
-    return {"per_direction": False, "staged": True} if backend.is_gpu else {"array": False}
+    """(staged switch, intermediates kept) per timed variant: the kernels on a GPU, the twin on the CPU."""
+    if not backend.is_gpu:
+        return {"array": (False, False)}
+    return {"per_direction": (False, False), "staged": (True, False), "staged_kept": (True, True)}
 
 
 def bench_fat_vjp(args) -> dict:
@@ -45,17 +48,22 @@ def bench_fat_vjp(args) -> dict:
     results = {}
     old = staged.set_enabled(None)
     try:
-        for name, on in _variants(backend).items():
+        for name, (on, keep) in _variants(backend).items():
             staged.set_enabled(on)
-            impl = choose("hisq.fat_link_vjp", geom, c=c).fn.__qualname__
-            t = _timed(backend, lambda: sd.fat_link_vjp(geom, u, c, d), args.repeat)
-            results[name] = sd.fat_link_vjp(geom, u, c, d)
+            kept = {}
+            if keep:
+                sm.fat_link(geom, u, c, kept)      # a staged build of the same links leaves its intermediates
+            impl = choose("hisq.fat_link_vjp", geom, c=c).fn.__qualname__ + (", kept" if kept else "")
+            t = _timed(backend, lambda kept=kept: sd.fat_link_vjp(geom, u, c, d, kept), args.repeat)
+            results[name] = sd.fat_link_vjp(geom, u, c, d, kept)
             out["variants"][name] = {"implementation": impl, "s": t, "fraction_of_floor": floor_s / t}
     finally:
         staged.set_enabled(old)
-    if len(results) == 2:
-        a, b = (backend.to_numpy(r) for r in results.values())
-        out["staged_vs_per_direction_rel"] = float(np.abs(a - b).max() / np.abs(b).max())
+    if "per_direction" in results:
+        ref = backend.to_numpy(results["per_direction"])
+        out["staged_vs_per_direction_rel"] = float(np.abs(backend.to_numpy(results["staged"]) - ref).max()
+                                                   / np.abs(ref).max())
+        out["kept_equals_staged"] = bool((results["staged_kept"] == results["staged"]).all())
     if not args.json:
         _print(out)
     return out
@@ -68,4 +76,5 @@ def _print(out):
         print(f"  {name:14s} {v['s'] * 1e3:10.3f} ms  {100 * v['fraction_of_floor']:6.1f}% of floor  "
               f"({v['implementation']})")
     if "staged_vs_per_direction_rel" in out:
-        print(f"  max |staged - per-direction| / max |per-direction| = {out['staged_vs_per_direction_rel']:.2e}")
+        print(f"  max |staged - per-direction| / max |per-direction| = {out['staged_vs_per_direction_rel']:.2e}; "
+              f"staged_kept {'==' if out['kept_equals_staged'] else '!='} staged bit for bit")

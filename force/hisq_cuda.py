@@ -471,12 +471,12 @@ def _long_staples(geom, c) -> bool:
 
 
 @implements("hisq.fat_link", *_UNPADDED, switch=SWITCH, fits=_whole(_long_staples))
-def _fat_link_unpadded(geom, links, c):
+def _fat_link_unpadded(geom, links, c, keep=None):
     return fat_link(geom, links, c)
 
 
 @implements("hisq.fat_link", Placement.PADDED, switch=SWITCH, fits=_long_staples, depth=fat_depth)
-def _fat_link_padded(geom, links, c):
+def _fat_link_padded(geom, links, c, keep=None):
     return fat_link(geom, None, c, pad(geom, links, fat_depth(c)))
 
 
@@ -495,19 +495,19 @@ def _smear_depth(c) -> int:
 
 
 @implements("hisq.smear", Placement.PADDED, switch=SWITCH, fits=_long_staples, depth=_smear_depth)
-def _smear_padded(geom, links, c):
+def _smear_padded(geom, links, c, keep=None):
     """Both levels from one padding, to the deeper of their depths."""
     box = pad(geom, links, _smear_depth(c))
     return fat_link(geom, None, c, box), naik_link(geom, None, c.naik, box)
 
 
 @implements("hisq.fat_link_vjp", *_UNPADDED, switch=SWITCH, fits=_whole(_long_staples))
-def _fat_link_vjp_unpadded(geom, links, c, d_fat):
+def _fat_link_vjp_unpadded(geom, links, c, d_fat, kept=None):
     return fat_link_vjp(geom, links, c, d_fat)
 
 
 @implements("hisq.fat_link_vjp", Placement.PADDED, switch=SWITCH, fits=_long_staples, depth=VJP_DEPTH)
-def _fat_link_vjp_padded(geom, links, c, d_fat):
+def _fat_link_vjp_padded(geom, links, c, d_fat, kept=None):
     return fat_link_vjp(geom, None, c, None, box=pad(geom, links, VJP_DEPTH), d_box=pad(geom, d_fat, VJP_DEPTH))
 
 

@@ -138,9 +138,10 @@ def _add_outer_products_array(geom, zs, coeffs, fat_acc, long_acc):
         long_acc[mu] += geom.shift(z, mu, 3) @ zc
 
 
-def hisq_level2_vjp(geom, w, fat_outer, long_outer, time_bc: str = "antiperiodic"):
+def hisq_level2_vjp(geom, w, fat_outer, long_outer, time_bc: str = "antiperiodic", kept: dict | None = None):
     """Steps 0-1: the link derivative D_W of S with respect to the (unphased) W, from the outer products of the
-    phased links of every epsilon group (``fat_outer``, ``long_outer``: {eps: field} or one field for eps = 0)."""
+    phased links of every epsilon group (``fat_outer``, ``long_outer``: {eps: field} or one field for eps = 0).
+    ``kept``: the smearing's intermediates (:attr:`force.hisq_links.FermionLinks.kept`) for the chain rule."""
     xp = geom.xp
     fat_g = _as_groups(fat_outer)
     long_g = _as_groups(long_outer)
@@ -148,7 +149,7 @@ def hisq_level2_vjp(geom, w, fat_outer, long_outer, time_bc: str = "antiperiodic
     if fat_g:
         eta = _phases.staggered_phases(geom, time_bc)
         d_x0 = _summed(xp, w, [(1.0, f) for f in fat_g.values()])
-        d_w += fat_link_vjp(geom, w, HISQ_LEVEL2, _phases.apply_phases(d_x0, eta))
+        d_w += fat_link_vjp(geom, w, HISQ_LEVEL2, _phases.apply_phases(d_x0, eta), kept)
         if any(e != 0.0 for e in fat_g):
             d_x1 = _summed(xp, w, [(e, f) for e, f in fat_g.items()])
             d_w += HISQ_EPS_CORRECTION.one_link * _phases.apply_phases(d_x1, eta)
@@ -166,24 +167,26 @@ def hisq_force_terms(u: GaugeField, fat_outer, long_outer, time_bc: str = "antip
 
     u: the unphased gauge field; fat_outer, long_outer: {eps: outer-product field} (or one field for eps = 0);
     force_filter: MILC's 5e-5 (None: exact derivative everywhere); links: FermionLinks of ``u`` (any epsilon)
-    whose V, Y and W are reused instead of recomputing level 1 (they fix the group); ``group`` (u3 or su3) and
-    ``unitarize_options`` go to :func:`force.hisq_links.hisq_level1` otherwise."""
+    whose V, Y and W are reused instead of recomputing level 1 (they fix the group), and whose kept smearing
+    intermediates the two chain rules reuse (the same values; docs/perf-notes.md "Kept forward intermediates");
+    ``group`` (u3 or su3) and ``unitarize_options`` go to :func:`force.hisq_links.hisq_level1` otherwise."""
     _phases.check_time_bc(time_bc)
     check_group(group)
     geom = u.geom
+    kept = None
     if links is not None and links.V is not None and links.W is not None:
-        v, w = links.V, links.W
+        v, w, kept = links.V, links.W, links.kept
         y = links.Y if links.Y is not None else w
         group = "u3" if links.Y is None else "su3"
     else:
         v, y, w, _ = hisq_level1(u, group=group, **unitarize_options)
-    d_w = hisq_level2_vjp(geom, w, fat_outer, long_outer, time_bc)
+    d_w = hisq_level2_vjp(geom, w, fat_outer, long_outer, time_bc, kept)
     d_y = d_w if group == "u3" else su3_projection_vjp(y, d_w)
     d_v, info = u3_unitarize_vjp(v, d_y, force_filter, config=geom.config)
     info.n_filtered = int(geom.grid.sum(info.n_filtered))
     info.n = int(geom.grid.sum(info.n))
     info.min_eigenvalue = _global_min(geom, info.min_eigenvalue)
-    d_u = fat_link_vjp(geom, u.links, FAT7, d_v)
+    d_u = fat_link_vjp(geom, u.links, FAT7, d_v, kept)
     return HisqForceTerms(d_w=d_w, d_v=d_v, d_u=d_u, pdot=momentum_derivative(u.links, d_u, geom.config),
                           filter=info)
 

@@ -51,6 +51,9 @@ class FermionLinks:
     (shared, not copied, between the links of several epsilons). unitarize: diagnostics of the projection.
     Y: HISQ with the SU(3) group only: the U(3) projection of V, of which W is the SU(3) projection (None when W
     is the U(3) projection itself).
+    kept: HISQ only: the forward intermediates of the two smearing levels, ``{FAT7: ..., HISQ_LEVEL2: ...}``, where
+    the staged kernels built them (:func:`force.smearing.fat_link`'s ``keep``; empty otherwise), shared like V and
+    W; the force's chain rule of these links reuses them (:func:`force.hisq_force.hisq_force_terms`).
     """
 
     fat: object
@@ -68,6 +71,7 @@ class FermionLinks:
     unitarize: UnitarizeInfo | None = None
     extra: dict = field(default_factory=dict)
     Y: object = None
+    kept: dict = field(default_factory=dict)
 
     def unphased_fat(self):
         """X_mu(x), the fat link with the phases and BC signs removed."""
@@ -94,13 +98,13 @@ def check_group(group: str) -> None:
 
 
 def hisq_level1(u: GaugeField, *, group: str = "u3", allow_svd: bool = True, svd_rel_error: float = SVD_REL_ERROR,
-                svd_abs_error: float = SVD_ABS_ERROR):
+                svd_abs_error: float = SVD_ABS_ERROR, keep: dict | None = None):
     """(V, Y, W, UnitarizeInfo): the fat7 link V = F[U; FAT7], its U(3) projection Y and the link W the second level
     smears: W = Y (``group="u3"``) or W = Y det(Y)^(-1/3) (``"su3"``); all unphased. The info's n_svd and
-    min_eigenvalue are global (summed / minimized over ranks)."""
+    min_eigenvalue are global (summed / minimized over ranks). ``keep``: as for :func:`force.smearing.fat_link`."""
     check_group(group)
     geom = u.geom
-    v = fat_link(geom, u.links, FAT7)
+    v = fat_link(geom, u.links, FAT7, keep)
     y, info = u3_unitarize(v, allow_svd=allow_svd, svd_rel_error=svd_rel_error, svd_abs_error=svd_abs_error,
                            config=geom.config)
     info.n_svd = int(geom.grid.sum(info.n_svd))
@@ -120,8 +124,9 @@ def hisq_links_multi(u: GaugeField, eps_list=(0.0,), time_bc: str = "antiperiodi
     _phases.check_time_bc(time_bc)
     geom = u.geom
     eps_list = [float(e) for e in eps_list]
-    v, y, w, info = hisq_level1(u, group=group, **unitarize_options)
-    x0, l0 = smear(geom, w, HISQ_LEVEL2)   # L_0 = -1/24 W W W; W padded once for both on a GPU grid
+    kept = {}                              # the staged kernels' intermediates of both levels, for the force
+    v, y, w, info = hisq_level1(u, group=group, keep=kept, **unitarize_options)
+    x0, l0 = smear(geom, w, HISQ_LEVEL2, kept)   # L_0 = -1/24 W W W; W padded once for both on a GPU grid
     eta = _phases.staggered_phases(geom, time_bc)
     eta_long = _phases.naik_phases(geom, time_bc)
     out = []
@@ -134,7 +139,7 @@ def hisq_links_multi(u: GaugeField, eps_list=(0.0,), time_bc: str = "antiperiodi
         out.append(FermionLinks(fat=_phases.apply_phases(x, eta), long=_phases.apply_phases(l, eta_long),
                                 geom=geom, action="hisq", time_bc=time_bc,
                                 coefficients=hisq_level2_coefficients(eps), eta=eta, eta_long=eta_long, eps=eps,
-                                V=v, W=w, unitarize=info, Y=None if group == "u3" else y))
+                                V=v, W=w, unitarize=info, Y=None if group == "u3" else y, kept=kept))
     return out
 
 

@@ -42,6 +42,8 @@ host-compiled; tests/force/test_hisq_staged_gpu.py on the device).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from lattice import cuda_source
@@ -103,14 +105,34 @@ def forward(geom, u, c):
     return a, inner
 
 
-def fat_link(geom, links, c):
+@dataclass(frozen=True)
+class Kept:
+    """The intermediates (A, inner) of one staged build of F[links; c], kept for the chain rule of the same links
+    (:func:`force.hisq_staged_vjp.fat_link_vjp`, which otherwise recomputes them with the same kernels: bitwise the
+    same). ``links``: the very array the build read; :meth:`serves` holds only for it (and ``c``), so a kept set is
+    used where the caller's links are that object, as the force's links are those just smeared
+    (:class:`force.hisq_links.FermionLinks` keeps them: docs/perf-notes.md "Kept forward intermediates")."""
+
+    links: object
+    c: object
+    a: object
+    inner: object
+
+    def serves(self, links, c) -> bool:
+        return self.links is links and self.c == c
+
+
+def fat_link(geom, links, c, keep: dict | None = None):
     """F[U; c] for the whole lattice on one GPU in three launches (module docstring); ``links`` (4, nt, nz, ny, nx,
-    3, 3), unphased, as :func:`force.smearing.fat_link` takes them."""
+    3, 3), unphased, as :func:`force.smearing.fat_link` takes them. ``keep``: a dict that receives the build's
+    intermediates, ``keep[c] = Kept(...)`` (:class:`Kept`: 24 link matrices a site, 3.6 GB at 32^4)."""
     cp = geom.xp
     u = links if links.flags.c_contiguous else cp.ascontiguousarray(links)
-    _, inner = forward(geom, u, c)
+    a, inner = forward(geom, u, c)
     out = cp.empty_like(u)
     _launch(geom, "staged_fat", 4 * geom.local_volume, (u, inner, out, np.float64(c.one_link - 6.0 * c.lepage)))
+    if keep is not None:
+        keep[c] = Kept(links, c, a, inner)
     return out
 
 
@@ -122,5 +144,5 @@ def _serves(geom, c) -> bool:
 
 @implements("hisq.fat_link", Placement.WHOLE, Placement.DISTRIBUTED, switch=(SWITCH, hisq_cuda.SWITCH), fits=_serves,
             priority=1)
-def _fat_link_staged(geom, links, c):
-    return fat_link(geom, links, c)
+def _fat_link_staged(geom, links, c, keep=None):
+    return fat_link(geom, links, c, keep)

@@ -25,7 +25,9 @@ The floor model (M = 144 bytes, one complex128 3x3 matrix; each matrix read once
 re-reads from cache), bytes per site: stage 1 reads U and writes A: 16 M; 2 reads U, A and writes inner: 28 M;
 3 reads U, D_F and writes D_inner: 20 M; 4 reads U, D_F, D_inner and writes D_a, D_U: 36 M; 5 reads U, A, inner,
 D_F, D_inner, D_a, D_U and writes D_U: 64 M. In all 164 M = 23616 bytes a site (:data:`BYTES_PER_SITE`), 24.8 GB
-at 32^4; the intermediates take 48 M a site of device memory (7.2 GiB at 32^4).
+at 32^4; the intermediates take 48 M a site of device memory (7.2 GiB at 32^4). Where a staged build of the same
+links kept A and inner (``kept``, :class:`force.hisq_staged.Kept`: the force's case), stages 1 and 2 are not run:
+120 M a site (docs/perf-notes.md "Kept forward intermediates").
 
 Registered ahead of the per-direction kernels (priority 1) for the whole lattice on one GPU, behind the run
 configuration's ``hisq_staged_vjp`` (HMC_HISQ_STAGED_VJP, default on; 0: the per-direction kernels) and the
@@ -65,13 +67,17 @@ def _launch(geom, name, matrices, args):
     hisq_staged.launch(geom, KERNEL_FILE, name, matrices, args)
 
 
-def fat_link_vjp(geom, links, c, d_fat):
+def fat_link_vjp(geom, links, c, d_fat, kept: dict | None = None):
     """D_U through F[U; c] (:func:`force.smearing_derivative.fat_link_vjp`) for the whole lattice on one GPU: the
-    five launches of the module docstring. ``links``, ``d_fat``: (4, nt, nz, ny, nx, 3, 3) device arrays."""
+    five launches of the module docstring. ``links``, ``d_fat``: (4, nt, nz, ny, nx, 3, 3) device arrays.
+    ``kept``: the intermediates a staged build left (``{c: force.hisq_staged.Kept}``,
+    :func:`force.hisq_staged.fat_link`); where one :meth:`~force.hisq_staged.Kept.serves` these links and ``c``, stages 1 and 2 are not run again (the
+    same A and inner, bit for bit: 44 of the 164 matrices a site of the model)."""
     cp = geom.xp
     u = cp.ascontiguousarray(links)
     d_f = cp.ascontiguousarray(d_fat)
-    a, inner = hisq_staged.forward(geom, u, c)
+    k = None if kept is None else kept.get(c)
+    a, inner = (k.a, k.inner) if k is not None and k.serves(links, c) else hisq_staged.forward(geom, u, c)
     d_inner, d_a = cp.empty_like(a), cp.empty_like(a)
     d_u = cp.empty_like(u)
     f64 = np.float64
@@ -89,5 +95,5 @@ def _serves(geom, c, **_) -> bool:
 
 
 @implements("hisq.fat_link_vjp", Placement.WHOLE, Placement.DISTRIBUTED, switch=SWITCH, fits=_serves, priority=1)
-def _fat_link_vjp_staged(geom, links, c, d_fat):
-    return fat_link_vjp(geom, links, c, d_fat)
+def _fat_link_vjp_staged(geom, links, c, d_fat, kept=None):
+    return fat_link_vjp(geom, links, c, d_fat, kept)

@@ -142,18 +142,22 @@ class StapleOperator:
         return up + geom.shift(down, nu, -1)
 
 
-def fat_link(geom, links, c: PathCoefficients):
+def fat_link(geom, links, c: PathCoefficients, keep: dict | None = None):
     """F[U; c1, c3, c5, c7, cL] for all four directions: an array like ``links`` (4, nt, nz, ny, nx, 3, 3).
 
     ``links`` are unphased (phases removed); the Naik coefficient of ``c`` is ignored (see :func:`naik_link`).
-    On one GPU this is :func:`force.hisq_cuda.fat_link` (same sums, one kernel per staple); on GPUs sharing a
-    partitioned lattice the same kernels run on links halo-padded by :func:`force.hisq_cuda.fat_depth` sites
-    (:func:`force.hisq_cuda.pad`: one exchange per partitioned dimension instead of the staples' shifts)."""
-    return lookup("hisq.fat_link", geom, c=c)(geom, links, c)
+    On one GPU this is :func:`force.hisq_staged.fat_link` (three launches over all directions) or
+    :func:`force.hisq_cuda.fat_link` (same sums, one kernel per staple); on GPUs sharing a partitioned lattice the
+    per-staple kernels run on links halo-padded by :func:`force.hisq_cuda.fat_depth` sites
+    (:func:`force.hisq_cuda.pad`: one exchange per partitioned dimension instead of the staples' shifts).
+    ``keep``: a dict into which an implementation whose chain rule can reuse its intermediates puts them
+    (``keep[c]``: the staged kernels, :class:`force.hisq_staged.Kept`); give it to
+    :func:`force.smearing_derivative.fat_link_vjp` of the same links as ``kept``. The others leave it alone."""
+    return lookup("hisq.fat_link", geom, c=c)(geom, links, c, keep)
 
 
 @implements("hisq.fat_link", Placement.ARRAY)
-def _fat_link_array(geom, links, c: PathCoefficients):
+def _fat_link_array(geom, links, c: PathCoefficients, keep=None):
     xp = geom.xp
     s = StapleOperator(geom, links)
     out = xp.empty_like(links)
@@ -200,13 +204,13 @@ def _naik_link_array(geom, links, coeff: float):
     return out
 
 
-def smear(geom, links, c: PathCoefficients):
+def smear(geom, links, c: PathCoefficients, keep: dict | None = None):
     """(fat, long) = (F[U; c], c.naik U U U), both unphased. On a partitioned lattice of GPUs the links are
-    halo-padded once, to the deeper of the two levels' depths, for both kernels."""
-    return lookup("hisq.smear", geom, c=c)(geom, links, c)
+    halo-padded once, to the deeper of the two levels' depths, for both kernels. ``keep``: as for :func:`fat_link`."""
+    return lookup("hisq.smear", geom, c=c)(geom, links, c, keep)
 
 
 @implements("hisq.smear", Placement.ARRAY)
-def _smear_apart(geom, links, c: PathCoefficients):
+def _smear_apart(geom, links, c: PathCoefficients, keep=None):
     """Each level on its own (each choosing its kernel)."""
-    return fat_link(geom, links, c), naik_link(geom, links, c.naik)
+    return fat_link(geom, links, c, keep), naik_link(geom, links, c.naik)

@@ -105,19 +105,20 @@ class StapleAdjoint(StapleOperator):
         return out
 
 
-def fat_link_vjp(geom, links, c: PathCoefficients, d_fat):
+def fat_link_vjp(geom, links, c: PathCoefficients, d_fat, kept: dict | None = None):
     """The link derivative of S through F[U; c] = :func:`force.smearing.fat_link`: given D_F (like ``links``),
     return D_U with delta S = sum Re Tr[delta F D_F] = sum Re Tr[delta U D_U] (the Naik coefficient of ``c`` is
     ignored, as in the forward function). Exact for any complex link field. On one GPU this is
     :func:`force.hisq_cuda.fat_link_vjp` (the same reverse pass, one kernel per adjoint staple), or with
     ``hisq_staged_vjp`` on, :func:`force.hisq_staged_vjp.fat_link_vjp` (five launches over all directions); on
     GPUs sharing a partitioned lattice the per-direction kernels run on links and D_F halo-padded by
-    :data:`force.hisq_cuda.VJP_DEPTH`."""
-    return lookup("hisq.fat_link_vjp", geom, c=c)(geom, links, c, d_fat)
+    :data:`force.hisq_cuda.VJP_DEPTH`. ``kept``: the ``keep`` dict of :func:`force.smearing.fat_link` of the same
+    links, whose intermediates the staged kernels then reuse (the others ignore it); the result is the same."""
+    return lookup("hisq.fat_link_vjp", geom, c=c)(geom, links, c, d_fat, kept)
 
 
 @implements("hisq.fat_link_vjp", Placement.ARRAY)
-def _fat_link_vjp_array(geom, links, c: PathCoefficients, d_fat):
+def _fat_link_vjp_array(geom, links, c: PathCoefficients, d_fat, kept=None):
     xp = geom.xp
     s = StapleAdjoint(geom, links)
     out = xp.zeros_like(links)
