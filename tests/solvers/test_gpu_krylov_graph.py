@@ -99,3 +99,24 @@ def test_exact_sums_graph_equals_host_driven(fields, name):
     assert sg.extra["fused"] and sg.extra["graph_iterations"] == 8 and sg.extra.get("graph_replays", 0) > 0
     assert (sg.iters, sg.matvecs, sg.residual) == (sr.iters, sr.matvecs, sr.residual)
     assert _same(got, ref)
+
+
+@pytest.mark.parametrize("name", ["multishift", "multishift_single", "multishift_mixed"])
+@pytest.mark.parametrize("iters", [0, 8])
+def test_compact_vectors_equal_strided(fields, name, iters):
+    """Parity-compact Krylov vectors (the default) against the parity's sites of full-lattice ones
+    (HMC_SOLVER_FUSED=strided), host-driven and on the device: the same iterations and bits."""
+    from solvers.operator import set_fused_blas
+
+    make, dtype, mass = SOLVERS[name]
+    got, sg = _solve(iters, fields, make, mass, dtype)
+    old = set_fused_blas("strided")
+    try:
+        ref, sr = _solve(iters, fields, make, mass, dtype)
+    finally:
+        set_fused_blas(old)
+    assert sg.extra["compact"] and not sr.extra["compact"] and sg.extra["graph_iterations"] == iters
+    assert (sg.iters, sg.matvecs, sg.residual, sg.true_residual) == (sr.iters, sr.matvecs, sr.residual,
+                                                                     sr.true_residual)
+    assert sg.true_residuals == sr.true_residuals
+    assert _same(got, ref)
