@@ -24,7 +24,7 @@ only by rounding.
 Sites: an even-odd operator's fields are full-lattice with exact zeros on the other parity. The kernels then run
 over the V/2 sites of the operator's parity only, with the checkerboard mapping of :mod:`solvers.staggered_cuda`
 (site j of parity p: x = 2k + ((p + y + z + t) & 1) on row j / (nx/2)); sites of the other parity are neither read
-nor written. :func:`_factory` restricts to the parity only when the source vanishes there (else the NumPy path's
+nor written. :func:`fused_cuda_blas` restricts to the parity only when the source vanishes there (else the NumPy path's
 iterates would carry the other parity along, and so do these kernels over the whole lattice). Bytes: a site's
 colour vector is 48 bytes and its neighbours along x have the other parity, so a parity-restricted kernel reads
 whole 32-byte sectors anyway and writes half sectors, which DRAM with ECC may have to read, modify and write. On
@@ -33,6 +33,15 @@ their useful bytes need; ``HMC_SOLVER_FUSED=all`` (``set_fused_blas("all")``) ru
 (whole sectors written) for comparison. The multishift update, which touches 2 + 2 x shifts fields, runs one thread
 per complex number (a warp's words consecutive in every field): 617 us at 32^4 with 9 shifts on the H200 (1.0 GB,
 1.7 TB/s), where a thread per site took 1565 us (tools/profile_dist_multishift.py).
+
+Parity-compact vectors (``compact``, :class:`_Layout`): the multishift CG asks for them (``fused_blas(op, b,
+compact=True)``) and gets them where its operator has a compact form (:class:`solvers.staggered.CompactNormal`, the
+whole-lattice hop kernel) and the sums are the fast ones: its Krylov vectors and solutions are then (V/2, 3) arrays
+of the parity's sites in checkerboard order, the same kernels run with the identity site mapping over their V/2
+sites, every access is a whole, consecutive sector, and the solver gathers its source at the start and scatters the
+solutions at the end. Site j is the same lattice site in both layouts and the grids are the same, so the updates
+and the reductions (their order included) give the same bits as the parity's sites of full-lattice vectors
+(``HMC_SOLVER_FUSED=strided``). The byte model of an iteration: docs/perf-notes.md.
 
 Several ranks: the kernels work on the rank's local sites (their checkerboard is the local one, so a parity is
 turned into the local parity of the rank's offset) and a reduction's two local results go through ``geom.sum``
