@@ -32,7 +32,10 @@ the H200 at 32^4 the update and reduction kernels took about 300 us per iteratio
 their useful bytes need; ``HMC_SOLVER_FUSED=all`` (``set_fused_blas("all")``) runs the same kernels over every site
 (whole sectors written) for comparison. The multishift update, which touches 2 + 2 x shifts fields, runs one thread
 per complex number (a warp's words consecutive in every field): 617 us at 32^4 with 9 shifts on the H200 (1.0 GB,
-1.7 TB/s), where a thread per site took 1565 us (tools/profile_dist_multishift.py).
+1.7 TB/s), where a thread per site took 1565 us (tools/profile_dist_multishift.py). Its shifts' p_i and x_i are
+loaded four shifts at a time before any is stored (a load after each store had a thread wait for one load at a
+time), which costs registers (46 in single, 70 in double, ptxas sm_90), so its grid is not capped: one thread per
+number.
 
 Parity-compact vectors (``compact``, :class:`_Layout`): the multishift CG asks for them (``fused_blas(op, b,
 compact=True)``) and gets them where its operator has a compact form (:class:`solvers.staggered.CompactNormal`, the
@@ -156,7 +159,9 @@ class CudaBlas(_Layout):
         self._global_sum = geom.grid.comm.size > 1
         self._grid = (max(1, min(MAX_BLOCKS, (self.n + BLOCK - 1) // BLOCK)),)
         numbers = self.n * SITE_SHAPE[0]
-        self._grid_numbers = (max(1, min(MAX_BLOCKS, (numbers + BLOCK - 1) // BLOCK)),)   # thread per number
+        # the multishift update: a thread per number and no grid-stride loop (no reduction, so the grid is free):
+        # with its chunked loads' registers fewer blocks fit an SM, and a capped grid would end in a partial wave
+        self._grid_numbers = (max(1, (numbers + BLOCK - 1) // BLOCK),)
         self._partial = cp.zeros(NRED * MAX_BLOCKS, dtype=np.float64)
         self._counter = cp.zeros(1, dtype=np.uint32)
         self._result = cp.zeros(NRED, dtype=np.float64)
