@@ -375,8 +375,9 @@ def _numpy_path(space, source=None, exact=False, compact=False):
 
 def set_fused_blas(mode):
     """Switch the fused solver linear algebra on (True) or off (False), or on over every site of even-odd fields
-    ("all"), or on without parity-compact vectors ("strided"), for every geometry; None follows each geometry's configuration (``solver_fused``, HMC_SOLVER_FUSED)
-    again. Returns the previous override (None when there was none), to restore it with."""
+    ("all"), or on without parity-compact vectors ("strided"), for every geometry; None follows each geometry's
+    configuration (``solver_fused``, HMC_SOLVER_FUSED) again. Returns the previous override (None when there was
+    none), to restore it with."""
     old = _fused["override"]
     if mode is None or isinstance(mode, str):
         _fused["override"] = None if mode is None else RunConfig(solver_fused=mode).solver_fused
