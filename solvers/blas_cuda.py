@@ -37,14 +37,14 @@ loaded four shifts at a time before any is stored (a load after each store had a
 time), which costs registers (46 in single, 70 in double, ptxas sm_90), so its grid is not capped: one thread per
 number.
 
-Parity-compact vectors (``compact``, :class:`_Layout`): the multishift CG asks for them (``fused_blas(op, b,
-compact=True)``) and gets them where its operator has a compact form (:class:`solvers.staggered.CompactNormal`, the
-whole-lattice hop kernel) and the sums are the fast ones: its Krylov vectors and solutions are then (V/2, 3) arrays
-of the parity's sites in checkerboard order, the same kernels run with the identity site mapping over their V/2
-sites, every access is a whole, consecutive sector, and the solver gathers its source at the start and scatters the
-solutions at the end. Site j is the same lattice site in both layouts and the grids are the same, so the updates
-and the reductions (their order included) give the same bits as the parity's sites of full-lattice vectors
-(``HMC_SOLVER_FUSED=strided``). The byte model of an iteration: docs/perf-notes.md.
+Parity-compact vectors (``compact``, :class:`_Layout`): the CG and multishift CG ask for them (``fused_blas(op, b,
+compact=True)``) and get them where the operator has a compact form (:class:`solvers.staggered.CompactNormal`, the
+whole-lattice hop kernel) and the sums are the fast ones: their Krylov vectors (and the multishift's solutions) are
+then (V/2, 3) arrays of the parity's sites in checkerboard order, the same kernels run with the identity site
+mapping over their V/2 sites, every access is a whole, consecutive sector, and the solver gathers its source at the
+start and scatters the solutions at the end. Site j is the same lattice site in both layouts and the grids are the
+same, so the updates and the reductions (their order included) give the same bits as the parity's sites of
+full-lattice vectors (``HMC_SOLVER_FUSED=strided``). The byte model of an iteration: docs/perf-notes.md.
 
 Several ranks: the kernels work on the rank's local sites (their checkerboard is the local one, so a parity is
 turned into the local parity of the rank's offset) and a reduction's two local results go through ``geom.sum``

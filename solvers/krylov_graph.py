@@ -280,7 +280,7 @@ def _counted(st, loop, before: dict) -> None:
 def cg_iterations(run, iters: int) -> None:
     """Chronopoulos-Gear iterations of ``run`` (a :class:`solvers.cg._CGRun` on the fused GPU path) on the device
     until its stop test holds; ``run``'s scalars, counters and fields are left as the host-driven steps leave them."""
-    xp, blas, A = run.xp, run.blas, run.Ai
+    xp, blas, A = run.xp, run.blas, run.Ak       # (Ak: the operator on the Krylov vectors' layout)
     loop = loop_for(run.geom, "cg", iters, blas.real, exact=blas.exact)
     if run.ps is None:
         run.ps, run.ss = xp.zeros_like(run.rs), xp.zeros_like(run.rs)

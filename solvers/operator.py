@@ -357,7 +357,7 @@ def norm2_and_redot(geom, a, b) -> tuple[float, float]:
 # visit every site (the NumPy path's full-array arithmetic; the other parity holds zeros): in the interleaved
 # full-lattice layout a parity-restricted kernel writes 48 of every 96 bytes, so which one moves fewer bytes through
 # DRAM depends on the hardware's partial-sector writes (see solvers.blas_cuda). A solver that asks with
-# ``compact=True`` (the multishift CG) gets parity-compact vectors where the operator has a compact form
+# ``compact=True`` (CG, the multishift CG) gets parity-compact vectors where the operator has a compact form
 # (``op.compact()``: the whole-lattice hop kernel) and the sums are the fast ones: every kernel then streams only the
 # parity's bytes (docs/perf-notes.md, "Parity-compact Krylov vectors"); solver_fused "strided"
 # (HMC_SOLVER_FUSED=strided) keeps the parity's sites in full-lattice vectors instead, for comparison.
