@@ -124,11 +124,11 @@ def _fused(v):
     s = str(v).strip().lower()
     if s in ("0", "no", "off", "false"):
         return "off"
-    if s == "all":
-        return "all"
+    if s in ("all", "strided"):
+        return s
     if s in ("1", "yes", "on", "true", "parity", ""):
         return "on"
-    raise ValueError("use 1 (on), 0 (off) or all (every site)")
+    raise ValueError("use 1 (on), 0 (off), all (every site) or strided (no parity-compact vectors)")
 
 
 def _text(v):
@@ -184,7 +184,7 @@ SETTINGS = {
                                "staged all-direction HISQ fat-link chain rule (one GPU, whole lattice)"),
     "mg_kernels": Setting("HMC_MG_KERNELS", _flag(True), True, "multigrid CUDA kernels"),
     "mg_timing_sync": Setting("HMC_MG_TIMING_SYNC", _flag(True), True, "multigrid clocks synchronize the device"),
-    "solver_fused": Setting("HMC_SOLVER_FUSED", _fused, "on", "fused solver linear algebra: on, off or all"),
+    "solver_fused": Setting("HMC_SOLVER_FUSED", _fused, "on", "fused solver linear algebra: on, off, all or strided"),
     "solver_sums": Setting("HMC_SOLVER_SUMS", _choice("fast", "exact"), "fast", "solver reductions"),
     "solver_graph": Setting("HMC_SOLVER_GRAPH", _int_in(0, None, "use a non-negative integer (0: host-driven)"), 8,
                             "GPU solver iterations per CUDA-graph replay (0: every iteration driven by the host)"),

@@ -24,7 +24,7 @@ only by rounding.
 Sites: an even-odd operator's fields are full-lattice with exact zeros on the other parity. The kernels then run
 over the V/2 sites of the operator's parity only, with the checkerboard mapping of :mod:`solvers.staggered_cuda`
 (site j of parity p: x = 2k + ((p + y + z + t) & 1) on row j / (nx/2)); sites of the other parity are neither read
-nor written. :func:`_factory` restricts to the parity only when the source vanishes there (else the NumPy path's
+nor written. :func:`fused_cuda_blas` restricts to the parity only when the source vanishes there (else the NumPy path's
 iterates would carry the other parity along, and so do these kernels over the whole lattice). Bytes: a site's
 colour vector is 48 bytes and its neighbours along x have the other parity, so a parity-restricted kernel reads
 whole 32-byte sectors anyway and writes half sectors, which DRAM with ECC may have to read, modify and write. On
@@ -32,7 +32,19 @@ the H200 at 32^4 the update and reduction kernels took about 300 us per iteratio
 their useful bytes need; ``HMC_SOLVER_FUSED=all`` (``set_fused_blas("all")``) runs the same kernels over every site
 (whole sectors written) for comparison. The multishift update, which touches 2 + 2 x shifts fields, runs one thread
 per complex number (a warp's words consecutive in every field): 617 us at 32^4 with 9 shifts on the H200 (1.0 GB,
-1.7 TB/s), where a thread per site took 1565 us (tools/profile_dist_multishift.py).
+1.7 TB/s), where a thread per site took 1565 us (tools/profile_dist_multishift.py). Its shifts' p_i and x_i are
+loaded four shifts at a time before any is stored (a load after each store had a thread wait for one load at a
+time), which costs registers (46 in single, 70 in double, ptxas sm_90), so its grid is not capped: one thread per
+number.
+
+Parity-compact vectors (``compact``, :class:`_Layout`): the CG and multishift CG ask for them (``fused_blas(op, b,
+compact=True)``) and get them where the operator has a compact form (:class:`solvers.staggered.CompactNormal`, the
+whole-lattice hop kernel) and the sums are the fast ones: their Krylov vectors (and the multishift's solutions) are
+then (V/2, 3) arrays of the parity's sites in checkerboard order, the same kernels run with the identity site
+mapping over their V/2 sites, every access is a whole, consecutive sector, and the solver gathers its source at the
+start and scatters the solutions at the end. Site j is the same lattice site in both layouts and the grids are the
+same, so the updates and the reductions (their order included) give the same bits as the parity's sites of
+full-lattice vectors (``HMC_SOLVER_FUSED=strided``). The byte model of an iteration: docs/perf-notes.md.
 
 Several ranks: the kernels work on the rank's local sites (their checkerboard is the local one, so a parity is
 turned into the local parity of the rank's offset) and a reduction's two local results go through ``geom.sum``
@@ -73,13 +85,56 @@ def _precision(dtype) -> str:
     raise ValueError(f"fused linear algebra takes complex128 or complex64 fields, not {dtype}")
 
 
-class CudaBlas:
+class _Layout:
+    """The layout of a solve's Krylov vectors, shared by :class:`CudaBlas` and :class:`BlasTwin`: full-lattice
+    fields (``compact`` False: :meth:`gather` and :meth:`scatter` are the identity), or parity-compact ones
+    (``compact``: the V/2 local sites of ``parity`` in checkerboard order, shape (V_local/2, 3), as the hop's
+    compact mode and :class:`solvers.staggered.CompactNormal` take them): the solver gathers its source into that
+    layout and scatters its solutions back (docs/perf-notes.md, "Parity-compact Krylov vectors")."""
+
+    def __init__(self, compact):
+        """(after ``geom``, ``parity`` and ``dtype`` are set)"""
+        self.compact = bool(compact)
+        self._sites = None
+        geom = self.geom
+        self.shape = ((geom.local_volume // 2,) if self.compact else tuple(geom.shape)) + SITE_SHAPE
+
+    def _compact_sites(self):
+        if self._sites is None:
+            from .staggered import parity_sites
+
+            self._sites = parity_sites(self.geom, self.parity)
+        return self._sites
+
+    def zeros(self, dtype=None):
+        """A zero vector of this layout (``dtype``: default the kernels' precision)."""
+        return self.geom.xp.zeros(self.shape, dtype=self.dtype if dtype is None else dtype)
+
+    def gather(self, v):
+        """A full-lattice field in this layout: its parity's sites, a new array (``v`` itself when not compact)."""
+        if not self.compact:
+            return v
+        return self.geom.xp.take(v.reshape((-1,) + SITE_SHAPE), self._compact_sites(), axis=0)
+
+    def scatter(self, c):
+        """A vector of this layout as a full-lattice field, zero on the other parity (``c`` when not compact)."""
+        if not self.compact:
+            return c
+        full = self.geom.xp.zeros(tuple(self.geom.shape) + SITE_SHAPE, dtype=c.dtype)
+        full.reshape((-1,) + SITE_SHAPE)[self._compact_sites()] = c
+        return full
+
+
+class CudaBlas(_Layout):
     """The fused kernels for fields of one geometry and precision, over the sites of ``parity`` (0, 1) or, with
-    ``parity=None``, over every site. Holds its own reduction buffers (block partials, a counter and the two
+    ``parity=None``, over every site; ``compact``: on parity-compact vectors of that parity (:class:`_Layout`).
+    Holds its own reduction buffers (block partials, a counter and the two
     results), used by one kernel at a time on the current stream; :func:`cuda_blas` keeps one per local lattice,
     precision and parity (global parity: on a rank whose offset is odd the kernels take the other local one)."""
 
-    def __init__(self, geom, dtype, parity=None, exact=False):
+    def __init__(self, geom, dtype, parity=None, exact=False, compact=False):
+        if compact and (parity is None or exact):
+            raise ValueError("parity-compact fused kernels need a parity and the fast sums")
         be = geom.backend
         cp = be.xp
         self.exact = bool(exact)             # the "exact" reduction mode: sums through lattice.exact_sum_cuda
@@ -95,15 +150,18 @@ class CudaBlas:
         if suffix == "single":       # the mixed-precision multishift: float2 Krylov vectors, double2 solutions
             self._k.update({name: cuda_source.function(be, "solvers", "fused_blas.cu", name) for name in _MIXED})
         self.parity = None if parity is None else int(parity)
-        local_parity = -1 if self.parity is None else (self.parity + sum(geom.offset)) & 1
+        _Layout.__init__(self, compact)
+        # compact vectors: site j of the arrays is checkerboard site j (site_of's identity, parity -1)
+        local_parity = -1 if self.parity is None or self.compact else (self.parity + sum(geom.offset)) & 1
         nx, ny, nz, _ = geom.local_dims
-        self.shape = tuple(geom.shape) + SITE_SHAPE
         self.n = geom.local_volume if self.parity is None else geom.local_volume // 2
         self._lat = (np.int64(self.n), np.int32(local_parity), np.int32(nx), np.int32(ny), np.int32(nz))
         self._global_sum = geom.grid.comm.size > 1
         self._grid = (max(1, min(MAX_BLOCKS, (self.n + BLOCK - 1) // BLOCK)),)
         numbers = self.n * SITE_SHAPE[0]
-        self._grid_numbers = (max(1, min(MAX_BLOCKS, (numbers + BLOCK - 1) // BLOCK)),)   # thread per number
+        # the multishift update: a thread per number and no grid-stride loop (no reduction, so the grid is free):
+        # with its chunked loads' registers fewer blocks fit an SM, and a capped grid would end in a partial wave
+        self._grid_numbers = (max(1, (numbers + BLOCK - 1) // BLOCK),)
         self._partial = cp.zeros(NRED * MAX_BLOCKS, dtype=np.float64)
         self._counter = cp.zeros(1, dtype=np.uint32)
         self._result = cp.zeros(NRED, dtype=np.float64)
@@ -266,20 +324,22 @@ class CudaBlas:
         """|a|^2 over the sites of the other parity (0 when a vanishes there), for any complex precision."""
         if self.parity is None:
             return 0.0
-        return cuda_blas(self.geom, a.dtype, 1 - self.parity).norm2(a)
+        return cuda_blas(self.geom, a.dtype, 1 - self.parity).norm2(a)      # (a full-lattice field)
 
 
-class BlasTwin:
+class BlasTwin(_Layout):
     """The NumPy/CuPy twin of :class:`CudaBlas`: the same operations in array arithmetic, in the order of the
-    solvers' NumPy path, on the sites of ``parity`` (all sites for None). What the kernels are tested against."""
+    solvers' NumPy path, on the sites of ``parity`` (all sites for None; ``compact``: parity-compact vectors, every
+    one of their sites). What the kernels are tested against."""
 
-    def __init__(self, geom, dtype, parity=None):
+    def __init__(self, geom, dtype, parity=None, compact=False):
         from .staggered import parity_sites
 
         self.geom, self.xp = geom, geom.xp
         self.dtype = np.dtype(dtype)
         self.parity = None if parity is None else int(parity)
-        self.idx = None if self.parity is None else parity_sites(geom, self.parity)
+        _Layout.__init__(self, compact)
+        self.idx = None if self.parity is None or self.compact else parity_sites(geom, self.parity)
 
     def _get(self, a):
         v = a.reshape((-1,) + SITE_SHAPE)
@@ -369,13 +429,13 @@ class BlasTwin:
         return BlasTwin(self.geom, a.dtype, 1 - self.parity).norm2(a)
 
 
-def cuda_blas(geom, dtype, parity=None, exact=False) -> CudaBlas:
-    """The :class:`CudaBlas` of this local lattice, precision, parity and reduction mode, made once per backend and
-    process grid (its reductions sum over that grid's ranks; the cached object keeps the grid alive, so its id stays
-    unique)."""
+def cuda_blas(geom, dtype, parity=None, exact=False, compact=False) -> CudaBlas:
+    """The :class:`CudaBlas` of this local lattice, precision, parity, reduction mode and layout, made once per
+    backend and process grid (its reductions sum over that grid's ranks; the cached object keeps the grid alive, so
+    its id stays unique)."""
     key = ("solver_blas", tuple(geom.local_dims), np.dtype(dtype).str, None if parity is None else int(parity),
-           sum(geom.offset) & 1, id(geom.grid), bool(exact))
-    return geom.backend.kernel(key, lambda: CudaBlas(geom, dtype, parity, exact))
+           sum(geom.offset) & 1, id(geom.grid), bool(exact), bool(compact))
+    return geom.backend.kernel(key, lambda: CudaBlas(geom, dtype, parity, exact, compact))
 
 
 def _fits(geom, source=None, space=None) -> bool:
@@ -386,11 +446,14 @@ def _fits(geom, source=None, space=None) -> bool:
 
 
 @implements("solvers.fused_blas", Placement.WHOLE, Placement.DISTRIBUTED, fits=_fits)
-def fused_cuda_blas(space, source=None, exact=False):
+def fused_cuda_blas(space, source=None, exact=False, compact=False):
     """A :class:`CudaBlas` for one solve on the vectors of ``space``, restricted to its parity when the source
-    vanishes on the other parity; ``exact``: its sums exact (the "exact" reduction mode)."""
+    vanishes on the other parity; ``exact``: its sums exact (the "exact" reduction mode); ``compact``: on
+    parity-compact vectors where it is restricted to the parity and its sums are the fast ones."""
     geom, dtype, parity = space.geometry, space.dtype, space.parity
     blas = cuda_blas(geom, dtype, parity, exact)
     if parity is not None and source is not None and blas.off_parity_norm2(source) != 0.0:
         blas = cuda_blas(geom, dtype, None, exact)
+    if compact and blas.parity is not None and not exact:
+        blas = cuda_blas(geom, dtype, parity, exact, compact=True)
     return blas

@@ -32,7 +32,9 @@ single-precision loop of :func:`mixed_cg`) is p = r + beta p, the operator, Re<p
 |r|^2; a multishift iteration is one kernel for s, every p_i, x_i and r, the operator, and the same reduction (with
 the base shift folded in). Iterates and iteration counts are the NumPy path's to rounding (the vector updates are
 bitwise the same; only the summation order of the reductions differs). The set-up, the true residuals and the
-reliable updates keep the NumPy path's code.
+reliable updates keep the NumPy path's code. For an even-odd operator whose hop has a compact mode (one GPU) the
+Krylov vectors are parity-compact (V/2, 3) arrays inside the solve (solvers.blas_cuda, docs/perf-notes.md): the
+kernels then stream only the parity's bytes; the source and solutions stay full-lattice.
 
 Iteration counts (all in :class:`SolverStats`):
 * ``iters``: Krylov iterations (updates of the solution);
@@ -206,7 +208,7 @@ class CGInverse(InverseOperator):
         run = _CGRun(self, b)
         if run.trivial() or run.start(x0):
             return run.x, run.finish_trivial()
-        iters = graph_iterations(run.Ai, run.blas) if run.one else 0
+        iters = graph_iterations(run.Ak, run.blas) if run.one else 0
         run.st.extra["graph_iterations"] = iters
         while True:
             if run.true_residual_due() and run.true_residual_check():
@@ -223,7 +225,9 @@ class _CGRun:
 
     ``x`` is the solution (outer precision), ``y`` the part accumulated since the last reliable update, ``rs`` the
     iterated residual, ``ps``/``ss`` the search direction p and s = A p, ``ws`` = A r, ``g`` = |r|^2 and ``d`` =
-    Re<r, A r> (Chronopoulos-Gear), all in the inner precision; ``rr`` is the last true |b - A x|^2.
+    Re<r, A r> (Chronopoulos-Gear), all in the inner precision; ``rr`` is the last true |b - A x|^2. On the fused
+    path y, rs, ps, ss and ws are in the fused kernels' layout (``blas.compact``: parity-compact, applied with
+    ``Ak`` = ``Ai.compact()``; x, b and the true residuals stay full-lattice).
     """
 
     def __init__(self, inv, b):
@@ -293,8 +297,12 @@ class _CGRun:
         self.y = Ai.space.zeros()
         self.ws = self.ss = self.ps = None
         self.d = 0.0
-        self.blas = fused_blas(Ai, self.b)             # fused GPU kernels for the Krylov iteration, or None
-        st.extra["fused"] = self.blas is not None
+        blas = self.blas = fused_blas(Ai, self.b, compact=True)     # fused GPU kernels for the Krylov iteration
+        st.extra["fused"] = blas is not None
+        self.compact = st.extra["compact"] = blas is not None and blas.compact
+        self.Ak = Ai.compact() if self.compact else Ai              # the operator on the Krylov vectors' layout
+        if self.compact:
+            self.rs, self.y = blas.gather(self.rs), blas.zeros()
         if self.one:
             self.ws = self._apply_inner(self.rs)
             self.g, self.d = self._norm2_redot(self.rs, self.ws)
@@ -309,7 +317,7 @@ class _CGRun:
     def _apply_inner(self, v):
         self.st.matvecs += 1
         self.flops += self.Ai.flops
-        return self.Ai(v)
+        return self.Ak(v)
 
     def _norm2_redot(self, u, v):
         return norm2_and_redot(self.geom, u, v) if self.blas is None else self.blas.norm2_redot(u, v)
@@ -324,7 +332,8 @@ class _CGRun:
         made orthogonal to the new residual)."""
         A, st, geom = self.A, self.st, self.geom
         if self.k > 0:
-            self.x += self.y.astype(A.dtype, copy=False) if self.mixed else self.y
+            y = self.blas.scatter(self.y) if self.compact else self.y
+            self.x += y.astype(A.dtype, copy=False) if self.mixed else y
             self.y.fill(0)
         r = self.b - A(self.x)
         self.rr = norm2(geom, r)
@@ -335,6 +344,8 @@ class _CGRun:
             st.converged = self.rr <= self.stop
             return True
         st.restarts += 1
+        if self.compact:
+            r = self.blas.gather(r)
         self.rs = r.astype(self.Ai.dtype) if self.mixed else r
         if self.g <= self.stop and not self.mixed:
             self.fresh = True
@@ -384,7 +395,7 @@ class _CGRun:
     def _direction_fused(self) -> float:
         # the same with fused kernels; the Chronopoulos-Gear updates of p and s wait for alpha (cg_update)
         if self.ps is None:
-            self.ps, self.ss = self.Ai.space.zeros(), self.Ai.space.zeros()
+            self.ps, self.ss = self.blas.zeros(), self.blas.zeros()
         if not self.fresh:
             self.beta = self.g / self.g_old
         if self.cg_step:

@@ -280,7 +280,7 @@ def _counted(st, loop, before: dict) -> None:
 def cg_iterations(run, iters: int) -> None:
     """Chronopoulos-Gear iterations of ``run`` (a :class:`solvers.cg._CGRun` on the fused GPU path) on the device
     until its stop test holds; ``run``'s scalars, counters and fields are left as the host-driven steps leave them."""
-    xp, blas, A = run.xp, run.blas, run.Ai
+    xp, blas, A = run.xp, run.blas, run.Ak       # (Ak: the operator on the Krylov vectors' layout)
     loop = loop_for(run.geom, "cg", iters, blas.real, exact=blas.exact)
     if run.ps is None:
         run.ps, run.ss = xp.zeros_like(run.rs), xp.zeros_like(run.rs)
@@ -321,7 +321,7 @@ def multishift_iterations(run, iters: int) -> None:
     is due; its scalars, zetas and counters are left as the host-driven iterations leave them. Solutions in double
     with single Krylov vectors (the mixed-precision multishift) take the ``ms_update_dev_mixed`` kernel and double
     coefficients."""
-    blas, A, n = run.blas, run.A, run.n
+    blas, A, n = run.blas, run.Ak, run.n       # (Ak: the operator on the Krylov vectors' layout)
     mixed = blas.mixed_solutions(run.xs)       # x_i in double with single Krylov vectors: double coefficients
     real = np.float64 if mixed else blas.real
     loop = loop_for(run.geom, "multishift_mixed" if mixed else "multishift", iters, real, n, exact=blas.exact)

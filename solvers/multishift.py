@@ -109,7 +109,7 @@ class MultishiftInverse(ShiftInverse):
         if run.bb == 0.0:
             return run.trivial()
         run.start()
-        iters = graph_iterations(run.A, run.blas) if run.g > run.stop and run.k < self.maxiter else 0
+        iters = graph_iterations(run.Ak, run.blas) if run.g > run.stop and run.k < self.maxiter else 0
         run.st.extra["graph_iterations"] = iters
         while True:
             while run.g > run.stop and run.k < self.maxiter:
@@ -127,7 +127,9 @@ class _MultishiftRun:
     """The state of one multishift solve: the base system's r, p, s = (A + s0) p, w = (A + s0) r, g = |r|^2 and
     d = Re<r, w>; per shift its solution x_i, direction p_i and zeta_k, zeta_{k-1} (Jegerlehner's recurrences).
     ``A`` is the Krylov iteration's operator, ``Ao`` the solve's (the same one unless the inverter has an
-    ``inner_dtype``): the x_i live in ``Ao``'s precision, r, p, s, w and the p_i in ``A``'s."""
+    ``inner_dtype``): the x_i live in ``Ao``'s precision, r, p, s, w and the p_i in ``A``'s. On the fused path the
+    vectors are in the layout of the fused kernels (``blas.compact``: parity-compact, the source gathered at the
+    start and the solutions scattered at the end, ``Ak`` = ``A.compact()``; else full-lattice, ``Ak`` = ``A``)."""
 
     def __init__(self, inv, b):
         self.inv = inv
@@ -161,21 +163,26 @@ class _MultishiftRun:
     def start(self):
         b, n = self.b, self.n
         self.stop = self.inv.tol ** 2 * self.bb
-        self.blas = fused_blas(self.A, b)       # fused GPU kernels, or None
-        self.st.extra["fused"] = self.blas is not None
-        self.r = b.copy()
+        blas = self.blas = fused_blas(self.A, b, compact=True)       # fused GPU kernels, or None
+        self.st.extra["fused"] = blas is not None
+        self.compact = blas is not None and blas.compact
+        self.st.extra["compact"] = self.compact
+        self.Ak = self.A.compact() if self.compact else self.A      # the operator on the Krylov vectors' layout
+        self.r = (b if blas is None else blas.gather(b)).copy()
         self.w, self.g, self.d = self._residual_sums(self.r)
         self.rmax2 = self.g
         self.matvecs = 1
-        space = self.A.space
-        self.xs = [self.Ao.space.converted(self._solution_dtype(i)).zeros() for i in range(n)]
-        self.ps_i = [None] * n if self.blas is None else [space.zeros() for _ in range(n)]
+        if blas is None:
+            self.xs = [self.Ao.space.converted(self._solution_dtype(i)).zeros() for i in range(n)]
+        else:
+            self.xs = [blas.zeros(self._solution_dtype(i)) for i in range(n)]
+        self.ps_i = [None] * n if blas is None else [blas.zeros() for _ in range(n)]
         self.z = [1.0] * n            # zeta_k
         self.z_prev = [1.0] * n       # zeta_{k-1}
         self.alpha_prev = 1.0
         self.g_old = 1.0
         self.p = None
-        self.s = None if self.blas is None else space.zeros()
+        self.s = None if blas is None else blas.zeros()
         self.k = 0
 
     def _solution_dtype(self, i):
@@ -204,17 +211,17 @@ class _MultishiftRun:
             return (w,) + norm2_and_redot(self.geom, r, w)
         w = self.w
         if w is not None and self._w_in_place():
-            self.A.apply_into(r, w)          # in place: the device iterations captured w's address
+            self.Ak.apply_into(r, w)          # in place: the device iterations captured w's address
         else:
-            w = self.A(r)
+            w = self.Ak(r)
         return (w,) + self.blas.norm2_redot(r, w, shift=self.s0)     # w += s0 r folded into the reduction
 
     def _w_in_place(self) -> bool:
         """Whether w = A r may overwrite the last w: ``apply_into`` writes every site the kernels touch (an
         even-odd operator leaves the other parity alone, which the kernels then do not touch either; over every
         site the shift folded into w there would stay)."""
-        return hasattr(self.A, "apply_into") and (self.blas.parity is not None
-                                                   or getattr(self.A, "parity", None) not in (0, 1))
+        return hasattr(self.Ak, "apply_into") and (self.blas.parity is not None
+                                                    or getattr(self.Ak, "parity", None) not in (0, 1))
 
     def reliable_due(self) -> bool:
         """|r|^2 has dropped by delta^2 since the last update (never without ``delta``)."""
@@ -237,10 +244,12 @@ class _MultishiftRun:
         d - beta g / alpha_old needs the conjugacy of successive directions that an update breaks: with QUDA's
         orthogonalisation instead it drifted into a breakdown in single precision on the 8^4 test operator."""
         x0, r = self.xs[self.j0], self.r
+        if self.compact:
+            x0 = self.blas.scatter(x0)
         true = self.b_outer - self.Ao(x0)
         if self.s0 != 0.0:
             true -= self.s0 * x0
-        r[...] = true
+        r[...] = self.blas.gather(true) if self.compact else true
         self.w, self.g, self.d = self._residual_sums(r)
         self.restart = True
         self.rmax2 = self.g
@@ -321,6 +330,8 @@ class _MultishiftRun:
 
     def finish(self):
         st, A, k = self.st, self.A, self.k
+        if self.compact:
+            self.xs = [self.blas.scatter(x) for x in self.xs]
         numbers = A.sites * A.space.site_size           # complex numbers per field, for the flop counts
         st.converged = self.g <= self.stop
         st.iters, st.milc_iters, st.matvecs = k, k + 1, self.matvecs

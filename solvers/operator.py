@@ -356,13 +356,17 @@ def norm2_and_redot(geom, a, b) -> tuple[float, float]:
 # solver_fused "all" (HMC_SOLVER_FUSED=all, set_fused_blas("all")) makes them
 # visit every site (the NumPy path's full-array arithmetic; the other parity holds zeros): in the interleaved
 # full-lattice layout a parity-restricted kernel writes 48 of every 96 bytes, so which one moves fewer bytes through
-# DRAM depends on the hardware's partial-sector writes (see solvers.blas_cuda).
+# DRAM depends on the hardware's partial-sector writes (see solvers.blas_cuda). A solver that asks with
+# ``compact=True`` (CG, the multishift CG) gets parity-compact vectors where the operator has a compact form
+# (``op.compact()``: the whole-lattice hop kernel) and the sums are the fast ones: every kernel then streams only the
+# parity's bytes (docs/perf-notes.md, "Parity-compact Krylov vectors"); solver_fused "strided"
+# (HMC_SOLVER_FUSED=strided) keeps the parity's sites in full-lattice vectors instead, for comparison.
 
 _fused = {"override": None}             # set_fused_blas: a mode for every geometry, or None: each its configuration's
 
 
 @implements("solvers.fused_blas", Placement.ARRAY)
-def _numpy_path(space, source=None, exact=False):
+def _numpy_path(space, source=None, exact=False, compact=False):
     """No fused linear algebra: the solver runs its NumPy path. (A GPU implementation, registered under the same
     name, returns an object with the methods of :class:`solvers.blas_cuda.CudaBlas` acting on the vectors of
     ``space``: the sites of its parity, or every site.)"""
@@ -371,8 +375,9 @@ def _numpy_path(space, source=None, exact=False):
 
 def set_fused_blas(mode):
     """Switch the fused solver linear algebra on (True) or off (False), or on over every site of even-odd fields
-    ("all"), for every geometry; None follows each geometry's configuration (``solver_fused``, HMC_SOLVER_FUSED)
-    again. Returns the previous override (None when there was none), to restore it with."""
+    ("all"), or on without parity-compact vectors ("strided"), for every geometry; None follows each geometry's
+    configuration (``solver_fused``, HMC_SOLVER_FUSED) again. Returns the previous override (None when there was
+    none), to restore it with."""
     old = _fused["override"]
     if mode is None or isinstance(mode, str):
         _fused["override"] = None if mode is None else RunConfig(solver_fused=mode).solver_fused
@@ -381,10 +386,13 @@ def set_fused_blas(mode):
     return old
 
 
-def fused_blas(op, source=None):
+def fused_blas(op, source=None, compact: bool = False):
     """The fused linear algebra for solving with ``op`` (the vectors of ``op.space``), looked up by that space, or
     None for the NumPy path. ``source``: the right-hand side; the kernels are restricted to the space's parity only
-    when it vanishes on the other one."""
+    when it vanishes on the other one. ``compact``: the solver can run on parity-compact vectors (gathering its
+    source and scattering its solutions with the answer's ``gather``/``scatter``, applying ``op.compact()``); the
+    answer's ``compact`` says whether it does (mode "on", ``op.compact()`` not None, a parity-restricted solve with
+    fast sums)."""
     config = op.geom.config
     mode = _fused["override"] or config.solver_fused
     if mode == "off":
@@ -393,5 +401,6 @@ def fused_blas(op, source=None):
     if exact and np.dtype(op.dtype) != np.complex128:
         return None          # the single-precision exact kernel differs from its twin on subnormal products (GPU test)
     space = op.space.on_every_site() if mode == "all" else op.space
+    compact = bool(compact) and mode == "on" and getattr(op, "compact", None) is not None and op.compact() is not None
     factory = lookup("solvers.fused_blas", space.geometry, space=space, source=source)
-    return factory(space, source, exact=exact)
+    return factory(space, source, exact=exact, compact=compact)

@@ -222,27 +222,49 @@ class StaggeredDslash(Operator):
             factory = lookup("staggered.hop", self.geom, dslash=self)
         return factory(self)
 
-    def hop(self, psi, parity: int, out=None, a: float = 0.0, x=None, b: float = 1.0):
+    def hop(self, psi, parity: int, out=None, a: float = 0.0, x=None, b: float = 1.0, compact: bool = False):
         """On the sites of ``parity``: out = a*x + b*(D psi); the other sites of ``out`` are left as they are.
 
         D psi on a site of one parity reads psi only on sites of the other parity. ``out=None`` allocates a zero
-        field; ``out`` must be C-contiguous. Returns ``out``.
+        field; ``out`` must be C-contiguous. Returns ``out``. ``compact``: ``psi`` (on parity 1 - p), ``out`` and
+        ``x`` (on parity p) are parity-compact fields (:attr:`compact_shape`), where the hop has that mode
+        (:attr:`has_compact`): the same numbers on the parity's sites.
         """
-        psi = self._as_field(psi)
+        shape = self.compact_shape if compact else self.field_shape
+        if compact and not self.has_compact:
+            raise ValueError(f"hop: {type(self._hop_impl).__name__} has no parity-compact mode")
+        psi = self._as_field(psi, shape)
         if out is None:
-            out = self.space.zeros()
-        elif not out.flags.c_contiguous or out.dtype != self.dtype or tuple(out.shape) != self.field_shape:
-            raise ValueError(f"hop: out must be a C-contiguous {self.dtype} array of shape {self.field_shape}")
+            out = self.xp.zeros(shape, dtype=self.dtype)
+        elif not out.flags.c_contiguous or out.dtype != self.dtype or tuple(out.shape) != shape:
+            raise ValueError(f"hop: out must be a C-contiguous {self.dtype} array of shape {shape}")
         if x is not None:
-            x = self._as_field(x)
-        self._hop_impl(psi, parity, out, float(a), x, float(b) * self._sign)
+            x = self._as_field(x, shape)
+        args = (psi, parity, out, float(a), x, float(b) * self._sign)
+        self._hop_impl(*args, compact=True) if compact else self._hop_impl(*args)
         return out
 
-    def _hop_numpy(self, psi, parity, out, a, x, b):
-        """NumPy (and CuPy) body of :meth:`hop`; ``b`` already carries the adjoint sign."""
+    @property
+    def compact_shape(self) -> tuple:
+        """A parity-compact field's shape, (V_local/2, 3): the local sites of one parity in checkerboard order, x
+        fastest (with an even local x extent the full-lattice site s of the parity is compact site s >> 1)."""
+        return (int(np.prod(self.field_shape[:-1])) // 2,) + tuple(self.site_shape)
+
+    @property
+    def has_compact(self) -> bool:
+        """Whether :meth:`hop` takes parity-compact fields: the whole-lattice kernel and the NumPy body (its twin)."""
+        return bool(getattr(self._hop_impl, "compact", self._hop_impl == self._hop_numpy))
+
+    def _hop_numpy(self, psi, parity, out, a, x, b, compact=False):
+        """NumPy (and CuPy) body of :meth:`hop`; ``b`` already carries the adjoint sign. ``compact``: psi, out and
+        x parity-compact (psi placed on its parity's sites of a full field first)."""
         xp, geom = self.xp, self.geom
         idx = self._sites[parity]
         links = self._links[parity]
+        if compact:
+            full = self.space.zeros()
+            full.reshape(-1, 3)[self._sites[1 - parity]] = psi
+            psi = full
         nb = xp.stack([xp.take(geom.shift(psi, mu, s).reshape(-1, 3), idx, axis=0) for mu, s in self.hops])
         acc = links[..., 0] * nb[..., None, 0]
         acc += links[..., 1] * nb[..., None, 1]
@@ -251,13 +273,18 @@ class StaggeredDslash(Operator):
         if b != 1.0:
             res *= b
         if x is not None and a != 0.0:
-            res += a * xp.take(x.reshape(-1, 3), idx, axis=0)
-        out.reshape(-1, 3)[idx] = res
+            res += a * (x if compact else xp.take(x.reshape(-1, 3), idx, axis=0))
+        if compact:
+            out[...] = res
+        else:
+            out.reshape(-1, 3)[idx] = res
 
-    def _as_field(self, psi):
+    def _as_field(self, psi, shape=None):
+        shape = self.field_shape if shape is None else shape
         psi = self.xp.asarray(psi)
-        if tuple(psi.shape) != self.field_shape:
-            raise ValueError(f"field has shape {tuple(psi.shape)}, expected {self.field_shape} (nt, nz, ny, nx, 3)")
+        if tuple(psi.shape) != shape:
+            raise ValueError(f"field has shape {tuple(psi.shape)}, expected {shape}"
+                             + (" (nt, nz, ny, nx, 3)" if shape == self.field_shape else " (V/2, 3): parity-compact"))
         return psi.astype(self.dtype, copy=False)
 
     def hop_flops(self, axpy: bool = False) -> float:
@@ -399,6 +426,54 @@ class EvenOddNormal(Operator):
 
     def converted(self, dtype):
         return EvenOddNormal(self.dslash.converted(dtype), self.mass, self.parity)
+
+    def compact(self) -> "CompactNormal | None":
+        """This operator on parity-compact vectors (:class:`CompactNormal`, made once), or None where the hop has
+        no parity-compact mode (the distributed hop, a registered override)."""
+        if not self.dslash.has_compact:
+            return None
+        if getattr(self, "_compact", None) is None:
+            self._compact = CompactNormal(self)
+        return self._compact
+
+
+class CompactNormal:
+    """An :class:`EvenOddNormal` A_m on parity-compact vectors: ``apply_into(psi, out)`` writes out = A_m psi for
+    psi and out of shape ``dslash.compact_shape`` (the V/2 sites of parity p in checkerboard order), the two hops in
+    their compact mode (:meth:`StaggeredDslash.hop`), so every vector kernel of a solve on them streams only the
+    parity's bytes (docs/perf-notes.md, "Parity-compact Krylov vectors"). The numbers are A_m's on the parity's
+    sites, bit for bit. What the multishift CG's Krylov loop uses when its fused linear algebra is compact
+    (solvers.blas_cuda)."""
+
+    def __init__(self, normal: EvenOddNormal):
+        self.normal = normal
+        self.dslash, self.parity, self.mass = normal.dslash, normal.parity, normal.mass
+        self.geom, self.dtype, self.flops, self.name = normal.geom, normal.dtype, normal.flops, normal.name
+        self.shape = self.dslash.compact_shape
+        self._scratch = None
+
+    def reserve_into(self):
+        """Allocate the compact scratch field of the inner hop (before a CUDA-graph capture)."""
+        if self._scratch is None:
+            self._scratch = self.dslash.xp.zeros(self.shape, dtype=self.dtype)
+
+    def graph_key(self) -> tuple:
+        """What a CUDA graph of :meth:`apply_into` bakes in besides its arguments (solvers.krylov_graph)."""
+        self.reserve_into()
+        return ("compact", self.parity, self.mass, self.dslash._sign,
+                self._scratch.data.ptr) + self.dslash._hop_impl.graph_key()
+
+    def apply_into(self, psi, out):
+        """out = A_m psi, both parity-compact; no allocation after :meth:`reserve_into`."""
+        d, p = self.dslash, self.parity
+        self.reserve_into()
+        d.hop(psi, 1 - p, self._scratch, compact=True)
+        d.hop(self._scratch, p, out, a=4 * self.mass ** 2, x=psi, b=-1.0, compact=True)
+
+    def __call__(self, psi):
+        out = self.dslash.xp.empty(self.shape, dtype=self.dtype)
+        self.apply_into(psi, out)
+        return out
 
 
 class StaggeredEvenOdd:

@@ -7,6 +7,10 @@ coalesced. Neighbour sites come from the thread's coordinates (no index tables):
 index j of parity p is x = 2k + ((p + y + z + t) & 1) on row j / (nx/2). Kernel file:
 solvers/kernels/staggered_hop.cu.
 
+Parity-compact fields (``compact=True``): psi, out and x hold the V/2 sites of one parity in checkerboard order
+(the Krylov vectors of the multishift CG, docs/perf-notes.md): the neighbour at full-lattice index s is compact site
+s >> 1 and the output site j is j itself; the arithmetic is the same, so the results are the same bits.
+
 Bytes moved per output site (the figure ``hmc bench dslash`` divides by): 16 links (144 B each in double), 16
 neighbour vectors (48 B), the output vector and, with a != 0, the x vector: 3216 + 48 B in double, half in single.
 """
@@ -55,7 +59,10 @@ class CudaHop:
         are not yet: a graph of this hop stays valid while they are the same."""
         return tuple(self._links(p).data.ptr for p in (0, 1))
 
-    def __call__(self, psi, parity, out, a, x, b):
+    #: the kernel takes parity-compact psi, out and x (``compact=True``: :meth:`StaggeredDslash.hop`)
+    compact = True
+
+    def __call__(self, psi, parity, out, a, x, b, compact=False):
         geom = self.dslash.geom
         nx, ny, nz, nt = geom.local_dims
         links = self._links(parity)
@@ -65,7 +72,7 @@ class CudaHop:
         xarg = self.cp.ascontiguousarray(x) if (x is not None and a != 0.0) else 0
         self.kernel(((vh + BLOCK - 1) // BLOCK,), (BLOCK,),
                     (psi, links, out, xarg, self.real(a), self.real(b), np.int32(parity), np.int32(nhop),
-                     np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt)))
+                     np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), np.int32(bool(compact))))
 
 
 def _even_x(geom, dslash) -> bool:

@@ -101,7 +101,10 @@ class PhaseProfile:
 
 class DistHop(CudaHop):
     """``f(psi, parity, out, a, x, b)`` for a StaggeredDslash on a partitioned CuPy geometry (see the module
-    docstring); ``twin=True`` runs the same index arithmetic in NumPy (CPU tests of the layout)."""
+    docstring); ``twin=True`` runs the same index arithmetic in NumPy (CPU tests of the layout). Full-lattice
+    fields only (no parity-compact mode: the faces and site lists are full-lattice)."""
+
+    compact = False
 
     def __init__(self, dslash, twin: bool = False):
         self.dslash = dslash

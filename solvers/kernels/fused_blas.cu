@@ -173,11 +173,16 @@ __device__ void axpy2_norm2(const typename C2<R>::T *p, const typename C2<R>::T 
    shifts fields in consecutive 16-byte words (a site loop walking the 2 x shifts fields colour by colour had each
    field's sectors fetched up to three times: 1.6 ms at 32^4 with 9 shifts, 3.4 times the operator). The arithmetic
    of every number is unchanged.
+   The shifts go in chunks of MS_CHUNK: the chunk's p_i and x_i are all loaded before any of them is stored (the
+   fields are distinct), so a thread has up to 2 MS_CHUNK loads in flight where a load after each store (which the
+   compiler must keep in order, not knowing that the fields do not alias) left it one at a time; s and r are stored
+   last for the same reason. Loaded x_i are held in RX (a value in R widened exactly, narrowed back exactly).
    s, r, w and the p_i are in R, the coefficients in RC: R = RX = RC, or (the mixed-precision multishift,
    solvers/multishift.py) R float, RX = RC double: z and b rounded to float for p_i as the single kernel's buffer
    rounds them; an x_i whose address in xp carries the tag bit 1 (solvers.blas_cuda.CudaBlas.pointer_table) is in
    RX, x_i += a p_i in double with a unrounded and p_i widened (NumPy: x += a * p.astype(complex128)), the others
    in R with a rounded to R (the single kernel's arithmetic). */
+#define MS_CHUNK 4
 template <typename R, typename RX, typename RC>
 __device__ void ms_update(typename C2<R>::T *s, typename C2<R>::T *r, const typename C2<R>::T *w,
                           const unsigned long long *pp, const unsigned long long *xp, const RC *coef, int nshift,
@@ -196,34 +201,51 @@ __device__ void ms_update(typename C2<R>::T *s, typename C2<R>::T *r, const type
             sv = s[o];
             sv.x = beta * sv.x + wv.x; sv.y = beta * sv.y + wv.y;
         }
-        s[o] = sv;
-        for (int i = 0; i < nshift; ++i) {
-            if (coef[4 * i + 3] == (RC)0) continue;
-            const R zi = (R)coef[4 * i], bi = (R)coef[4 * i + 2];
-            T *P = (T *)pp[i];
-            T pv;
-            if (fresh) {
-                pv.x = zi * rv.x; pv.y = zi * rv.y;
-            } else {
-                pv = P[o];
-                pv.x = bi * pv.x + zi * rv.x; pv.y = bi * pv.y + zi * rv.y;
+        for (int i0 = 0; i0 < nshift; i0 += MS_CHUNK) {
+            T pl[MS_CHUNK];
+            TX xl[MS_CHUNK];
+            #pragma unroll
+            for (int c = 0; c < MS_CHUNK; ++c) {          /* the chunk's loads */
+                const int i = i0 + c;
+                if (i >= nshift || coef[4 * i + 3] == (RC)0) continue;
+                if (!fresh) pl[c] = ((const T *)pp[i])[o];
+                const unsigned long long xa = xp[i];
+                if (sizeof(RX) != sizeof(R) && (xa & 1ull)) {
+                    xl[c] = ((const TX *)(xa & ~1ull))[o];
+                } else {
+                    const T xv = ((const T *)xa)[o];
+                    xl[c].x = (RX)xv.x; xl[c].y = (RX)xv.y;
+                }
             }
-            P[o] = pv;
-            const unsigned long long xa = xp[i];
-            if (sizeof(RX) != sizeof(R) && (xa & 1ull)) {     /* a tagged address: this x_i is in RX */
-                const RX ai = (RX)coef[4 * i + 1];
-                TX *X = (TX *)(xa & ~1ull);
-                TX xv = X[o];
-                xv.x = xv.x + ai * (RX)pv.x; xv.y = xv.y + ai * (RX)pv.y;
-                X[o] = xv;
-            } else {
-                const R ai = (R)coef[4 * i + 1];
-                T *X = (T *)xa;
-                T xv = X[o];
-                xv.x = xv.x + ai * pv.x; xv.y = xv.y + ai * pv.y;
-                X[o] = xv;
+            #pragma unroll
+            for (int c = 0; c < MS_CHUNK; ++c) {          /* the arithmetic and the stores */
+                const int i = i0 + c;
+                if (i >= nshift || coef[4 * i + 3] == (RC)0) continue;
+                const R zi = (R)coef[4 * i], bi = (R)coef[4 * i + 2];
+                T pv;
+                if (fresh) {
+                    pv.x = zi * rv.x; pv.y = zi * rv.y;
+                } else {
+                    pv = pl[c];
+                    pv.x = bi * pv.x + zi * rv.x; pv.y = bi * pv.y + zi * rv.y;
+                }
+                ((T *)pp[i])[o] = pv;
+                const unsigned long long xa = xp[i];
+                if (sizeof(RX) != sizeof(R) && (xa & 1ull)) {     /* a tagged address: this x_i is in RX */
+                    const RX ai = (RX)coef[4 * i + 1];
+                    TX xv = xl[c];
+                    xv.x = xv.x + ai * (RX)pv.x; xv.y = xv.y + ai * (RX)pv.y;
+                    ((TX *)(xa & ~1ull))[o] = xv;
+                } else {
+                    const R ai = (R)coef[4 * i + 1];
+                    T xv;
+                    xv.x = (R)xl[c].x; xv.y = (R)xl[c].y;
+                    xv.x = xv.x + ai * pv.x; xv.y = xv.y + ai * pv.y;
+                    ((T *)xa)[o] = xv;
+                }
             }
         }
+        s[o] = sv;
         rv.x = rv.x - alpha * sv.x; rv.y = rv.y - alpha * sv.y;
         r[o] = rv;
     }

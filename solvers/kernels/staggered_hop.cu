@@ -15,12 +15,15 @@ __device__ __forceinline__ int wrap(int c, int n) { return c < 0 ? c + n : (c >=
 // along a partitioned dimension (bit mu of pmask) reads the received face (mu, side) in ``ghost`` at goff[2 mu + side]
 // (complex elements): a block of the local shape with extent ``depth`` along mu, side 0 = the backward neighbour's
 // last depth slabs, side 1 = the forward neighbour's first ones. The arithmetic is the same in both instantiations.
+// ``compact`` (whole lattice only): psi, out and x are parity-compact, checkerboard site j of its parity at row j: the
+// neighbour at full-lattice index s (of the other parity) is compact site s >> 1 (x runs fastest and nx is even, so
+// s >> 1 = (x >> 1) + (nx / 2) * row), and the output site and x are site j itself.
 template <typename R, bool DIST>
 __device__ __forceinline__ void hop_site(const typename C2<R>::T *__restrict__ psi,
                     const typename C2<R>::T *__restrict__ links, typename C2<R>::T *__restrict__ out,
                     const typename C2<R>::T *__restrict__ x, R a, R b, int parity, int nhop,
                     int nx, int ny, int nz, int nt, long j, const typename C2<R>::T *__restrict__ ghost,
-                    const long long *__restrict__ goff, int pmask, int depth) {
+                    const long long *__restrict__ goff, int pmask, int depth, int compact) {
     typedef typename C2<R>::T T;
     const long vh = (long)nx * ny * nz * nt / 2;
     const int half = nx / 2;
@@ -54,6 +57,7 @@ __device__ __forceinline__ void hop_site(const typename C2<R>::T *__restrict__ p
         } else {
             cc[mu] = wrap(m, n[mu]);
             s = cc[0] + (long)nx * (cc[1] + (long)ny * (cc[2] + (long)nz * cc[3]));
+            if (compact) s >>= 1;
         }
         const T v0 = src[3 * s], v1 = src[3 * s + 1], v2 = src[3 * s + 2];
         const T *L = links + (long)h * 9 * vh + j;
@@ -61,7 +65,7 @@ __device__ __forceinline__ void hop_site(const typename C2<R>::T *__restrict__ p
         madd<R>(acc1, __ldg(L + 3 * vh), v0); madd<R>(acc1, __ldg(L + 4 * vh), v1); madd<R>(acc1, __ldg(L + 5 * vh), v2);
         madd<R>(acc2, __ldg(L + 6 * vh), v0); madd<R>(acc2, __ldg(L + 7 * vh), v1); madd<R>(acc2, __ldg(L + 8 * vh), v2);
     }
-    const long o = (xx + (long)nx * (y + (long)ny * (z + (long)nz * t))) * 3;
+    const long o = (compact ? j : xx + (long)nx * (y + (long)ny * (z + (long)nz * t))) * 3;
     T r0 = {b * acc0.x, b * acc0.y}, r1 = {b * acc1.x, b * acc1.y}, r2 = {b * acc2.x, b * acc2.y};
     if (x != 0) {
         const T x0 = x[o], x1 = x[o + 1], x2 = x[o + 2];
@@ -73,11 +77,11 @@ __device__ __forceinline__ void hop_site(const typename C2<R>::T *__restrict__ p
 template <typename R>
 __device__ void hop(const typename C2<R>::T *__restrict__ psi, const typename C2<R>::T *__restrict__ links,
                     typename C2<R>::T *__restrict__ out, const typename C2<R>::T *__restrict__ x,
-                    R a, R b, int parity, int nhop, int nx, int ny, int nz, int nt) {
+                    R a, R b, int parity, int nhop, int nx, int ny, int nz, int nt, int compact) {
     const long vh = (long)nx * ny * nz * nt / 2;
     const long j = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (j >= vh) return;
-    hop_site<R, false>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, j, 0, 0, 0, 1);
+    hop_site<R, false>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, j, 0, 0, 0, 1, compact);
 }
 
 // The distributed hop on the sites listed in ``sites`` (checkerboard indices; all vh sites when sites == 0).
@@ -89,7 +93,7 @@ __device__ void hop_dist(const typename C2<R>::T *psi, const typename C2<R>::T *
     const long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (i >= nsites) return;
     const long j = sites ? (long)sites[i] : i;
-    hop_site<R, true>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, j, ghost, goff, pmask, depth);
+    hop_site<R, true>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, j, ghost, goff, pmask, depth, 0);
 }
 
 // Faces into one contiguous send buffer: face f (table row f: mu, dir, offset, length in complex elements) holds the
@@ -119,12 +123,14 @@ __device__ void pack(const T *__restrict__ psi, T *__restrict__ buf, const int *
 }
 
 extern "C" __global__ void hop_double(const double2 *psi, const double2 *links, double2 *out, const double2 *x,
-                                      double a, double b, int parity, int nhop, int nx, int ny, int nz, int nt) {
-    hop<double>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt);
+                                      double a, double b, int parity, int nhop, int nx, int ny, int nz, int nt,
+                                      int compact) {
+    hop<double>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact);
 }
 extern "C" __global__ void hop_single(const float2 *psi, const float2 *links, float2 *out, const float2 *x,
-                                      float a, float b, int parity, int nhop, int nx, int ny, int nz, int nt) {
-    hop<float>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt);
+                                      float a, float b, int parity, int nhop, int nx, int ny, int nz, int nt,
+                                      int compact) {
+    hop<float>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact);
 }
 extern "C" __global__ void hop_dist_double(const double2 *psi, const double2 *links, double2 *out, const double2 *x,
                                            double a, double b, int parity, int nhop, int nx, int ny, int nz, int nt,

@@ -50,7 +50,7 @@ def test_a_deck_that_does_not_name_the_backend_lets_the_environment_through():
     ("HMC_P2P_ALLOC", "cuda_ipc", "use one of auto, vmm, legacy"),
     ("HMC_P2P_DATA", "dma", "use one of copy_engine, remote_write"),
     ("HMC_SOLVER_SUMS", "kahan", "use one of fast, exact"),
-    ("HMC_SOLVER_FUSED", "some", "use 1 (on), 0 (off) or all (every site)"),
+    ("HMC_SOLVER_FUSED", "some", "use 1 (on), 0 (off), all (every site) or strided"),
     ("HMC_HISQ_KERNELS", "off", "use 1 (on) or 0 (off)"),
     ("HMC_COMMS_TIMEOUT", "-3", "use a positive number of seconds"),
     ("HMC_GRID", "1 2 3", "use four positive integers PX PY PZ PT"),

@@ -33,7 +33,7 @@ static Idx blockIdx = {0}, threadIdx = {0}, blockDim = {1};
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 """
-_CTYPES = {"double": ctypes.c_double, "int": ctypes.c_int, "long": ctypes.c_long}
+_CTYPES = {"double": ctypes.c_double, "float": ctypes.c_float, "int": ctypes.c_int, "long": ctypes.c_long}
 _BUILD = Path(tempfile.gettempdir()) / "hmc_cuda_host"
 
 
@@ -78,7 +78,9 @@ class _Function:
             raise TypeError(f"{len(args)} arguments for {len(self.argtypes)} parameters")
         conv = []
         for a, t in zip(args, self.argtypes):
-            if t is ctypes.c_void_p:
+            if t is ctypes.c_void_p and isinstance(a, int) and a == 0:
+                conv.append(ctypes.c_void_p(None))       # a null pointer (an optional field left out)
+            elif t is ctypes.c_void_p:
                 if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
                     raise TypeError("a pointer argument must be a C-contiguous NumPy array")
                 conv.append(ctypes.c_void_p(a.ctypes.data))

@@ -94,6 +94,11 @@ def test_the_switch():
     odd = gpu.xp.asarray(project(random_field(cpu, np.random.default_rng(1)), cpu, 1))
     full = gpu.xp.asarray(random_field(cpu, np.random.default_rng(1)))
     assert fused_blas(a, odd).parity == 1
+    assert not fused_blas(a, odd).compact                       # parity-compact only where the solver asks
+    compact = fused_blas(a, odd, compact=True)
+    assert compact.compact and compact.parity == 1 and compact.shape == (4 * 4 * 4 * 8 // 2, 3)
+    assert not fused_blas(a, full, compact=True).compact         # both parities: full-lattice vectors
+    assert not fused_blas(a.shifted(0.3), odd, compact=True).compact     # no compact form
     assert fused_blas(a, full).parity is None                   # data on both parities: every site
     assert fused_blas(a.shifted(0.3), odd).parity == 1
     assert fused_blas(d.matrix(0.1).normal(), full).parity is None
@@ -101,8 +106,8 @@ def test_the_switch():
     assert fused_blas(StaggeredDslash(cpu, fat, long).even_odd(0.1).normal) is None       # NumPy backend
     old = set_reductions("exact")
     try:      # exact sums: the fused kernels with exact device sums in double precision, the array path in single
-        blas = fused_blas(a, odd)
-        assert blas.exact and blas.parity == 1
+        blas = fused_blas(a, odd, compact=True)
+        assert blas.exact and blas.parity == 1 and not blas.compact
         assert fused_blas(d.converted(np.complex64).even_odd(0.1, 1).normal, odd) is None
     finally:
         set_reductions(old)
@@ -111,6 +116,9 @@ def test_the_switch():
         assert fused_blas(a, odd) is None
         set_fused_blas("all")
         assert fused_blas(a, odd).parity is None
+        set_fused_blas("strided")
+        blas = fused_blas(a, odd, compact=True)
+        assert blas.parity == 1 and not blas.compact
     finally:
         set_fused_blas(old)
     from comms import ProcessGrid

@@ -99,3 +99,31 @@ def test_exact_sums_graph_equals_host_driven(fields, name):
     assert sg.extra["fused"] and sg.extra["graph_iterations"] == 8 and sg.extra.get("graph_replays", 0) > 0
     assert (sg.iters, sg.matvecs, sg.residual) == (sr.iters, sr.matvecs, sr.residual)
     assert _same(got, ref)
+
+
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+@pytest.mark.parametrize("iters", [0, 8])
+def test_compact_vectors_equal_strided(fields, name, iters):
+    """Parity-compact Krylov vectors (the default) against the parity's sites of full-lattice ones
+    (HMC_SOLVER_FUSED=strided), host-driven and on the device: the same iterations and bits, except the mixed CG,
+    whose reliable updates sum |r|^2 and <r, p> as arrays (the compact or the full vectors: rounding)."""
+    from solvers.operator import set_fused_blas
+
+    make, dtype, mass = SOLVERS[name]
+    got, sg = _solve(iters, fields, make, mass, dtype)
+    old = set_fused_blas("strided")
+    try:
+        ref, sr = _solve(iters, fields, make, mass, dtype)
+    finally:
+        set_fused_blas(old)
+    assert sg.extra["compact"] and not sr.extra["compact"] and sg.extra["graph_iterations"] == iters
+    assert sg.converged == sr.converged
+    if name == "mixed_one_reduction":       # (two solutions to tol 1e-10: apart by at most cond(A) tol)
+        assert abs(sg.iters - sr.iters) <= 2
+        g, r = got.get(), ref.get()
+        assert np.abs(g - r).max() <= 1e-6 * np.abs(r).max()
+        return
+    assert (sg.iters, sg.matvecs, sg.residual, sg.true_residual) == (sr.iters, sr.matvecs, sr.residual,
+                                                                     sr.true_residual)
+    assert sg.true_residuals == sr.true_residuals
+    assert _same(got, ref)

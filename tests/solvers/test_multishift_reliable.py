@@ -142,6 +142,17 @@ extern "C" __global__ void host_ms_update_mixed(float2 *s, float2 *r, const floa
     ms_update<float, double, double>(s, r, w, pp, xp, coef, nshift, (float)alpha, (float)beta, fresh, n, parity,
                                      nx, ny, nz);
 }
+extern "C" __global__ void host_ms_update_single(float2 *s, float2 *r, const float2 *w, const u64 *pp, const u64 *xp,
+                                                 const float *coef, int nshift, double alpha, double beta, int fresh,
+                                                 long n, int parity, int nx, int ny, int nz) {
+    ms_update<float, float, float>(s, r, w, pp, xp, coef, nshift, (float)alpha, (float)beta, fresh, n, parity,
+                                   nx, ny, nz);
+}
+extern "C" __global__ void host_ms_update_double(double2 *s, double2 *r, const double2 *w, const u64 *pp,
+                                                 const u64 *xp, const double *coef, int nshift, double alpha,
+                                                 double beta, int fresh, long n, int parity, int nx, int ny, int nz) {
+    ms_update<double, double, double>(s, r, w, pp, xp, coef, nshift, alpha, beta, fresh, n, parity, nx, ny, nz);
+}
 """
 
 
@@ -150,7 +161,7 @@ def update_kernel():
     src = resources.files("solvers").joinpath("kernels/fused_blas.cu").read_text()
     site = src[src.index("/* lattice index of checkerboard"):src.index("/* Sum v[0..1] over the grid")]
     update = src[src.index("/* multishift: s = w + beta s"):src.index("// ---------------------------")]
-    return RawModule(_PRELUDE + site + update + _WRAPPER).get_function("host_ms_update_mixed")
+    return RawModule(_PRELUDE + site + update + _WRAPPER)
 
 
 def _fields(geom, rng, dtype):
@@ -158,30 +169,45 @@ def _fields(geom, rng, dtype):
     return np.ascontiguousarray((f * (geom.parity() == 0)[..., None]).astype(dtype))
 
 
+#: the update kernels compiled for the host: Krylov precision, the x_i's precisions, the coefficients' precision
+_VARIANTS = {"mixed": (np.complex64, (np.complex128, np.complex64, np.complex128, np.complex64, np.complex128,
+                                      np.complex128), np.float64),
+             "single": (np.complex64, (np.complex64,) * 6, np.float32),
+             "double": (np.complex128, (np.complex128,) * 6, np.float64)}
+
+
 @needs_gxx
+@pytest.mark.parametrize("variant", sorted(_VARIANTS))
 @pytest.mark.parametrize("fresh", [False, True])
-def test_mixed_update_kernel_equals_the_twin(update_kernel, fresh):
-    """Bitwise: s, r, the float p_i, the double x_i (tagged addresses) and the single x_i of the kernel equal
-    BlasTwin.multishift_update's NumPy arithmetic, on the even sites only; a frozen shift is left alone."""
+def test_update_kernel_equals_the_twin(update_kernel, variant, fresh):
+    """Bitwise: s, r, the p_i and the x_i of the kernel (the mixed one: float p_i, double x_i at tagged addresses
+    and single ones) equal BlasTwin.multishift_update's NumPy arithmetic, on the even sites only; frozen shifts are
+    left alone. Six shifts: two chunks of the kernel's loads (MS_CHUNK 4), a frozen shift in each."""
+    krylov, xdtypes, real = _VARIANTS[variant]
     geom = Geometry((4, 4, 2, 2))
     rng = np.random.default_rng(3)
-    s, r, w = (_fields(geom, rng, np.complex64) for _ in range(3))
-    ps = [_fields(geom, rng, np.complex64) for _ in range(3)]
-    xs = [_fields(geom, rng, np.complex128), _fields(geom, rng, np.complex64), _fields(geom, rng, np.complex128)]
-    coefs = [(0.7312, -1.234567890123, 0.4321), (0.11, 3.3333333333, 0.9), None]
+    s, r, w = (_fields(geom, rng, krylov) for _ in range(3))
+    ps = [_fields(geom, rng, krylov) for _ in xdtypes]
+    xs = [_fields(geom, rng, dt) for dt in xdtypes]
+    coefs = [(0.7312, -1.234567890123, 0.4321), (0.11, 3.3333333333, 0.9), None, (0.25, 0.5, 0.125),
+             (1.0 / 3.0, -0.7, 0.3), None]
     alpha, beta = 0.81234, 0.45678
     want = [a.copy() for a in (s, r, *ps, *xs)]
-    BlasTwin(geom, np.complex64, 0).multishift_update(want[0], want[1], w, want[2:5], want[5:], coefs, alpha, beta,
-                                                      fresh)
+    k = len(coefs)
+    BlasTwin(geom, krylov, 0).multishift_update(want[0], want[1], w, want[2:2 + k], want[2 + k:], coefs, alpha,
+                                                beta, fresh)
     pp = np.array([p.ctypes.data for p in ps], dtype=np.uint64)
-    xp = np.array([x.ctypes.data | (1 if x.dtype == np.complex128 else 0) for x in xs], dtype=np.uint64)
-    coef = np.zeros(12)
+    tag = variant == "mixed"
+    xp = np.array([x.ctypes.data | (1 if tag and x.dtype == np.complex128 else 0) for x in xs], dtype=np.uint64)
+    coef = np.zeros(4 * k, dtype=real)
     for i, co in enumerate(coefs):
         if co is not None:
             coef[4 * i:4 * i + 4] = (*co, 1.0)
     n = geom.volume // 2
-    update_kernel((n * 3,), (1,), (s, r, w, pp, xp, coef, 3, np.float64(np.float32(alpha)),
-                                   np.float64(np.float32(beta)), int(fresh), n, 0, 4, 4, 2))
+    if krylov == np.complex64:      # the single drivers round alpha and beta to float (CudaBlas: R(alpha))
+        alpha, beta = np.float64(np.float32(alpha)), np.float64(np.float32(beta))
+    kernel = update_kernel.get_function(f"host_ms_update_{variant}")
+    kernel((n * 3,), (1,), (s, r, w, pp, xp, coef, k, alpha, beta, int(fresh), n, 0, 4, 4, 2))
     for got, exp in zip((s, r, *ps, *xs), want):
         assert got.dtype == exp.dtype and np.array_equal(got, exp)
 
