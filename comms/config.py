@@ -190,6 +190,8 @@ SETTINGS = {
                                 "staged chain rule's last stage in two launches (fewer registers)"),
     "mg_kernels": Setting("HMC_MG_KERNELS", _flag(True), True, "multigrid CUDA kernels"),
     "mg_timing_sync": Setting("HMC_MG_TIMING_SYNC", _flag(True), True, "multigrid clocks synchronize the device"),
+    "mg_graph": Setting("HMC_MG_GRAPH", _flag(False), False,
+                        "multigrid: the deepest K-cycle GCR's steps as CUDA-graph replays (one GPU)"),
     "solver_fused": Setting("HMC_SOLVER_FUSED", _fused, "on", "fused solver linear algebra: on, off or all"),
     "solver_sums": Setting("HMC_SOLVER_SUMS", _choice("fast", "exact"), "fast", "solver reductions"),
     "solver_graph": Setting("HMC_SOLVER_GRAPH", _int_in(0, None, "use a non-negative integer (0: host-driven)"), 8,
@@ -263,6 +265,7 @@ class RunConfig:
     hisq_links_split: bool = False
     mg_kernels: bool = True
     mg_timing_sync: bool = True
+    mg_graph: bool = False
     solver_fused: str = "on"
     solver_sums: str = "fast"
     solver_graph: int = 8
