@@ -109,14 +109,14 @@ class LevelGraphs:
         old = timing.set_sync(False)         # no clock may synchronize inside a capture
         try:
             if self.emulate:                 # "capture": run the step for its counts, then undo its writes
-                saved = [a.copy() for a in run.buffers()]
-                run.step(j)
-                for a, v in zip(run.buffers(), saved):
-                    a[...] = v
+                self._undone(run, j)
                 graph = (lambda: run.step(j))
             else:
                 from comms.cuda.graph import CapturedGraph
 
+                if not self.captures:        # once: the step eagerly on the capture stream, undone (cuBLAS's and
+                    self._on_stream(lambda: self._undone(run, j))     # CUB's per-stream set-up outside a capture)
+                    self.tally.set(before)
                 graph = CapturedGraph(self.stream, lambda: run.step(j))
         except Exception as exc:             # noqa: BLE001 - any failure: run eagerly from now on
             self.failed = f"{type(exc).__name__}: {exc}"
@@ -131,6 +131,23 @@ class LevelGraphs:
         self.captures += 1
         return True
 
+    @staticmethod
+    def _undone(run, j) -> None:
+        saved = [a.copy() for a in run.buffers()]
+        run.step(j)
+        for a, v in zip(run.buffers(), saved):
+            a[...] = v
+
+    def _on_stream(self, fn) -> None:
+        """``fn()`` on the capture stream, ordered after the caller's stream's work and before its next."""
+        cur = self.xp.cuda.get_current_stream()
+        self.joined.record(cur)
+        self.stream.wait_event(self.joined)
+        with self.stream:
+            fn()
+        self.done.record(self.stream)
+        cur.wait_event(self.done)
+
     def _launch(self, j) -> None:
         graph = self.graphs[j]
         if self.emulate:
@@ -138,12 +155,7 @@ class LevelGraphs:
             graph()
             self.tally.set(before)
         else:
-            cur = self.xp.cuda.get_current_stream()
-            self.joined.record(cur)
-            self.stream.wait_event(self.joined)
-            graph.launch(self.stream)
-            self.done.record(self.stream)
-            cur.wait_event(self.done)
+            self._on_stream(lambda: graph.launch(self.stream))
         self.tally.add(self.deltas[j])
         self.replays += 1
 

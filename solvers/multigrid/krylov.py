@@ -9,6 +9,11 @@
   classical Gram-Schmidt in one reduction; |q|^2 and <q, r> come from a second one, and |r|^2 follows from them
   (|r - alpha q|^2 = |r|^2 - |<q, r>|^2/|q|^2). With ``true_residual`` the residual is recomputed from x at each
   restart and before stopping.
+
+Both keep every scalar in the array module (:class:`GCRRun`, :func:`device_sums`, :func:`small_lstsq`): on one GPU a
+smoothing reads nothing back and a GCR iteration reads (|r|^2, |q|^2) once, for the stop test, so that the steps of
+the deepest K-cycle GCR can be CUDA-graph replays (:mod:`.graph`; docs/multigrid.md "Device-resident coarse
+levels"). On NumPy the results are bitwise those of the host-driven steps (tests/solvers/test_multigrid_graph.py).
 """
 from __future__ import annotations
 
