@@ -46,15 +46,24 @@ def norm2(geom, v) -> float:
     return float(dots(geom, [v], v)[0].real)
 
 
+def on_device(geom) -> bool:
+    """Whether the Krylov scalars stay on the device: one GPU (several ranks reduce through the host, MPI)."""
+    return geom.backend.is_gpu and geom.grid.active_comm.size == 1
+
+
 def device_sums(geom, loc):
-    """Global sums of the per-rank partial sums ``loc`` as complex128 in ``geom``'s array module. One GPU: summed
-    where they are, on the device (no host round trip: the device-resident steps); otherwise through
-    :func:`.lattice.global_sums` (the host reduction, charged to the level clock) and back."""
-    xp = geom.xp
-    if geom.backend.is_gpu and geom.grid.active_comm.size == 1:
+    """Global sums of the per-rank partial sums ``loc`` as complex128: on one GPU summed where they are, a device
+    array (no host round trip: the device-resident steps); otherwise a NumPy array through
+    :func:`.lattice.global_sums` (the host reduction, charged to the level clock), as before."""
+    if on_device(geom):
         return loc.astype(np.complex128)
-    out = np.asarray(global_sums(geom, loc), dtype=complex)
-    return out if xp is np else xp.asarray(out)
+    return np.asarray(global_sums(geom, loc), dtype=complex)
+
+
+def _coef(a):
+    """A coefficient as it multiplies fields: a device array stays one (nothing read back); a host value becomes a
+    Python scalar, which the array module rounds to the fields' precision."""
+    return complex(a) if isinstance(a, (np.ndarray, np.generic)) else a
 
 
 #: rcond of the smoother's least-squares solve (numpy.linalg.lstsq's cutoff, relative to the largest singular value)
@@ -68,16 +77,21 @@ def small_lstsq(geom, sums, s: int):
     the unit-diagonal scaling of G (numpy.linalg.lstsq, rcond :data:`LSTSQ_RCOND`). NumPy: lstsq itself; CuPy: the
     one-thread kernel of kernels/small_lstsq.cu (Jacobi eigenvalues, the same cutoff), on the device and stream, so
     that a smoothing needs no host round trip (and can be captured in a CUDA graph: :mod:`.graph`); more than
-    :data:`LSTSQ_MAX` steps go through the host."""
+    :data:`LSTSQ_MAX` steps go through the host. Host ``sums`` (NumPy: several ranks) give host coefficients."""
     xp = geom.xp
-    if xp is not np and s > LSTSQ_MAX:
+    if isinstance(sums, np.ndarray):
+        return _lstsq_host(sums, s)
+    if s > LSTSQ_MAX:
         return xp.asarray(_lstsq_host(geom.backend.to_numpy(sums), s))
-    if xp is not np:
-        out = xp.empty(s, dtype=np.complex128)
-        fn = cuda_source.function(geom.backend, "solvers.multigrid", "small_lstsq.cu", "mg_small_lstsq")
-        fn((1,), (1,), (xp.ascontiguousarray(sums), out, np.int32(s), np.float64(LSTSQ_RCOND)))
-        return out
-    return _lstsq_host(sums, s)
+    return _lstsq_kernel(geom, sums, s)
+
+
+def _lstsq_kernel(geom, sums, s: int):
+    xp = geom.xp
+    out = xp.empty(s, dtype=np.complex128)
+    fn = cuda_source.function(geom.backend, "solvers.multigrid", "small_lstsq.cu", "mg_small_lstsq")
+    fn((1,), (1,), (xp.ascontiguousarray(sums), out, np.int32(s), np.float64(LSTSQ_RCOND)))
+    return out
 
 
 def _lstsq_host(sums, s: int):
@@ -120,7 +134,7 @@ def gcr_smooth(op, f, x=None, steps: int = 2):
     alpha = small_lstsq(geom, sums, s).astype(f.dtype)
     out = xp.zeros_like(f) if x is None else x.copy()
     for i, p in enumerate(P):
-        out += alpha[i] * p
+        out += _coef(alpha[i]) * p
     return out
 
 
@@ -149,11 +163,12 @@ class GCRRun:
     def __init__(self, apply, precondition, geom, like, nkrylov: int, persistent: bool = False):
         xp = geom.xp
         self.apply, self.precondition, self.geom, self.xp = apply, precondition, geom, xp
-        self.device = geom.backend.is_gpu and geom.grid.active_comm.size == 1
+        self.device = on_device(geom)
+        self.sx = sx = xp if self.device else np            # where the scalars live: where the sums arrive
         self.persistent = bool(persistent)
-        self.scal = xp.zeros(2, dtype=np.float64)           # |r|^2, |q|^2
-        self.rrs = xp.zeros(1, dtype=np.float64)            # |r|^2 at the Krylov cycle's start
-        self.QQ = xp.zeros(max(int(nkrylov), 1), dtype=np.float64)
+        self.scal = sx.zeros(2, dtype=np.float64)           # |r|^2, |q|^2
+        self.rrs = sx.zeros(1, dtype=np.float64)            # |r|^2 at the Krylov cycle's start
+        self.QQ = sx.zeros(max(int(nkrylov), 1), dtype=np.float64)
         n = len(self.QQ)
         if self.persistent:
             self.x, self.r = xp.zeros_like(like), xp.zeros_like(like)
@@ -217,7 +232,7 @@ class GCRRun:
         alpha = <q, r>/|q|^2 and |r|^2 -= |<q, r>|^2/|q|^2 - all on the array module, nothing read by the host. The
         coefficients are rounded to the fields' precision before they multiply them, as Python scalars are. A
         breakdown (|q|^2 not > 0 or not finite) leaves alpha 0 and |r|^2 as it was (the host stops on it)."""
-        xp, geom = self.xp, self.geom
+        xp, sx, geom = self.xp, self.sx, self.geom
         z = self.precondition(self.r)
         if z is self.r and not self.persistent:
             z = z.copy()
@@ -227,17 +242,18 @@ class GCRRun:
             loc = xp.stack([xp.asarray(_vdot_local(xp, self.Q[i], q)) for i in range(j)])
             c = (device_sums(geom, loc) / self.QQ[:j]).astype(q.dtype)
             for i in range(j):
-                q -= c[i] * self.Q[i]
-                z -= c[i] * self.Z[i]
+                cf = _coef(c[i])
+                q -= cf * self.Q[i]
+                z -= cf * self.Z[i]
         s = device_sums(geom, xp.stack([xp.asarray(_vdot_local(xp, q, q)), xp.asarray(_vdot_local(xp, q, self.r))]))
         qq = s[0].real
-        ok = (qq > 0) & xp.isfinite(qq)
-        safe = xp.where(ok, qq, 1.0)
-        alpha = xp.where(ok, s[1] / safe, 0.0)
-        self.x += alpha.astype(self.x.dtype) * z
-        self.r -= alpha.astype(self.r.dtype) * q
-        a = xp.abs(s[1])
-        rr = xp.where(ok, xp.maximum(self.scal[0] - a * a / safe, 0.0), self.scal[0])
+        ok = (qq > 0) & sx.isfinite(qq)
+        safe = sx.where(ok, qq, 1.0)
+        alpha = sx.where(ok, s[1] / safe, 0.0)
+        self.x += _coef(alpha.astype(self.x.dtype)) * z
+        self.r -= _coef(alpha.astype(self.r.dtype)) * q
+        a = sx.abs(s[1])
+        rr = sx.where(ok, sx.maximum(self.scal[0] - a * a / safe, 0.0), self.scal[0])
         if self.device:                 # below the recurrence's rounding floor: |r|^2 measured, chosen here
             meas = device_sums(geom, xp.stack([xp.asarray(_vdot_local(xp, self.r, self.r))]))[0].real
             rr = xp.where(rr < _RECOMPUTE * self.rrs[0], meas, rr)
@@ -247,7 +263,7 @@ class GCRRun:
 
     def read(self):
         """(|r|^2, |q|^2) of the last step on the host (the one synchronization of an iteration)."""
-        v = self.scal if self.xp is np else self.geom.backend.to_numpy(self.scal)
+        v = self.scal if self.sx is np else self.geom.backend.to_numpy(self.scal)
         return float(v[0]), float(v[1])
 
     def result(self):
