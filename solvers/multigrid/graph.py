@@ -19,9 +19,12 @@ the override :func:`set_graph`) switches it on.
 How: a dedicated non-blocking stream captures (:class:`comms.cuda.graph.CapturedGraph`, the solvers' capture) and
 replays, joined to the caller's stream by two events per replay. Every array a step touches outside the step lives
 in the persistent buffers of one :class:`.krylov.GCRRun` per level; the step's temporaries, allocated during the
-capture from CuPy's pool, belong to the capture stream's arena, which nothing but the graphs use afterwards (CuPy's
-pool keeps a free list per stream), so a replay cannot overwrite a live array of the host-driven code. Each j is
-run eagerly the first time (kernel compilation, cuBLAS set-up, the pool warmed), captured the second time. The
+capture, come from a CuPy memory pool of the level's own (``cupy.cuda.using_allocator``), which nothing but the
+capture uses and which lives as long as the graphs, so a replay cannot overwrite a live array of the host-driven
+code and no block a graph writes is ever given back to the device. Each j is run eagerly the first time (kernel
+compilation, the tables), captured the second time; just before its capture it runs once eagerly on the capture
+stream with the level's pool and is undone, so that cuBLAS's and CUB's set-up for that stream and every block the
+capture asks the pool for are made outside the capture (no allocation from the device inside it). The
 statistics (applications, smoother steps, iterations, direct solves) counted by Python during the capture are
 added per replay (:class:`Tally`); the levels below the captured one then report no time of their own (their
 work is inside the replays, timed as the captured level's). A capture that fails (an operation that reads back to
@@ -88,6 +91,7 @@ class LevelGraphs:
         if not self.emulate:
             cp = self.xp
             self.stream = cp.cuda.Stream(non_blocking=True)
+            self.pool = cp.cuda.MemoryPool()     # the captured steps' temporaries: this pool, nobody else's
             self.joined = cp.cuda.Event(disable_timing=True)
             self.done = cp.cuda.Event(disable_timing=True)
 
@@ -114,10 +118,12 @@ class LevelGraphs:
             else:
                 from comms.cuda.graph import CapturedGraph
 
-                if not self.captures:        # once: the step eagerly on the capture stream, undone (cuBLAS's and
-                    self._on_stream(lambda: self._undone(run, j))     # CUB's per-stream set-up outside a capture)
-                    self.tally.set(before)
-                graph = CapturedGraph(self.stream, lambda: run.step(j))
+                # the step once eagerly on the capture stream, undone: cuBLAS's and CUB's set-up for the stream
+                # and every block the capture will ask the pool for are made outside the capture
+                self._on_stream(lambda: self._undone(run, j))
+                self.tally.set(before)
+                with self.xp.cuda.using_allocator(self.pool.malloc):
+                    graph = CapturedGraph(self.stream, lambda: run.step(j))
         except Exception as exc:             # noqa: BLE001 - any failure: run eagerly from now on
             self.failed = f"{type(exc).__name__}: {exc}"
             warnings.warn(f"multigrid: the level's GCR step could not be captured in a CUDA graph ({self.failed}); "
@@ -139,11 +145,13 @@ class LevelGraphs:
             a[...] = v
 
     def _on_stream(self, fn) -> None:
-        """``fn()`` on the capture stream, ordered after the caller's stream's work and before its next."""
-        cur = self.xp.cuda.get_current_stream()
+        """``fn()`` on the capture stream with this level's memory pool, ordered after the caller's stream's work
+        and before its next."""
+        cp = self.xp
+        cur = cp.cuda.get_current_stream()
         self.joined.record(cur)
         self.stream.wait_event(self.joined)
-        with self.stream:
+        with self.stream, cp.cuda.using_allocator(self.pool.malloc):
             fn()
         self.done.record(self.stream)
         cur.wait_event(self.done)
