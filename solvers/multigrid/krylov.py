@@ -46,6 +46,16 @@ def norm2(geom, v) -> float:
     return float(dots(geom, [v], v)[0].real)
 
 
+def gather(xp, vals):
+    """The partial sums ``vals`` (0-d arrays or scalars) as one array, each written into place: no host copy, where
+    ``xp.stack`` of many device arrays may copy a table of their addresses from the host (which a CUDA graph
+    capture would bake in). The same values as the stack."""
+    out = xp.empty(len(vals), dtype=vals[0].dtype)
+    for i, v in enumerate(vals):
+        out[i] = v
+    return out
+
+
 def on_device(geom) -> bool:
     """Whether the Krylov scalars stay on the device: one GPU (several ranks reduce through the host, MPI)."""
     return geom.backend.is_gpu and geom.grid.active_comm.size == 1
@@ -130,7 +140,7 @@ def gcr_smooth(op, f, x=None, steps: int = 2):
             loc.append(_vdot_local(xp, Q[i], Q[j]))
     for i in range(s):
         loc.append(_vdot_local(xp, Q[i], r))
-    sums = device_sums(geom, xp.stack([xp.asarray(v) for v in loc]))
+    sums = device_sums(geom, gather(xp, loc))
     alpha = small_lstsq(geom, sums, s).astype(f.dtype)
     out = xp.zeros_like(f) if x is None else x.copy()
     for i, p in enumerate(P):
@@ -239,13 +249,13 @@ class GCRRun:
         z = self._keep(self.Z, j, z)
         q = self._keep(self.Q, j, self.apply(z))
         if j:
-            loc = xp.stack([xp.asarray(_vdot_local(xp, self.Q[i], q)) for i in range(j)])
+            loc = gather(xp, [_vdot_local(xp, self.Q[i], q) for i in range(j)])
             c = (device_sums(geom, loc) / self.QQ[:j]).astype(q.dtype)
             for i in range(j):
                 cf = _coef(c[i])
                 q -= cf * self.Q[i]
                 z -= cf * self.Z[i]
-        s = device_sums(geom, xp.stack([xp.asarray(_vdot_local(xp, q, q)), xp.asarray(_vdot_local(xp, q, self.r))]))
+        s = device_sums(geom, gather(xp, [_vdot_local(xp, q, q), _vdot_local(xp, q, self.r)]))
         qq = s[0].real
         ok = (qq > 0) & sx.isfinite(qq)
         safe = sx.where(ok, qq, 1.0)
@@ -255,7 +265,7 @@ class GCRRun:
         a = sx.abs(s[1])
         rr = sx.where(ok, sx.maximum(self.scal[0] - a * a / safe, 0.0), self.scal[0])
         if self.device:                 # below the recurrence's rounding floor: |r|^2 measured, chosen here
-            meas = device_sums(geom, xp.stack([xp.asarray(_vdot_local(xp, self.r, self.r))]))[0].real
+            meas = device_sums(geom, gather(xp, [_vdot_local(xp, self.r, self.r)]))[0].real
             rr = xp.where(rr < _RECOMPUTE * self.rrs[0], meas, rr)
         self.scal[0] = rr
         self.scal[1] = qq
