@@ -184,6 +184,8 @@ SETTINGS = {
                                "staged all-direction HISQ fat-link chain rule (one GPU, whole lattice)"),
     "mg_kernels": Setting("HMC_MG_KERNELS", _flag(True), True, "multigrid CUDA kernels"),
     "mg_timing_sync": Setting("HMC_MG_TIMING_SYNC", _flag(True), True, "multigrid clocks synchronize the device"),
+    "mg_graph": Setting("HMC_MG_GRAPH", _flag(False), False,
+                        "multigrid: the deepest K-cycle GCR's steps as CUDA-graph replays (one GPU)"),
     "solver_fused": Setting("HMC_SOLVER_FUSED", _fused, "on", "fused solver linear algebra: on, off, all or strided"),
     "solver_sums": Setting("HMC_SOLVER_SUMS", _choice("fast", "exact"), "fast", "solver reductions"),
     "solver_graph": Setting("HMC_SOLVER_GRAPH", _int_in(0, None, "use a non-negative integer (0: host-driven)"), 8,
@@ -254,6 +256,7 @@ class RunConfig:
     hisq_staged_vjp: bool = True
     mg_kernels: bool = True
     mg_timing_sync: bool = True
+    mg_graph: bool = False
     solver_fused: str = "on"
     solver_sums: str = "fast"
     solver_graph: int = 8

@@ -37,6 +37,7 @@ OPTIONS = {
     ("lattice", "exact_sum.cu"): (CXX17, "--fmad=false"),
     ("solvers.multigrid", "coarse.cu"): (CXX17,),
     ("solvers.multigrid", "coarse_half.cu"): (CXX17,),
+    ("solvers.multigrid", "small_lstsq.cu"): (CXX17,),
     ("force", "gauge_force.cu"): (CXX14,),
     ("force", "hisq.cu"): (CXX14,),
     ("force", "hisq_staged.cu"): (CXX17,),

@@ -151,7 +151,8 @@ shared near-null space, the per-mass levels), :mod:`.solver` (set-up reuse, K-cy
 coarse stencils),
 :mod:`.timing` (per-level clocks), :mod:`.precision` (the preconditioner's single-precision copies),
 :mod:`.split` (split-grid solves), :mod:`.shifts` (RHMC shifts), :mod:`.cuda`
-(GPU kernels).
+(GPU kernels), :mod:`.graph` (the deepest K-cycle GCR's steps as CUDA-graph replays; docs/multigrid.md
+"Device-resident coarse levels").
 """
 from .lattice import CoarseGeometry, MultigridError
 from .operators import CoarseOperator, FineStencil, KDBlocks, LevelOperator

@@ -9,12 +9,19 @@
   classical Gram-Schmidt in one reduction; |q|^2 and <q, r> come from a second one, and |r|^2 follows from them
   (|r - alpha q|^2 = |r|^2 - |<q, r>|^2/|q|^2). With ``true_residual`` the residual is recomputed from x at each
   restart and before stopping.
+
+Both keep every scalar in the array module (:class:`GCRRun`, :func:`device_sums`, :func:`small_lstsq`): on one GPU a
+smoothing reads nothing back and a GCR iteration reads (|r|^2, |q|^2) once, for the stop test, so that the steps of
+the deepest K-cycle GCR can be CUDA-graph replays (:mod:`.graph`; docs/multigrid.md "Device-resident coarse
+levels"). On NumPy the results are bitwise those of the host-driven steps (tests/solvers/test_multigrid_graph.py).
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
+
+from lattice import cuda_source
 
 from .lattice import global_sums
 
@@ -39,8 +46,83 @@ def norm2(geom, v) -> float:
     return float(dots(geom, [v], v)[0].real)
 
 
+def gather(xp, vals):
+    """The partial sums ``vals`` (0-d arrays or scalars) as one array, each written into place: no host copy, where
+    ``xp.stack`` of many device arrays may copy a table of their addresses from the host (which a CUDA graph
+    capture would bake in). The same values as the stack."""
+    out = xp.empty(len(vals), dtype=vals[0].dtype)
+    for i, v in enumerate(vals):
+        out[i] = v
+    return out
+
+
+def on_device(geom) -> bool:
+    """Whether the Krylov scalars stay on the device: one GPU (several ranks reduce through the host, MPI)."""
+    return geom.backend.is_gpu and geom.grid.active_comm.size == 1
+
+
+def device_sums(geom, loc):
+    """Global sums of the per-rank partial sums ``loc`` as complex128: on one GPU summed where they are, a device
+    array (no host round trip: the device-resident steps); otherwise a NumPy array through
+    :func:`.lattice.global_sums` (the host reduction, charged to the level clock), as before."""
+    if on_device(geom):
+        return loc.astype(np.complex128)
+    return np.asarray(global_sums(geom, loc), dtype=complex)
+
+
+def _coef(a):
+    """A coefficient as it multiplies fields: a device array stays one (nothing read back); a host value becomes a
+    Python scalar, which the array module rounds to the fields' precision."""
+    return complex(a) if isinstance(a, (np.ndarray, np.generic)) else a
+
+
+#: rcond of the smoother's least-squares solve (numpy.linalg.lstsq's cutoff, relative to the largest singular value)
+LSTSQ_RCOND = 1e-13
+LSTSQ_MAX = 8          # LSQ_MAX of kernels/small_lstsq.cu: the most smoother steps the device solve takes
+
+
+def small_lstsq(geom, sums, s: int):
+    """The smoother's coefficients alpha (s,) complex128 from ``sums`` (complex128: the upper triangle of the Gram
+    matrix G_ij = <A p_i, A p_j> row by row, then c_i = <A p_i, r>): the least-squares solution of G alpha = c on
+    the unit-diagonal scaling of G (numpy.linalg.lstsq, rcond :data:`LSTSQ_RCOND`). NumPy: lstsq itself; CuPy: the
+    one-thread kernel of kernels/small_lstsq.cu (Jacobi eigenvalues, the same cutoff), on the device and stream, so
+    that a smoothing needs no host round trip (and can be captured in a CUDA graph: :mod:`.graph`); more than
+    :data:`LSTSQ_MAX` steps go through the host. Host ``sums`` (NumPy: several ranks) give host coefficients."""
+    xp = geom.xp
+    if isinstance(sums, np.ndarray):
+        return _lstsq_host(sums, s)
+    if s > LSTSQ_MAX:
+        return xp.asarray(_lstsq_host(geom.backend.to_numpy(sums), s))
+    return _lstsq_kernel(geom, sums, s)
+
+
+def _lstsq_kernel(geom, sums, s: int):
+    xp = geom.xp
+    out = xp.empty(s, dtype=np.complex128)
+    fn = cuda_source.function(geom.backend, "solvers.multigrid", "small_lstsq.cu", "mg_small_lstsq")
+    fn((1,), (1,), (xp.ascontiguousarray(sums), out, np.int32(s), np.float64(LSTSQ_RCOND)))
+    return out
+
+
+def _lstsq_host(sums, s: int):
+    G = np.zeros((s, s), dtype=complex)
+    k = 0
+    for i in range(s):
+        for j in range(i, s):
+            G[i, j] = sums[k]
+            G[j, i] = np.conj(sums[k])
+            k += 1
+    c = sums[k:]
+    scale = np.sqrt(np.abs(np.diag(G)).clip(min=1e-300))
+    Gs = G / np.outer(scale, scale)
+    return np.linalg.lstsq(Gs, c / scale, rcond=LSTSQ_RCOND)[0] / scale
+
+
 def gcr_smooth(op, f, x=None, steps: int = 2):
-    """x + sum_i alpha_i A^i r minimizing |f - A x'| (r = f - A x; x = 0 when not given). Returns x'."""
+    """x + sum_i alpha_i A^i r minimizing |f - A x'| (r = f - A x; x = 0 when not given). Returns x'. The Gram
+    matrix, the least-squares solve and the update stay in the array module (on one GPU: no host round trip,
+    :func:`device_sums`, :func:`small_lstsq`); alpha is rounded to the fields' precision before it multiplies them,
+    as a Python scalar is."""
     geom, xp = op.geom, op.xp
     if steps <= 0:
         return xp.zeros_like(f) if x is None else x
@@ -58,21 +140,11 @@ def gcr_smooth(op, f, x=None, steps: int = 2):
             loc.append(_vdot_local(xp, Q[i], Q[j]))
     for i in range(s):
         loc.append(_vdot_local(xp, Q[i], r))
-    sums = np.asarray(global_sums(geom, xp.stack([xp.asarray(v) for v in loc])), dtype=complex)
-    G = np.zeros((s, s), dtype=complex)
-    k = 0
-    for i in range(s):
-        for j in range(i, s):
-            G[i, j] = sums[k]
-            G[j, i] = np.conj(sums[k])
-            k += 1
-    c = sums[k:]
-    scale = np.sqrt(np.abs(np.diag(G)).clip(min=1e-300))
-    Gs = G / np.outer(scale, scale)
-    alpha = np.linalg.lstsq(Gs, c / scale, rcond=1e-13)[0] / scale
+    sums = device_sums(geom, gather(xp, loc))
+    alpha = small_lstsq(geom, sums, s).astype(f.dtype)
     out = xp.zeros_like(f) if x is None else x.copy()
-    for a, p in zip(alpha, P):
-        out += complex(a) * p
+    for i, p in enumerate(P):
+        out += _coef(alpha[i]) * p
     return out
 
 
@@ -90,13 +162,132 @@ class FGCRResult:
         self.iters, self.residual, self.restarts, self.converged = 0, 1.0, 0, False
 
 
+class GCRRun:
+    """The iterate of one flexible GCR solve (x, r, the directions Z, their images Q, |q_j|^2 in ``QQ``) and its
+    step (:meth:`step`), every scalar kept in the array module: ``scal`` holds (|r|^2, |q|^2) of the last step, the
+    one thing the host reads per iteration (its stop test: :func:`fgcr`). ``persistent``: x, r, Z and Q live in
+    buffers allocated once, so that a step can be captured in a CUDA graph and replayed by later solves of the same
+    level (:mod:`.graph`); otherwise the directions are the step's own arrays. ``device`` (one GPU): the rounding
+    floor's re-measurement of |r|^2 is selected on the device too (else the host does it, only when needed)."""
+
+    def __init__(self, apply, precondition, geom, like, nkrylov: int, persistent: bool = False):
+        xp = geom.xp
+        self.apply, self.precondition, self.geom, self.xp = apply, precondition, geom, xp
+        self.device = on_device(geom)
+        self.sx = sx = xp if self.device else np            # where the scalars live: where the sums arrive
+        self.persistent = bool(persistent)
+        self.scal = sx.zeros(2, dtype=np.float64)           # |r|^2, |q|^2
+        self.rrs = sx.zeros(1, dtype=np.float64)            # |r|^2 at the Krylov cycle's start
+        self.QQ = sx.zeros(max(int(nkrylov), 1), dtype=np.float64)
+        n = len(self.QQ)
+        if self.persistent:
+            self.x, self.r = xp.zeros_like(like), xp.zeros_like(like)
+            self.Z = [xp.zeros_like(like) for _ in range(n)]
+            self.Q = [xp.zeros_like(like) for _ in range(n)]
+        else:
+            self.x = self.r = None
+            self.Z, self.Q = [None] * n, [None] * n
+        self.stepper = None          # (run, j) -> None: runs step j (a CUDA graph's replay); None: self.step
+
+    def buffers(self) -> list:
+        """Every persistent array a step writes."""
+        return [self.x, self.r, self.scal, self.rrs, self.QQ] + self.Z + self.Q
+
+    def _set(self, name, value):
+        if self.persistent:
+            getattr(self, name)[...] = value
+        else:
+            setattr(self, name, value)
+
+    def start(self, b, x, bb: float) -> float:
+        """x = x0 (or 0), r = b - A x; returns |r|^2 (``bb`` = |b|^2 when x0 is None)."""
+        xp = self.xp
+        if x is None:
+            self._set("x", xp.zeros_like(b))
+            self._set("r", b.copy())
+            rr = bb
+        else:
+            self._set("x", x.copy())
+            self._set("r", b - self.apply(self.x))
+            rr = norm2(self.geom, self.r)
+        self.scal[0] = rr
+        return rr
+
+    def true_residual(self, b) -> float:
+        self._set("r", b - self.apply(self.x))
+        return self.measure()
+
+    def measure(self) -> float:
+        """|r|^2 measured (one reduction), also into ``scal``."""
+        rr = norm2(self.geom, self.r)
+        self.scal[0] = rr
+        return rr
+
+    def restart(self, rr: float) -> None:
+        self.rrs[0] = rr
+
+    def run_step(self, j: int) -> None:
+        (self.step if self.stepper is None else lambda j: self.stepper(self, j))(j)
+
+    def _keep(self, lst, j, v):
+        if self.persistent:
+            lst[j][...] = v
+            return lst[j]
+        lst[j] = v
+        return v
+
+    def step(self, j: int) -> None:
+        """Direction j of the Krylov cycle: z = K r, q = A z, both orthogonalized against the j kept ones by classical
+        Gram-Schmidt (one reduction), then (|q|^2, <q, r>) (one reduction), x += alpha z, r -= alpha q with
+        alpha = <q, r>/|q|^2 and |r|^2 -= |<q, r>|^2/|q|^2 - all on the array module, nothing read by the host. The
+        coefficients are rounded to the fields' precision before they multiply them, as Python scalars are. A
+        breakdown (|q|^2 not > 0 or not finite) leaves alpha 0 and |r|^2 as it was (the host stops on it)."""
+        xp, sx, geom = self.xp, self.sx, self.geom
+        z = self.precondition(self.r)
+        if z is self.r and not self.persistent:
+            z = z.copy()
+        z = self._keep(self.Z, j, z)
+        q = self._keep(self.Q, j, self.apply(z))
+        if j:
+            loc = gather(xp, [_vdot_local(xp, self.Q[i], q) for i in range(j)])
+            c = (device_sums(geom, loc) / self.QQ[:j]).astype(q.dtype)
+            for i in range(j):
+                cf = _coef(c[i])
+                q -= cf * self.Q[i]
+                z -= cf * self.Z[i]
+        s = device_sums(geom, gather(xp, [_vdot_local(xp, q, q), _vdot_local(xp, q, self.r)]))
+        qq = s[0].real
+        ok = (qq > 0) & sx.isfinite(qq)
+        safe = sx.where(ok, qq, 1.0)
+        alpha = sx.where(ok, s[1] / safe, 0.0)
+        self.x += _coef(alpha.astype(self.x.dtype)) * z
+        self.r -= _coef(alpha.astype(self.r.dtype)) * q
+        a = sx.abs(s[1])
+        rr = sx.where(ok, sx.maximum(self.scal[0] - a * a / safe, 0.0), self.scal[0])
+        if self.device:                 # below the recurrence's rounding floor: |r|^2 measured, chosen here
+            meas = device_sums(geom, gather(xp, [_vdot_local(xp, self.r, self.r)]))[0].real
+            rr = xp.where(rr < _RECOMPUTE * self.rrs[0], meas, rr)
+        self.scal[0] = rr
+        self.scal[1] = qq
+        self.QQ[j] = qq
+
+    def read(self):
+        """(|r|^2, |q|^2) of the last step on the host (the one synchronization of an iteration)."""
+        v = self.scal if self.sx is np else self.geom.backend.to_numpy(self.scal)
+        return float(v[0]), float(v[1])
+
+    def result(self):
+        return self.x.copy() if self.persistent else self.x
+
+
 def fgcr(apply, precondition, geom, b, tol: float, maxiter: int, nkrylov: int = 16, x=None,
-         true_residual: bool = False, on_iteration=None):
+         true_residual: bool = False, on_iteration=None, run: GCRRun | None = None):
     """Flexible GCR for A x = b (``apply``: v -> A v, ``precondition``: r -> approximately A^-1 r).
 
     Stops when |r| <= tol |b| (iterated residual) or after ``maxiter`` preconditioned directions. With
     ``true_residual`` the residual is recomputed as b - A x at every restart and before stopping; the solve goes on
-    while it is above the tolerance. Returns (x, FGCRResult)."""
+    while it is above the tolerance. The iterations are :meth:`GCRRun.step` (``run``: a persistent one whose steps
+    may be CUDA-graph replays, :mod:`.graph`); the host reads |r|^2 once per iteration. Returns (x, FGCRResult)."""
     xp = geom.xp
     res = FGCRResult()
     bb = norm2(geom, b)
@@ -104,53 +295,34 @@ def fgcr(apply, precondition, geom, b, tol: float, maxiter: int, nkrylov: int = 
         res.residual, res.converged = 0.0, True
         return xp.zeros_like(b), res
     stop = tol * tol * bb
-    if x is None:
-        x = xp.zeros_like(b)
-        r = b.copy()
-        rr = bb
-    else:
-        x = x.copy()
-        r = b - apply(x)
-        rr = norm2(geom, r)
-    Z, Q, QQ = [], [], []
+    if run is None:
+        run = GCRRun(apply, precondition, geom, b, nkrylov)
+    rr = run.start(b, x, bb)
+    j = 0
     rr_start = rr
+    run.restart(rr)
     while True:
-        if rr <= stop or res.iters >= maxiter or len(Q) >= nkrylov:
+        if rr <= stop or res.iters >= maxiter or j >= nkrylov:
             if true_residual and res.iters > 0:
-                r = b - apply(x)
-                rr = norm2(geom, r)
+                rr = run.true_residual(b)
             if rr <= stop or res.iters >= maxiter:
                 break
-            if Q:
+            if j:
                 res.restarts += 1
-            Z, Q, QQ = [], [], []
+            j = 0
             rr_start = rr
-        z = precondition(r)
-        if z is r:
-            z = r.copy()
-        q = apply(z)
-        if Q:
-            c = dots(geom, Q, q) / np.asarray(QQ)
-            for cj, qj, zj in zip(c, Q, Z):
-                q -= complex(cj) * qj
-                z -= complex(cj) * zj
-        s = np.asarray(global_sums(geom, xp.stack([xp.asarray(_vdot_local(xp, q, q)),
-                                                     xp.asarray(_vdot_local(xp, q, r))])), dtype=complex)
-        qq = float(s[0].real)                          # |q|^2 and <q, r> in one reduction
+            run.restart(rr)
+        run.run_step(j)
+        rr_new, qq = run.read()
         if not qq > 0 or not math.isfinite(qq):
             break
-        alpha = s[1] / qq
-        x += complex(alpha) * z
-        r -= complex(alpha) * q
-        rr = max(rr - abs(s[1]) ** 2 / qq, 0.0)       # |r - alpha q|^2 (q orthogonal to the earlier directions)
-        if rr < _RECOMPUTE * rr_start:
-            rr = norm2(geom, r)                        # below the recurrence's rounding floor: measure |r|^2
-        Z.append(z)
-        Q.append(q)
-        QQ.append(qq)
+        rr = rr_new
+        if not run.device and rr < _RECOMPUTE * rr_start:
+            rr = run.measure()                         # below the recurrence's rounding floor: measure |r|^2
+        j += 1
         res.iters += 1
         if on_iteration is not None:
             on_iteration(res.iters, math.sqrt(rr / bb))
     res.residual = math.sqrt(rr / bb)
     res.converged = rr <= stop
-    return x, res
+    return run.result(), res

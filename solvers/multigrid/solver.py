@@ -40,7 +40,7 @@ from ..staggered import StaggeredMatrix
 from .hierarchy import Hierarchy, Subspace
 from .krylov import fgcr, gcr_smooth, norm2
 from .lattice import MultigridError
-from . import timing
+from . import graph, timing
 from .operators import FineStencil
 from .params import MultigridParams, validate
 from .precision import FineOp
@@ -169,6 +169,7 @@ class MultigridInverse(InverseOperator):
         if subspace is not None:
             self._check_compatible(subspace)
         self.hierarchy: Hierarchy | None = None
+        self._graphed = None          # the level whose GCR steps are CUDA-graph replays (.graph), or None
         self._stencil_links = None
         self._pending = []            # (what, seconds, fine columns) of set-up work not yet reported
         self.progress = None          # callable(note): told what the set-up does (hmc solve's progress line)
@@ -339,7 +340,7 @@ class MultigridInverse(InverseOperator):
             t1 = time.perf_counter()
             with timing.active(h.clocks[l + 1]):
                 y, res = fgcr(opc.apply, lambda r: self._cycle(l + 1, r), opc.geom, fc, p.kcycle_tol,
-                              p.kcycle_maxiter, nkrylov=p.kcycle_maxiter)
+                              p.kcycle_maxiter, nkrylov=p.kcycle_maxiter, run=self._graph_run(l + 1, opc, fc))
             self._lstats[l + 1]["krylov_iters"] += res.iters
             self._lstats[l + 1]["solves"] += 1
             self._lstats[l + 1]["time_incl"] += time.perf_counter() - t1
@@ -351,6 +352,15 @@ class MultigridInverse(InverseOperator):
         if l == 1:
             st["time_incl"] += time.perf_counter() - t0
         return x
+
+    def _graph_run(self, level, op, f):
+        """The persistent GCR run whose steps are CUDA-graph replays (:mod:`.graph`) for the K-cycle GCR of
+        ``level``, or None (host-driven steps)."""
+        if level != self._graphed:
+            return None
+        tally = graph.Tally(self.hierarchy.counters, lambda: self._lstats)
+        return graph.level_graphs(self.hierarchy, level, op.apply, lambda r: self._cycle(level, r), f,
+                                  self.params.kcycle_maxiter, tally).run
 
     def _precondition(self, r):
         """Level 0: e = smooth_M(r, K_1(X^-1 r)), in the cycle's precision (r rounded to it, e promoted back)."""
@@ -379,6 +389,8 @@ class MultigridInverse(InverseOperator):
         for c in h.clocks:
             c.reset()
         self._fine = FineOp(self.op, h.counters[0])
+        self._graphed = graph.graphed_level(h, p)
+        graphs_before = graph.graph_counters(h)
         self._lstats = [dict(cycles=0, krylov_iters=0, solves=0, direct_solves=0, smoother_steps=0, time_incl=0.0)
                         for _ in h.ops]
         t0 = time.perf_counter()
@@ -405,6 +417,10 @@ class MultigridInverse(InverseOperator):
         st.matvecs = st.fine_applies
         st.flops = float(sum(d.get("flops", 0.0) for d in st.levels))
         st.extra.update(mass=self.mass, kd=p.kd, coarsest=h.coarsest_mode(), cycle_precision=p.precision)
+        if self._graphed is not None:                 # this solve's replays and captures (docs/multigrid.md)
+            after = graph.graph_counters(h)
+            st.extra.update(graph_level=self._graphed, **{k: v - graphs_before.get(k, 0) if k != "graph_failed"
+                                                          else v for k, v in after.items()})
         if not st.converged and p.raise_on_fail:
             raise SolverConvergenceError(
                 f"{self.name} did not converge: {res.iters} outer iterations (maxiter {p.maxiter}), true residual "
