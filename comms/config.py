@@ -169,9 +169,9 @@ SETTINGS = {
                             "stream_gated: exterior kernels read received faces in the receive buffer"),
     "p2p_peer_sums": Setting("HMC_P2P_PEER_SUMS", _flag(True), True,
                              "device-resident solver rank sums in one step over all node peers"),
-    "p2p_credit_free": Setting("HMC_P2P_CREDIT_FREE", _flag(False), False,
+    "p2p_credit_free": Setting("HMC_P2P_CREDIT_FREE", _flag(True), True,
                                "stream_gated graph mode: senders skip the credit waits (implied by the order)"),
-    "p2p_batch_signals": Setting("HMC_P2P_BATCH_SIGNALS", _flag(False), False,
+    "p2p_batch_signals": Setting("HMC_P2P_BATCH_SIGNALS", _flag(True), True,
                                  "stream_gated: every link's signal in one batch after every link's copy"),
     "p2p_alloc": Setting("HMC_P2P_ALLOC", _choice("auto", "vmm", "legacy"), "auto", "GPU halo segment allocation"),
     "p2p_fabric": Setting("HMC_P2P_FABRIC", _flag(True), True, "try fabric handles"),
@@ -250,8 +250,8 @@ class RunConfig:
     p2p_parallel_recv: bool = True
     p2p_in_place: bool = True
     p2p_peer_sums: bool = True
-    p2p_credit_free: bool = False
-    p2p_batch_signals: bool = False
+    p2p_credit_free: bool = True
+    p2p_batch_signals: bool = True
     p2p_alloc: str = "auto"
     p2p_fabric: bool = True
     cuda_device: int | None = None

@@ -23,7 +23,7 @@ class GpuExchange:
     """One posted GPU exchange; ``finish`` enqueues the waits and the unpack on the exchange's compute stream."""
 
     __slots__ = ("engine", "buffer", "stream", "host_in", "recvs", "sends", "sent", "done", "observed", "keep",
-                 "fenced", "held")
+                 "fenced", "held", "pads")
 
     def __init__(self, engine, buffer, stream, host_in):
         self.engine, self.buffer, self.stream, self.host_in = engine, buffer, stream, host_in
@@ -35,6 +35,7 @@ class GpuExchange:
         self.fenced = False
         self.held = False
         self.observed = {}
+        self.pads = {}              # {(dim, side): device array}: faces padded in (credit-free mode), dropped
 
     def in_place_ok(self) -> bool:
         """Whether this exchange can be received in place: device faces, every receive on a peer-to-peer link whose
@@ -63,6 +64,8 @@ class GpuExchange:
         batch(csp, ops)
         self._watch(csp)
         self.done = self.held = True
+        for key in self.pads:
+            del where[key]
         return where
 
     def release(self, stream=None) -> None:
@@ -86,6 +89,8 @@ class GpuExchange:
         if self.done:
             raise CommsError("finish() called twice on one halo exchange")
         eng, st, b = self.engine, self.engine.state, self.buffer
+        if self.pads:
+            out = {**(out or {}), **self.pads}
         cs = self.stream
         csp = cs.ptr
         switch = eng.cp.cuda.get_current_stream().ptr != csp
@@ -129,6 +134,8 @@ class GpuExchange:
         st.outstanding -= 1
         self.done = True
         self.keep = []
+        for key in self.pads:
+            del results[key]
         return results
 
     def _watch(self, csp):

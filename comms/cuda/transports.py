@@ -439,6 +439,9 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
         if st.busy[b] is not None:
             raise CommsError(f"rank {self.world_rank}: halo buffer {b} is still held by an unfinished exchange: at "
                              "most two exchanges may be outstanding (double buffering); finish the older first")
+        pads = {}
+        if self.credit_free:                # every link in every exchange (comms/cuda/creditfree.py, rule 1)
+            sends, pads = self.credit_order.padded(sends)
         keys = sorted(sends)
         faces = []
         host_in = False
@@ -457,10 +460,11 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
             if need > self.capacity:
                 self._grow(need)
         cs = cp.cuda.get_current_stream()
-        if self.credit_free:
-            self.credit_order.before_start(cs, keys)
+        if self.graph_mode:
+            self.credit_order.before_start(cs)
         self._used_streams[cs.ptr] = cs
         ex = GpuExchange(self, b, cs, host_in)
+        ex.pads = pads
         comm = self.comm
         for (dim, d), face in zip(keys, faces):                 # receives first
             side = 1 - d
