@@ -12,16 +12,16 @@ stream before A's start of n + 2, whose pack event gates A's copy n + 2 into P's
 each arrow a stream order or a satisfied stream wait: the credit that A's wait would have checked is implied. The
 same chain orders P's reset of its arrival flag b (n) before A sets it again (n + 2). It holds only where
 
-1. every exchange carries every link (both directions), so that P sends A exchange n + 1: an exchange that names
-   fewer links (a shift, one stage of a padded stencil, a ring step) gets an 8-byte face on each link it lacks
-   (:meth:`CreditFreeOrder.padded`; the receivers wait for it and drop it), and the solvers' rank sums are peer
-   sums (comms/cuda/peersum.py), not rings;
+1. every exchange carries every link (both directions), so that P signals A in exchange n + 1: an exchange that
+   names fewer links (a shift, one stage of a padded stencil, a ring step) signals on each link it lacks without
+   data (:meth:`CreditFreeOrder.missing`: one batch of flag writes by the sender, the flags' waits and resets in the
+   receiver's batch of arrival waits), and the solvers' rank sums are peer sums (comms/cuda/peersum.py), not rings;
 2. exchanges do not overlap: exchange n is finished and released before n + 1 starts, on the same stream or on
    streams joined in that order (:meth:`CreditFreeOrder.before_start` joins them by an event where they differ);
 3. the buffers strictly alternate in device order: a captured graph spans an even number of exchanges and is
    launched where the engine's buffer index is the one it was captured at (:func:`capture_marks`,
    :func:`check_capture`, :func:`before_launch`, called by comms/cuda/graph.py): after an odd number of uncaptured
-   exchanges (a single hop) one 8-byte exchange of every link (:meth:`CreditFreeOrder.pad`) realigns it;
+   exchanges (a single hop) one exchange of signals alone on every link (:meth:`CreditFreeOrder.pad`) realigns it;
 4. graph mode (binary flags), every link stream_gated with the copy_engine policy, in-place receive and peer sums on
    every rank, an even ``solver_graph`` (the solvers' sums of an odd one take rings): decided collectively by
    :func:`decide` at ``set_graph_mode(True)``; else, and with counters (host-driven mode), the credits stay.
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import weakref
 
-import numpy as np
 from cuda.bindings import driver as drv
 
 from ..base import CommsError
@@ -81,12 +80,10 @@ class CreditFreeOrder:
         self.event = None
         self.started = 0              # exchanges started (a capture holds this engine's exchanges if it changed)
         self.pads = 0                 # exchanges made by :meth:`pad`
-        self._pad = None              # the 8-byte face of :meth:`padded`, and the receivers' ones
-        self._pad_in = {}
 
     def before_start(self, stream) -> None:
         """Count an exchange of an engine in graph mode (what a capture checks); in credit-free mode check it (about
-        to start on ``stream``, a CuPy stream, with every link: :meth:`padded`) and join the stream
+        to start on ``stream``, a CuPy stream, with every link: :meth:`missing`) and join the stream
         of the last release into it where they differ (an event), before the pack event that gates the sends."""
         self.started += 1
         eng = self.engine
@@ -105,19 +102,12 @@ class CreditFreeOrder:
         if ptr != stream.ptr and not (self.capturing and not captured):   # the first exchange of a capture: joined
             self.join(ptr, stream.ptr)                                     # at launch (before_launch)
 
-    def padded(self, sends: dict) -> tuple:
-        """Rule 1: ``sends`` with an 8-byte face for every link it lacks, and {(dim, side): device array} where the
-        receivers put those faces (a start() passes them to its exchange, whose finish drops them)."""
-        eng = self.engine
-        missing = [k for k in sorted(eng.links) if k not in sends]
-        if not missing:
-            return sends, {}
-        if self._pad is None:
-            self._pad = eng.cp.zeros(1, dtype=np.float64)
-            self._pad_in = {(dim, 1 - d): eng.cp.zeros(1, dtype=np.float64) for dim, d in sorted(eng.links)}
-        sends = dict(sends)
-        sends.update((k, self._pad) for k in missing)
-        return sends, {(dim, 1 - d): self._pad_in[(dim, 1 - d)] for dim, d in missing}
+    def missing(self, sends) -> list:
+        """Rule 1: the links (dim, d) an exchange with faces ``sends`` lacks. Each gets a signal and no data: the
+        sender writes the receiver's arrival flag (one batch on the compute stream, after the reads that came
+        before), the receiver waits for it and resets it (with its other arrival waits); that signal is what orders
+        the peer's next write into the buffer (module docstring), the data of such a link would be dropped."""
+        return [k for k in sorted(self.engine.links) if k not in sends]
 
     def join(self, from_ptr: int, to_ptr: int) -> None:
         """Order what is enqueued on stream ``from_ptr`` so far before what follows on ``to_ptr``."""
@@ -127,7 +117,7 @@ class CreditFreeOrder:
         call(drv.cuStreamWaitEvent, to_ptr, self.event.ptr, 0)
 
     def pad(self, stream) -> None:
-        """One exchange of an 8-byte face on every link (:meth:`padded`), on ``stream``, uncaptured: it flips the
+        """One exchange of signals alone on every link (:meth:`missing`), on ``stream``, uncaptured: it flips the
         buffer index so that a graph launched next finds the index it was captured at (every rank has the same
         index, invariant 6, and launches the same graphs: collective)."""
         with stream:

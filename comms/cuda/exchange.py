@@ -35,7 +35,7 @@ class GpuExchange:
         self.fenced = False
         self.held = False
         self.observed = {}
-        self.pads = {}              # {(dim, side): device array}: faces padded in (credit-free mode), dropped
+        self.pads = []              # (dim, side) of the signals without data (credit-free mode, creditfree.py)
 
     def in_place_ok(self) -> bool:
         """Whether this exchange can be received in place: device faces, every receive on a peer-to-peer link whose
@@ -61,11 +61,9 @@ class GpuExchange:
             link = eng.links[(dim, side)]
             ops += link.kind.arrival_ops(eng, self, link, dim, side, expected)
             where[(dim, side)] = eng.seg.ptr + data_offset(b, dim, side, eng.capacity)
-        batch(csp, ops)
+        batch(csp, ops + self._pad_ops())
         self._watch(csp)
         self.done = self.held = True
-        for key in self.pads:
-            del where[key]
         return where
 
     def release(self, stream=None) -> None:
@@ -89,8 +87,6 @@ class GpuExchange:
         if self.done:
             raise CommsError("finish() called twice on one halo exchange")
         eng, st, b = self.engine, self.engine.state, self.buffer
-        if self.pads:
-            out = {**(out or {}), **self.pads}
         cs = self.stream
         csp = cs.ptr
         switch = eng.cp.cuda.get_current_stream().ptr != csp
@@ -114,6 +110,8 @@ class GpuExchange:
                 results[(dim, side)] = self._receive(link, dim, side, shape, dtype, expected, req, view, dest)
             for ev in joins:                                   # the parallel receive chains
                 call(drv.cuStreamWaitEvent, csp, ev.ptr, 0)
+            if self.pads:
+                batch(csp, self._pad_ops())
             self._watch(csp)
             if not self.fenced:
                 for ev in self.sent:                           # p2p sends whose receives came by mpi
@@ -134,9 +132,13 @@ class GpuExchange:
         st.outstanding -= 1
         self.done = True
         self.keep = []
-        for key in self.pads:
-            del results[key]
         return results
+
+    def _pad_ops(self) -> list:
+        """The waits for (and resets of) the signals without data of this exchange (credit-free mode)."""
+        links = self.engine.links
+        return [op for dim, side in self.pads
+                for op in links[(dim, side)].kind.arrival_ops(self.engine, self, links[(dim, side)], dim, side, 0)]
 
     def _watch(self, csp):
         """Hand the device-side waits of this uncaptured exchange to the engine's watchdog (comms/watchdog.py): an

@@ -439,9 +439,6 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
         if st.busy[b] is not None:
             raise CommsError(f"rank {self.world_rank}: halo buffer {b} is still held by an unfinished exchange: at "
                              "most two exchanges may be outstanding (double buffering); finish the older first")
-        pads = {}
-        if self.credit_free:                # every link in every exchange (comms/cuda/creditfree.py, rule 1)
-            sends, pads = self.credit_order.padded(sends)
         keys = sorted(sends)
         faces = []
         host_in = False
@@ -464,7 +461,6 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
             self.credit_order.before_start(cs)
         self._used_streams[cs.ptr] = cs
         ex = GpuExchange(self, b, cs, host_in)
-        ex.pads = pads
         comm = self.comm
         for (dim, d), face in zip(keys, faces):                 # receives first
             side = 1 - d
@@ -493,6 +489,8 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
                 p2p.append((dim, d, link, msg, face))
         if p2p:
             self._send_p2p(p2p, b, cs, ex)
+        if self.credit_free:                # every link signals in every exchange (comms/cuda/creditfree.py, rule 1)
+            self._signal_missing(sends, b, cs, ex)
         st.buffer_index ^= 1
         st.busy[b] = ex
         st.outstanding += 1
@@ -539,6 +537,14 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
             ex.sent.append(link.ev_sent[b])
         if batched:
             self._signal_batch(p2p, b, ex)
+
+    def _signal_missing(self, sends, b, cs, ex):
+        """Credit-free mode: a signal without data on every link this exchange lacks, one batch on the compute stream
+        (after every read enqueued before it); the receivers wait for them and reset them (``ex.pads``)."""
+        missing = self.credit_order.missing(sends)
+        if missing:
+            cu.batch(cs.ptr, [self.links[k].kind.signal_op(self, self.links[k], k[0], k[1], b, 0) for k in missing])
+            ex.pads = [(dim, 1 - d) for dim, d in missing]
 
     def _batch_signals(self, p2p) -> bool:
         """Whether this exchange's signals go out as ONE batch after every link's copy (HMC_P2P_BATCH_SIGNALS, every

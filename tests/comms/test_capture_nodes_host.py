@@ -177,10 +177,16 @@ for name, dims in (("2 links", [3]), ("4 links", [2, 3])):      # credit-free gr
     ex.release(COMPUTE)
     drv.CALLS.clear()
     ex = e.start({k: v for k, v in faces.items() if k != (dims[0], 0)})    # a ring step: one link missing, padded
+    sent = list(drv.CALLS)
+    drv.CALLS.clear()
     where = ex.finish_in_place()
     ex.release(COMPUTE)
-    got["padded"] = {"copies": sorted(c[4] for c in drv.CALLS if c[0] == "memcpy"), "where": sorted(map(list, where)),
-                     "pads": sorted(map(list, ex.pads)), "free": e.state.busy == [None, None]}
+    b = 1 - e.state.buffer_index
+    got["padded"] = {"copies": len([c for c in sent + drv.CALLS if c[0] == "memcpy"]), "where": sorted(map(list, where)),
+                     "pads": sorted(map(list, ex.pads)), "free": e.state.busy == [None, None],
+                     "signal": sent[-1] == ("batch", CURRENT[0].ptr, [("write", peer[dims[0]] + 8 * sigf_slot(b, dims[0], 1),
+                                                                        1)]),
+                     "wait": [o for o in drv.CALLS[-1][2] if o[1] == e.seg.ptr + 8 * sigf_slot(b, dims[0], 1)]}
     creditfree.ENGINES.add(e)
     CURRENT[0] = cap = stream(capturing=True)
     marks = creditfree.capture_marks()
@@ -205,7 +211,7 @@ for name, dims in (("2 links", [3]), ("4 links", [2, 3])):      # credit-free gr
     ex.finish_in_place()
     ex.release()
     drv.CALLS.clear()
-    creditfree.before_launch(launch, other)                  # realigned by one 8-byte exchange of every link
+    creditfree.before_launch(launch, other)                  # realigned by one exchange of signals alone
     got["pad"] = {"pads": e.credit_order.pads, "index": e.state.buffer_index == launch[0][1],
                   "copies": [c[4] for c in drv.CALLS if c[0] == "memcpy"], "busy": e.state.busy == [None, None]}
     got["idle capture"] = creditfree.check_capture(creditfree.capture_marks()) == []   # no exchange of e in it
@@ -355,12 +361,14 @@ def test_credit_free_joins_streams_pads_and_refuses_what_breaks_the_order(record
     assert "captured outside credit-free graph mode" in refused[3] and "credit-free now" in refused[3]
     assert all("\n" not in r for r in refused) and got["credited marks"]
     links = 2 if name == "2 links" else 4
-    dim = 3 if links == 2 else 2                              # the ring step lacks (dim, 0): padded, received on
-    assert got["padded"] == {"copies": sorted([8] + [3 * 4 * 4 * 4 * 3 * 16] * (links - 1)),   # (dim, 1), dropped
-                             "where": sorted([k, s] for k in ([2, 3] if links == 4 else [3]) for s in (0, 1)
-                                             if [k, s] != [dim, 1]),
-                             "pads": [[dim, 1]], "free": True}
-    assert got["pad"] == {"pads": 1, "index": True, "copies": [8] * links, "busy": True}
+    dim = 3 if links == 2 else 2
+    # the ring step lacks (dim, 0): a signal without data on it (one batch), its wait + reset at the receiver
+    assert got["padded"]["signal"] and len(got["padded"]["wait"]) == 2, got["padded"]
+    assert [o[0] for o in got["padded"]["wait"]] == ["wait", "write"] and [o[2] for o in got["padded"]["wait"]] == [1, 0]
+    assert {k: v for k, v in got["padded"].items() if k not in ("signal", "wait")} == {
+        "copies": links - 1, "where": sorted([k, s] for k in ([2, 3] if links == 4 else [3]) for s in (0, 1)
+                                             if [k, s] != [dim, 1]), "pads": [[dim, 1]], "free": True}
+    assert got["pad"] == {"pads": 1, "index": True, "copies": [], "busy": True}   # signals alone, no data
     assert got["restored"] and got["launch join"] == ["record", "waitevent"] and got["idle capture"]
 
 
