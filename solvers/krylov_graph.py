@@ -49,6 +49,7 @@ RUNNING, DONE, BREAKDOWN, NONFINITE = 0, 1, 2, 3
 
 
 _capturable_everywhere = weakref.WeakKeyDictionary()   # halo engine -> every rank's links capture
+_LOOPS: "weakref.WeakSet" = weakref.WeakSet()            # every GraphLoop of this process (graph_totals)
 _override = {"iters": None}        # set_solver_graph: iterations per graph for every geometry, or None
 
 
@@ -200,6 +201,7 @@ class GraphLoop:
         self.replays = 0
         self.capture_s = 0.0
         self.captures = 0
+        _LOOPS.add(self)
 
     def upload(self, z=(), zp=(), rel=(), ptrs=(), **values) -> None:
         """The state vector from ``values`` (slot name -> number; the rest 0) and the per-shift arrays, in one copy
@@ -257,6 +259,16 @@ class GraphLoop:
     def counters(self) -> dict:
         """Replays and captures so far (and the seconds the captures took), for the solver statistics."""
         return {"graph_replays": self.replays, "graph_captures": self.captures, "graph_capture_s": self.capture_s}
+
+
+def graph_totals() -> dict:
+    """:meth:`GraphLoop.counters` summed over every loop of this process (replays, captures, capture seconds): what
+    a benchmark reads before and after a timed run, e.g. to see how many solves captured a new graph."""
+    out = {"graph_replays": 0, "graph_captures": 0, "graph_capture_s": 0.0}
+    for loop in list(_LOOPS):
+        for k, v in loop.counters().items():
+            out[k] += v
+    return out
 
 
 def loop_for(geom, kind: str, iters: int, real=np.float64, nshift: int = 0, exact=False) -> GraphLoop:
