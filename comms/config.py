@@ -194,6 +194,10 @@ SETTINGS = {
     "solver_sums": Setting("HMC_SOLVER_SUMS", _choice("fast", "exact"), "fast", "solver reductions"),
     "solver_graph": Setting("HMC_SOLVER_GRAPH", _int_in(0, None, "use a non-negative integer (0: host-driven)"), 8,
                             "GPU solver iterations per CUDA-graph replay (0: every iteration driven by the host)"),
+    "solver_graph_capture": Setting("HMC_SOLVER_GRAPH_CAPTURE", _int_in(0, None, "use a non-negative integer (0: "
+                                                                           "all of HMC_SOLVER_GRAPH)"), 0,
+                                    "iterations a solver graph holds; each host check launches it HMC_SOLVER_GRAPH / "
+                                    "this times (0, or not an even divisor: one graph of HMC_SOLVER_GRAPH)"),
     "multishift_reliable": Setting("HMC_MULTISHIFT_RELIABLE", _flag(False), False,
                                    "mixed-precision multishift: x_i in double, reliable updates of the base system"),
     "checks_dir": Setting("HMC_CHECKS_DIR", _optional(_text), None, "hmc check references (None: the package's hmc/checks)"),
@@ -266,6 +270,7 @@ class RunConfig:
     solver_fused: str = "on"
     solver_sums: str = "fast"
     solver_graph: int = 8
+    solver_graph_capture: int = 0
     multishift_reliable: bool = False
     checks_dir: str | None = None
     fault_inject: str = ""
