@@ -15,8 +15,10 @@ The ranks form a ring along t (grid 1x1x1xN, t partitioned). Faces are L^3 sites
   enqueueing; for mpi and event it includes the host waits); wall: host time to the end of the device work.
 
 ``mpi`` here is the GPU engine with every link on MPI: device -> host, Isend/Irecv, host -> device.
-``--graph``: stream_gated in graph mode, the round trip captured in a CUDA graph and replayed (device time and
-host launch time per replay), after a check that every replay gives the uncaptured answer.
+``--graph``: stream_gated in graph mode (credit-free by default, HMC_P2P_CREDIT_FREE), the round trip captured
+through comms.cuda.graph.CapturedGraph (the solvers' capture) and replayed (device time and host launch time per
+replay), after a check that every replay gives the uncaptured answer; there each exchange carries every link (the
+face to both neighbours, as in the hop), so the graph rows move twice the bytes of the other rows per exchange.
 
 Each number is the median over ``--repeats`` loops, the slowest rank's.
 
@@ -36,7 +38,8 @@ Measured on the device machine (one H200, driver 580.159.04, cupy 14.2, cuda-bin
     mpi         32 1572864     1394.9     1394.7     2793.2    2792.8
     event       32 1572864       78.9       78.7      148.6     148.2
     stream_gated32 1572864       54.1       53.9      106.0     105.6
-    graph (stream_gated, round trip captured, replayed): RT dev 31.4 / 31.8 / 32.3 / 32.8 / 34.6 at L = 2, 4, 8,
+    graph (stream_gated, round trip captured, replayed; then one link an exchange, with credits, CuPy's capture):
+        RT dev 31.4 / 31.8 / 32.3 / 32.8 / 34.6 at L = 2, 4, 8,
         16, 32, host launch 27.5 .. 30.3
     no MPS (time slicing): mpi 334 / 375 / 1540 one-way at L = 2, 8, 32; event 2169 / 2130 / 1923; stream_gated
         2205 / 2204 / 2145 (device; host 60-85); graph RT 325 / 328 / 329
@@ -167,10 +170,14 @@ def bench_halo(transports=None, sizes=(2, 4, 8, 16, 32), element="vector",
 
 
 def bench_graph(sizes, element, replays, repeats, config=None):
-    """stream_gated round trip captured in a CUDA graph (binary flags), replayed: device and host time."""
+    """stream_gated round trip captured in a CUDA graph (binary flags; credit-free where the configuration asks for
+    it, the default) through :class:`comms.cuda.graph.CapturedGraph`, the solvers' capture, replayed: device and
+    host time. As in the hop, each exchange carries every link: the face goes to both neighbours and the received
+    faces go straight back."""
     import cupy as cp
 
     from comms import world
+    from comms.cuda.graph import CapturedGraph
     from comms.grid import mpi
 
     MPI = mpi()
@@ -181,63 +188,77 @@ def bench_graph(sizes, element, replays, repeats, config=None):
     eng = grid.halo
     eng.reserve(max(sizes) ** 3 * site_bytes)
     eng.set_graph_mode(True)
-    fwd = grid.neighbours[3][1]
+    nb = grid.neighbours[3]
     rows = []
     s = cp.cuda.Stream(non_blocking=True)
     for L in sizes:
         shape = (L, L, L) + inner
         h = np.random.default_rng(1000 + grid.rank)
         h = h.normal(size=shape) + 1j * h.normal(size=shape)
-        w = np.random.default_rng(1000 + fwd)
-        expect = w.normal(size=shape) + 1j * w.normal(size=shape)
+        expect = {}
+        for side in (0, 1):                             # side 0: from the backward neighbour, 1: the forward one
+            w = np.random.default_rng(1000 + nb[side])
+            expect[side] = w.normal(size=shape) + 1j * w.normal(size=shape)
         face = cp.asarray(h)
-        dest = cp.empty_like(face)
-        back = cp.empty_like(face)
+        dest = {(3, side): cp.empty_like(face) for side in (0, 1)}
+        back = {(3, side): cp.empty_like(face) for side in (0, 1)}
+
+        def round_trip():
+            eng.start({(3, 0): face, (3, 1): face}).finish(dest)
+            eng.start({(3, 1): dest[(3, 1)], (3, 0): dest[(3, 0)]}).finish(back)
+
+        def right():
+            return (all(np.array_equal(cp.asnumpy(dest[(3, side)]), expect[side]) for side in (0, 1))
+                    and all(np.array_equal(cp.asnumpy(b), h) for b in back.values()))
+
         with s:
-            eng.start({(3, 0): face}).finish({(3, 1): dest})
-            eng.start({(3, 1): dest}).finish({(3, 0): back})
+            round_trip()
             s.synchronize()
-            mode = getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", None)
-            s.begin_capture(mode) if mode is not None else s.begin_capture()
-            eng.start({(3, 0): face}).finish({(3, 1): dest})
-            eng.start({(3, 1): dest}).finish({(3, 0): back})
-            g = s.end_capture()
+            g = CapturedGraph(s, round_trip)
             bad = 0
             for i in range(5):
-                dest.fill(0)
-                back.fill(0)
+                for a in list(dest.values()) + list(back.values()):
+                    a.fill(0)
                 g.launch(s)
                 s.synchronize()
-                bad += not (np.array_equal(cp.asnumpy(dest), expect) and np.array_equal(cp.asnumpy(back), h))
+                bad += not right()
             if comm.allreduce(bad, op=MPI.SUM):
                 raise RuntimeError(f"graph replay wrong at L={L}")
-            for _ in range(20):
-                g.launch(s)
-            s.synchronize()
-            samples = []
-            for _ in range(repeats):
-                comm.Barrier()
-                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-                e0.record(s)
-                t0 = time.perf_counter()
-                for _ in range(replays):
-                    g.launch(s)
-                th = time.perf_counter() - t0
-                e1.record(s)
-                e1.synchronize()
-                tw = time.perf_counter() - t0
-                dv = cp.cuda.get_elapsed_time(e0, e1) * 1e-3
-                samples.append([comm.allreduce(v / replays, op=MPI.MAX) for v in (dv, th, tw)])
-            med = np.median(np.array(samples), axis=0) * 1e6
-        del g
+            med = _replay_times(g, s, replays, repeats, comm, cp)
+        g.close()
         rows.append({"transport": "stream_gated+graph", "links": "stream_gated", "ranks": n, "L": L,
                      "bytes": int(face.nbytes), "element": element, "one_way_device_us": float("nan"),
                      "one_way_host_us": float("nan"), "one_way_wall_us": float("nan"),
                      "round_trip_device_us": med[0], "round_trip_host_us": med[1], "round_trip_wall_us": med[2],
-                     "reps": replays, "repeats": repeats, "policy": eng.policy})
+                     "reps": replays, "repeats": repeats, "policy": eng.policy, "credit_free": bool(eng.credit_free)})
     eng.set_graph_mode(False)
     grid.close()
     return rows
+
+
+def _replay_times(g, s, replays, repeats, comm, cp):
+    """Median over ``repeats`` of (device, host launch, wall) microseconds per replay of graph ``g`` on stream ``s``,
+    the slowest rank's, after 20 warm-up replays."""
+    from comms.grid import mpi
+
+    for _ in range(20):
+        g.launch(s)
+    s.synchronize()
+    samples = []
+    for _ in range(repeats):
+        comm.Barrier()
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record(s)
+        t0 = time.perf_counter()
+        for _ in range(replays):
+            g.launch(s)
+        th = time.perf_counter() - t0
+        e1.record(s)
+        e1.synchronize()
+        tw = time.perf_counter() - t0
+        dv = cp.cuda.get_elapsed_time(e0, e1) * 1e-3
+        samples.append([comm.allreduce(v / replays, op=mpi().MAX) for v in (dv, th, tw)])
+    return np.median(np.array(samples), axis=0) * 1e6
 
 
 def format_rows(rows, mps_line="") -> str:

@@ -169,9 +169,9 @@ SETTINGS = {
                             "stream_gated: exterior kernels read received faces in the receive buffer"),
     "p2p_peer_sums": Setting("HMC_P2P_PEER_SUMS", _flag(True), True,
                              "device-resident solver rank sums in one step over all node peers"),
-    "p2p_credit_free": Setting("HMC_P2P_CREDIT_FREE", _flag(False), False,
+    "p2p_credit_free": Setting("HMC_P2P_CREDIT_FREE", _flag(True), True,
                                "stream_gated graph mode: senders skip the credit waits (implied by the order)"),
-    "p2p_batch_signals": Setting("HMC_P2P_BATCH_SIGNALS", _flag(False), False,
+    "p2p_batch_signals": Setting("HMC_P2P_BATCH_SIGNALS", _flag(True), True,
                                  "stream_gated: every link's signal in one batch after every link's copy"),
     "p2p_alloc": Setting("HMC_P2P_ALLOC", _choice("auto", "vmm", "legacy"), "auto", "GPU halo segment allocation"),
     "p2p_fabric": Setting("HMC_P2P_FABRIC", _flag(True), True, "try fabric handles"),
@@ -190,6 +190,10 @@ SETTINGS = {
     "solver_sums": Setting("HMC_SOLVER_SUMS", _choice("fast", "exact"), "fast", "solver reductions"),
     "solver_graph": Setting("HMC_SOLVER_GRAPH", _int_in(0, None, "use a non-negative integer (0: host-driven)"), 8,
                             "GPU solver iterations per CUDA-graph replay (0: every iteration driven by the host)"),
+    "solver_graph_capture": Setting("HMC_SOLVER_GRAPH_CAPTURE", _int_in(0, None, "use a non-negative integer (0: "
+                                                                           "all of HMC_SOLVER_GRAPH)"), 0,
+                                    "iterations a solver graph holds; each host check launches it HMC_SOLVER_GRAPH / "
+                                    "this times (0, or not an even divisor: one graph of HMC_SOLVER_GRAPH)"),
     "multishift_reliable": Setting("HMC_MULTISHIFT_RELIABLE", _flag(False), False,
                                    "mixed-precision multishift: x_i in double, reliable updates of the base system"),
     "checks_dir": Setting("HMC_CHECKS_DIR", _optional(_text), None, "hmc check references (None: the package's hmc/checks)"),
@@ -246,8 +250,8 @@ class RunConfig:
     p2p_parallel_recv: bool = True
     p2p_in_place: bool = True
     p2p_peer_sums: bool = True
-    p2p_credit_free: bool = False
-    p2p_batch_signals: bool = False
+    p2p_credit_free: bool = True
+    p2p_batch_signals: bool = True
     p2p_alloc: str = "auto"
     p2p_fabric: bool = True
     cuda_device: int | None = None
@@ -260,6 +264,7 @@ class RunConfig:
     solver_fused: str = "on"
     solver_sums: str = "fast"
     solver_graph: int = 8
+    solver_graph_capture: int = 0
     multishift_reliable: bool = False
     checks_dir: str | None = None
     fault_inject: str = ""

@@ -154,6 +154,21 @@ def pad(geom, links, depth: int) -> PaddedLinks:
     return pad_links(geom, links, depth)
 
 
+def pad_alike(geom, depth: int, *fields) -> list:
+    """``fields`` (link-shaped (k, nt, nz, ny, nx, 3, 3), one dtype) halo-padded alike by ONE :func:`pad`: stacked
+    along the first axis, padded (one halo exchange per partitioned dimension for all of them, not one set each:
+    the chain rule's links and incoming derivative), the box split again into C-contiguous views. Pure data
+    movement: the same boxes as padding each alone."""
+    if len({f.dtype for f in fields}) != 1:
+        raise ValueError(f"pad_alike: fields of one dtype, not {sorted(str(f.dtype) for f in fields)}")
+    box = pad(geom, geom.xp.concatenate(fields, axis=0), depth)
+    out, start = [], 0
+    for f in fields:
+        out.append(PaddedLinks(box.links[start:start + f.shape[0]], box.dims, box.offset))
+        start += f.shape[0]
+    return out
+
+
 def _fn(backend, name):
     return cuda_source.function(backend, "force", "hisq.cu", name)
 
@@ -297,7 +312,7 @@ def fat_link_vjp(geom, links, c, d_fat, box=None, d_box=None):
     inner_nu are recomputed per direction, the 5/7-staple arguments c5 U + c7 A_sigma are formed inside the
     kernels. 24 launches per direction.
 
-    ``box``, ``d_box``: the links and D_F halo-padded alike (:func:`pad`, depth >= :data:`VJP_DEPTH`; ``links``
+    ``box``, ``d_box``: the links and D_F halo-padded alike (:func:`pad_alike`, depth >= :data:`VJP_DEPTH`; ``links``
     and ``d_fat`` are then unused) on a partitioned lattice: every stage runs on the interior grown as the note on
     :data:`VJP_DEPTH` says, the intermediates start at zero (the rim values past a stage's region feed only rim
     values no later stage reads), and D_U is returned on the interior."""
@@ -508,7 +523,8 @@ def _fat_link_vjp_unpadded(geom, links, c, d_fat, kept=None):
 
 @implements("hisq.fat_link_vjp", Placement.PADDED, switch=SWITCH, fits=_long_staples, depth=VJP_DEPTH)
 def _fat_link_vjp_padded(geom, links, c, d_fat, kept=None):
-    return fat_link_vjp(geom, None, c, None, box=pad(geom, links, VJP_DEPTH), d_box=pad(geom, d_fat, VJP_DEPTH))
+    box, d_box = pad_alike(geom, VJP_DEPTH, links, d_fat)
+    return fat_link_vjp(geom, None, c, None, box=box, d_box=d_box)
 
 
 @implements("hisq.naik_link_vjp", *_UNPADDED, switch=SWITCH, fits=_whole())
@@ -518,8 +534,8 @@ def _naik_link_vjp_unpadded(geom, links, coeff, d_long):
 
 @implements("hisq.naik_link_vjp", Placement.PADDED, switch=SWITCH, depth=naik_depth())
 def _naik_link_vjp_padded(geom, links, coeff, d_long):
-    depth = naik_depth()
-    return naik_link_vjp(geom, None, coeff, None, box=pad(geom, links, depth), d_box=pad(geom, d_long, depth))
+    box, d_box = pad_alike(geom, naik_depth(), links, d_long)
+    return naik_link_vjp(geom, None, coeff, None, box=box, d_box=d_box)
 
 
 def _real_coeffs(geom, coeffs) -> bool:

@@ -21,10 +21,13 @@ One iteration on the device, all on the loop's stream:
    holds (or on a breakdown) the state is *frozen*: every later kernel of the graph returns at once, and the
    operator recomputes the same A r, so replays past the end change nothing.
 
-``solver_graph`` (HMC_SOLVER_GRAPH, default 8) iterations are captured in one graph; after each replay the state
-vector comes back to pinned host memory (one small copy and one event), where the host tests whether the solve
-stopped. A solve thus pays one host round trip per ``solver_graph`` iterations and at most ``solver_graph - 1``
-frozen iterations at its end. The true-residual checks, restarts and reliable updates stay on the host path.
+``solver_graph`` (HMC_SOLVER_GRAPH, default 8) iterations run per host check: one graph of that many iterations,
+or, with ``solver_graph_capture`` (HMC_SOLVER_GRAPH_CAPTURE) an even divisor c of it, a graph of c iterations
+launched ``solver_graph / c`` times back to back (a capture costs about as much host time as the iterations it
+holds, and a solve after a link update captures anew: shorter graphs are cheaper to make, the same iterates);
+after the launches the state vector comes back to pinned host memory (one small copy and one event), where the host
+tests whether the solve stopped. A solve thus pays one host round trip per ``solver_graph`` iterations and at most
+``solver_graph - 1`` frozen iterations at its end. The true-residual checks, restarts and reliable updates stay on the host path.
 
 Where it runs (:func:`graph_iterations`): the fused GPU kernels serve the solve, the operator has ``apply_into``,
 and either the whole lattice is on one GPU or every halo link of the distributed lattice can be captured
@@ -49,6 +52,7 @@ RUNNING, DONE, BREAKDOWN, NONFINITE = 0, 1, 2, 3
 
 
 _capturable_everywhere = weakref.WeakKeyDictionary()   # halo engine -> every rank's links capture
+_LOOPS: "weakref.WeakSet" = weakref.WeakSet()            # every GraphLoop of this process (graph_totals)
 _override = {"iters": None}        # set_solver_graph: iterations per graph for every geometry, or None
 
 
@@ -161,7 +165,8 @@ class DeviceSums:
 class GraphLoop:
     """The device-resident iteration of one kind of solve on one local lattice: the state vector and the per-shift
     arrays in one device block with a pinned host twin (one copy each way per upload and per replay), the loop
-    stream, the rank sums, and the captured graphs of ``iters`` iterations, kept per key (the addresses the graph
+    stream, the rank sums, and the captured graphs of ``held`` iterations (``launches`` of them per host check),
+    kept per key (the addresses the graph
     bakes in: fields, operator links and buffers, the base shift) for reuse by later solves (:data:`KEEP` of them,
     least recently used dropped). Made once per (kind, lattice, precision, shift count) by :func:`loop_for`."""
 
@@ -176,6 +181,8 @@ class GraphLoop:
 
         cp = geom.xp
         self.cp, self.geom, self.iters, self.n = cp, geom, int(iters), int(nshift)
+        self.held = held_iterations(self.iters, int(getattr(geom.config, "solver_graph_capture", 0)))
+        self.launches = self.iters // self.held        # per host check (module docstring)
         self._Graph = CapturedGraph
         be = geom.backend
         self.k = {name: cuda_source.function(be, "solvers", "fused_blas.cu", name)
@@ -200,6 +207,7 @@ class GraphLoop:
         self.replays = 0
         self.capture_s = 0.0
         self.captures = 0
+        _LOOPS.add(self)
 
     def upload(self, z=(), zp=(), rel=(), ptrs=(), **values) -> None:
         """The state vector from ``values`` (slot name -> number; the rest 0) and the per-shift arrays, in one copy
@@ -221,11 +229,12 @@ class GraphLoop:
                                          self.cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
 
     def capture(self, key, body) -> None:
-        """The graph of ``iters`` calls of ``body`` for ``key``: a kept one, else captured now."""
+        """The graph of ``held`` calls of ``body`` for ``key`` (:func:`held_iterations`): a kept one, else captured
+        now."""
         graph = self.graphs.pop(key, None)
         if graph is None:
             t0 = time.perf_counter()
-            graph = self._Graph(self.stream, lambda: [body() for _ in range(self.iters)])
+            graph = self._Graph(self.stream, lambda: [body() for _ in range(self.held)])
             self.capture_s += time.perf_counter() - t0
             self.captures += 1
             while len(self.graphs) >= self.KEEP:
@@ -241,8 +250,9 @@ class GraphLoop:
         nbytes = 8 * self.readback
         rt = self.cp.cuda.runtime
         while True:
-            self.graph.launch(self.stream)
-            self.replays += 1
+            for _ in range(self.launches):
+                self.graph.launch(self.stream)
+            self.replays += self.launches
             rt.memcpyAsync(self.host.ctypes.data, self.dev.data.ptr, nbytes, rt.memcpyDeviceToHost, self.stream.ptr)
             self.done.record(self.stream)
             deadline = time.perf_counter() + timeout
@@ -257,6 +267,25 @@ class GraphLoop:
     def counters(self) -> dict:
         """Replays and captures so far (and the seconds the captures took), for the solver statistics."""
         return {"graph_replays": self.replays, "graph_captures": self.captures, "graph_capture_s": self.capture_s}
+
+
+def held_iterations(iters: int, capture: int) -> int:
+    """The iterations one graph holds for ``iters`` per host check: ``capture`` where it divides ``iters`` and is
+    even (the peer sums and the credit-free exchanges need an even count per graph; an odd ``iters`` takes rings and
+    credits, any divisor), else ``iters``."""
+    if 0 < capture < iters and iters % capture == 0 and (capture % 2 == 0 or iters % 2 == 1):
+        return capture
+    return iters
+
+
+def graph_totals() -> dict:
+    """:meth:`GraphLoop.counters` summed over every loop of this process (replays, captures, capture seconds): what
+    a benchmark reads before and after a timed run, e.g. to see how many solves captured a new graph."""
+    out = {"graph_replays": 0, "graph_captures": 0, "graph_capture_s": 0.0}
+    for loop in list(_LOOPS):
+        for k, v in loop.counters().items():
+            out[k] += v
+    return out
 
 
 def loop_for(geom, kind: str, iters: int, real=np.float64, nshift: int = 0, exact=False) -> GraphLoop:

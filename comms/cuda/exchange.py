@@ -23,7 +23,7 @@ class GpuExchange:
     """One posted GPU exchange; ``finish`` enqueues the waits and the unpack on the exchange's compute stream."""
 
     __slots__ = ("engine", "buffer", "stream", "host_in", "recvs", "sends", "sent", "done", "observed", "keep",
-                 "fenced", "held")
+                 "fenced", "held", "pads")
 
     def __init__(self, engine, buffer, stream, host_in):
         self.engine, self.buffer, self.stream, self.host_in = engine, buffer, stream, host_in
@@ -35,6 +35,7 @@ class GpuExchange:
         self.fenced = False
         self.held = False
         self.observed = {}
+        self.pads = []              # (dim, side) of the signals without data (credit-free mode, creditfree.py)
 
     def in_place_ok(self) -> bool:
         """Whether this exchange can be received in place: device faces, every receive on a peer-to-peer link whose
@@ -60,7 +61,7 @@ class GpuExchange:
             link = eng.links[(dim, side)]
             ops += link.kind.arrival_ops(eng, self, link, dim, side, expected)
             where[(dim, side)] = eng.seg.ptr + data_offset(b, dim, side, eng.capacity)
-        batch(csp, ops)
+        batch(csp, ops + self._pad_ops())
         self._watch(csp)
         self.done = self.held = True
         return where
@@ -109,6 +110,8 @@ class GpuExchange:
                 results[(dim, side)] = self._receive(link, dim, side, shape, dtype, expected, req, view, dest)
             for ev in joins:                                   # the parallel receive chains
                 call(drv.cuStreamWaitEvent, csp, ev.ptr, 0)
+            if self.pads:
+                batch(csp, self._pad_ops())
             self._watch(csp)
             if not self.fenced:
                 for ev in self.sent:                           # p2p sends whose receives came by mpi
@@ -130,6 +133,12 @@ class GpuExchange:
         self.done = True
         self.keep = []
         return results
+
+    def _pad_ops(self) -> list:
+        """The waits for (and resets of) the signals without data of this exchange (credit-free mode)."""
+        links = self.engine.links
+        return [op for dim, side in self.pads
+                for op in links[(dim, side)].kind.arrival_ops(self.engine, self, links[(dim, side)], dim, side, 0)]
 
     def _watch(self, csp):
         """Hand the device-side waits of this uncaptured exchange to the engine's watchdog (comms/watchdog.py): an

@@ -457,8 +457,8 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
             if need > self.capacity:
                 self._grow(need)
         cs = cp.cuda.get_current_stream()
-        if self.credit_free:
-            self.credit_order.before_start(cs, keys)
+        if self.graph_mode:
+            self.credit_order.before_start(cs)
         self._used_streams[cs.ptr] = cs
         ex = GpuExchange(self, b, cs, host_in)
         comm = self.comm
@@ -489,6 +489,8 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
                 p2p.append((dim, d, link, msg, face))
         if p2p:
             self._send_p2p(p2p, b, cs, ex)
+        if self.credit_free:                # every link signals in every exchange (comms/cuda/creditfree.py, rule 1)
+            self._signal_missing(sends, b, cs, ex)
         st.buffer_index ^= 1
         st.busy[b] = ex
         st.outstanding += 1
@@ -535,6 +537,14 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
             ex.sent.append(link.ev_sent[b])
         if batched:
             self._signal_batch(p2p, b, ex)
+
+    def _signal_missing(self, sends, b, cs, ex):
+        """Credit-free mode: a signal without data on every link this exchange lacks, one batch on the compute stream
+        (after every read enqueued before it); the receivers wait for them and reset them (``ex.pads``)."""
+        missing = self.credit_order.missing(sends)
+        if missing:
+            cu.batch(cs.ptr, [self.links[k].kind.signal_op(self, self.links[k], k[0], k[1], b, 0) for k in missing])
+            ex.pads = [(dim, 1 - d) for dim, d in missing]
 
     def _batch_signals(self, p2p) -> bool:
         """Whether this exchange's signals go out as ONE batch after every link's copy (HMC_P2P_BATCH_SIGNALS, every

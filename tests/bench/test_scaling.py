@@ -520,6 +520,9 @@ def test_rhmc_study_answers_agree_and_phases_are_stored(rhmc_study):
             assert g.attrs["status"] == "ok" and d.attrs["reps"] == 1 and d.attrs["steps"] == 2
             assert d.attrs["tau"] == RHMC_TAU and d.attrs["repeatable"]
             assert json.loads(d.attrs["cg_iterations"])["md"] > 0 and d.attrs["link_builds"] >= 3
+            graphs = json.loads(d.attrs["graphs"])           # CUDA-graph captures per rank: none on the CPU
+            assert graphs["names"] == ["graph_capture_s", "graph_captures", "graph_replays"]
+            assert graphs["per_rank"] == [[0.0, 0.0, 0.0]] * n
             s = d["samples_s"][()]
             assert s.shape == (1,) and s[0] > 0
             ph = d["phases"][()]

@@ -10,8 +10,10 @@ Cases:
               exchanges, NumPy faces, growth of the buffers; the registry is empty after close.
   flush       HMC_P2P_FORCE_FLUSH=1 (set by the caller): the engine's one-line notice with the driver's answer.
   split       push/pop with different exchange counts per sub-grid, then a correct full exchange; no leaks.
-  graph       stream_gated in graph mode: a round trip captured in a CUDA graph, replayed N times with new data
-              each time, the same answer as uncaptured every time; device time per replay.
+  graph       stream_gated in graph mode: a round trip (one link an exchange: padded to every link in credit-free
+              mode, the default) captured through comms.cuda.graph.CapturedGraph, replayed N times with new data
+              each time, the same answer as uncaptured every time; device time per replay; its launch refused once
+              the engine left graph mode.
 """
 from __future__ import annotations
 
@@ -225,7 +227,9 @@ def case_graph(out, L, replays):
     import cupy as cp
 
     from comms import ProcessGrid, world
+    from comms.base import CommsError
     from comms.cuda import vmm
+    from comms.cuda.graph import CapturedGraph
     from comms.grid import mpi
 
     comm = world()
@@ -254,10 +258,7 @@ def case_graph(out, L, replays):
     if not (np.array_equal(cp.asnumpy(dest), nb0) and np.array_equal(cp.asnumpy(back), face0)):
         _fail(grid.rank, "uncaptured round trip in graph mode is wrong")
     with s:
-        mode = getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", None)
-        s.begin_capture(mode) if mode is not None else s.begin_capture()
-        round_trip()
-        g = s.end_capture()
+        g = CapturedGraph(s, round_trip)           # one link an exchange: padded to every link when credit-free
         hist_d = cp.empty((replays,) + shape, dtype=face.dtype)
         hist_b = cp.empty((replays,) + shape, dtype=face.dtype)
         comm.Barrier()
@@ -291,19 +292,26 @@ def case_graph(out, L, replays):
             bad.append(i)
     if bad:
         _fail(grid.rank, f"graph replays {bad[:5]} (of {len(bad)}) differ")
-    # back to counters: an uncaptured exchange is still right
+    # back to counters: an uncaptured exchange is still right, and the graph is refused (captured in graph mode)
+    credit_free = bool(eng.credit_free)
     eng.set_graph_mode(False)
+    try:
+        g.launch(s)
+        _fail(grid.rank, "a graph-mode graph launched in counter mode was not refused")
+    except CommsError as e:
+        refused = str(e)
     face[...] = cp.asarray(face0)
     eng.start({(3, 0): face}).finish({(3, 1): dest})
     eng.sync("after graph")
     if not np.array_equal(cp.asnumpy(dest), nb0):
         _fail(grid.rank, "counter-mode exchange after graph mode is wrong")
-    del g
+    g.close()
     grid.close()
     left = vmm.leaked()
     if left:
         _fail(grid.rank, f"registry not empty: {left}")
-    rep = {"L": L, "bytes": int(face.nbytes), "replays": replays, "ranks": n,
+    rep = {"L": L, "bytes": int(face.nbytes), "replays": replays, "ranks": n, "credit_free": credit_free,
+           "refused": refused,
            "round_trip_device_us": comm.allreduce(dev_ms * 1e3 / replays, op=mpi().MAX),
            "round_trip_host_launch_us": t_host * 1e6 / replays, "round_trip_wall_us": t_wall * 1e6 / replays,
            "checked_replays_s": t_check}

@@ -101,7 +101,8 @@ cp = types.SimpleNamespace(ndarray=FakeArray, cuda=types.SimpleNamespace(get_cur
 
 def engine(dims, in_place, size=2, **cfg):
     e = GpuHaloEngine.__new__(GpuHaloEngine)
-    e.cp, e.state, e.config = cp, ProtocolState(), RunConfig(p2p_in_place=in_place, **cfg)
+    e.cp, e.state, e.config = cp, ProtocolState(), RunConfig(**{
+        "p2p_in_place": in_place, "p2p_credit_free": False, "p2p_batch_signals": False, **cfg})   # each asked for
     e.world_rank = e.rank = 0
     e.seg, e.capacity = types.SimpleNamespace(ptr=1 << 40), 1 << 16
     e.links, e._used_streams, e.graph_mode, e.parallel_recv = {}, {}, True, True
@@ -174,10 +175,18 @@ for name, dims in (("2 links", [3]), ("4 links", [2, 3])):      # credit-free gr
         refused.append(str(err))
     ex.finish_in_place()
     ex.release(COMPUTE)
-    try:
-        e.start({k: v for k, v in faces.items() if k != (dims[0], 0)})     # a ring step: one link missing
-    except CommsError as err:
-        refused.append(str(err))
+    drv.CALLS.clear()
+    ex = e.start({k: v for k, v in faces.items() if k != (dims[0], 0)})    # a ring step: one link missing, padded
+    sent = list(drv.CALLS)
+    drv.CALLS.clear()
+    where = ex.finish_in_place()
+    ex.release(COMPUTE)
+    b = 1 - e.state.buffer_index
+    got["padded"] = {"copies": len([c for c in sent + drv.CALLS if c[0] == "memcpy"]), "where": sorted(map(list, where)),
+                     "pads": sorted(map(list, ex.pads)), "free": e.state.busy == [None, None],
+                     "signal": sent[-1] == ("batch", CURRENT[0].ptr, [("write", peer[dims[0]] + 8 * sigf_slot(b, dims[0], 1),
+                                                                        1)]),
+                     "wait": [o for o in drv.CALLS[-1][2] if o[1] == e.seg.ptr + 8 * sigf_slot(b, dims[0], 1)]}
     creditfree.ENGINES.add(e)
     CURRENT[0] = cap = stream(capturing=True)
     marks = creditfree.capture_marks()
@@ -202,10 +211,27 @@ for name, dims in (("2 links", [3]), ("4 links", [2, 3])):      # credit-free gr
     ex.finish_in_place()
     ex.release()
     drv.CALLS.clear()
-    creditfree.before_launch(launch, other)                  # realigned by one 8-byte exchange of every link
+    creditfree.before_launch(launch, other)                  # realigned by one exchange of signals alone
     got["pad"] = {"pads": e.credit_order.pads, "index": e.state.buffer_index == launch[0][1],
                   "copies": [c[4] for c in drv.CALLS if c[0] == "memcpy"], "busy": e.state.busy == [None, None]}
     got["idle capture"] = creditfree.check_capture(creditfree.capture_marks()) == []   # no exchange of e in it
+    e.credit_free = False                                    # the switch changed after the capture: refused
+    try:
+        creditfree.before_launch(launch, other)
+    except CommsError as err:
+        refused.append(str(err))
+    CURRENT[0] = cap
+    marks = creditfree.capture_marks()                       # a capture with credits, launched credit-free: refused
+    for _ in range(2):
+        e.start(faces).finish_in_place()
+        e.state.busy, e.state.outstanding = [None, None], 0
+    credited = creditfree.check_capture(marks)
+    got["credited marks"] = [m[1:] for m in credited] == [(e.state.buffer_index, False)]
+    e.credit_free = True
+    try:
+        creditfree.before_launch(credited, other)
+    except CommsError as err:
+        refused.append(str(err))
     creditfree.ENGINES.discard(e)
     CURRENT[0] = COMPUTE
     got["refused"] = refused
@@ -323,16 +349,26 @@ def test_credit_free_drops_the_credit_wait_per_link_and_the_credit_batch(recorde
 
 
 @pytest.mark.parametrize("name", ["2 links", "4 links"])
-def test_credit_free_joins_streams_and_refuses_what_breaks_the_order(recorded, name):
+def test_credit_free_joins_streams_pads_and_refuses_what_breaks_the_order(recorded, name):
     got = recorded[f"{name} credit-free"]
     old, new, pack = got["streams"]
     (r, s1, ev), (w, s2, ev2), (r2, s3, ev3) = got["join"]
     assert (r, s1, w, s2, ev2) == ("record", old, "waitevent", new, ev) and (r2, s3, ev3) == ("record", new, pack)
     refused = got["refused"]
-    assert len(refused) == 3
-    assert "finished and released" in refused[0] and "every link" in refused[1] and "even number" in refused[2]
+    assert len(refused) == 4, refused
+    assert "finished and released" in refused[0] and "even number" in refused[1]
+    assert "captured in credit-free graph mode" in refused[2] and "with credits now" in refused[2]
+    assert "captured outside credit-free graph mode" in refused[3] and "credit-free now" in refused[3]
+    assert all("\n" not in r for r in refused) and got["credited marks"]
     links = 2 if name == "2 links" else 4
-    assert got["pad"] == {"pads": 1, "index": True, "copies": [8] * links, "busy": True}
+    dim = 3 if links == 2 else 2
+    # the ring step lacks (dim, 0): a signal without data on it (one batch), its wait + reset at the receiver
+    assert got["padded"]["signal"] and len(got["padded"]["wait"]) == 2, got["padded"]
+    assert [o[0] for o in got["padded"]["wait"]] == ["wait", "write"] and [o[2] for o in got["padded"]["wait"]] == [1, 0]
+    assert {k: v for k, v in got["padded"].items() if k not in ("signal", "wait")} == {
+        "copies": links - 1, "where": sorted([k, s] for k in ([2, 3] if links == 4 else [3]) for s in (0, 1)
+                                             if [k, s] != [dim, 1]), "pads": [[dim, 1]], "free": True}
+    assert got["pad"] == {"pads": 1, "index": True, "copies": [], "busy": True}   # signals alone, no data
     assert got["restored"] and got["launch join"] == ["record", "waitevent"] and got["idle capture"]
 
 

@@ -165,6 +165,7 @@ def test_graph_replays_give_the_uncaptured_answer(tmp_path, mps):
     rep = json.loads(Path(tmp_path, "graph_L4.json").read_text())
     _keep(tmp_path, "graph")
     assert rep["replays"] == 1000
+    assert rep["credit_free"] and "not in graph mode" in rep["refused"], rep     # the default (HMC_P2P_CREDIT_FREE)
 
 
 @needs_mpi

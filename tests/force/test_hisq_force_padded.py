@@ -115,10 +115,10 @@ def padded_here(grid) -> bool:
     return hisq_cuda.padded_active(Geometry(DIMS, Backend("cupy", FakeCuPy()), grid), hisq_cuda.VJP_DEPTH)
 
 
-#: the pads of :func:`chain`, links and incoming derivative each: three smearing adjoints, one Naik adjoint, the
-#: HISQ force (level 2, its Naik term and level 1), the asqtad force (smearing and Naik): depth 2; the HISQ force's
-#: forward level 1 (fat7): depth 1
-EXPECTED_PADS = {2: 2 * (3 + 1 + 3 + 2), 1: 1}
+#: the pads of :func:`chain`, links and incoming derivative in one (hisq_cuda.pad_alike): three smearing adjoints,
+#: one Naik adjoint, the HISQ force (level 2, its Naik term and level 1), the asqtad force (smearing and Naik):
+#: depth 2; the HISQ force's forward level 1 (fat7): depth 1
+EXPECTED_PADS = {2: 3 + 1 + 3 + 2, 1: 1}
 
 
 def failures(res, padded, what="") -> list:

@@ -397,8 +397,9 @@ def _switched(gdims, dims, fat, long, psi, bglob, on, credit_free=False, batch_s
     A = d.even_odd(0.05).normal
     x, st = cg(1e-9, 2000)(A).solve(lb)
     r["cg"], r["cg_iters"], r["cg_graph_iterations"] = cp.asnumpy(x), st.iters, st.extra["graph_iterations"]
-    census = loop_for(geom, "cg", 8, np.float64).graph.node_census()
-    r["census"] = {k: v / 8 for k, v in sorted(census.items())}
+    loop = loop_for(geom, "cg", 8, np.float64)
+    census = loop.graph.node_census()
+    r["census"] = {k: v / loop.held for k, v in sorted(census.items())}
     r["credit_free"] = bool(grid.halo.credit_free)
     old = set_reductions("exact")
     try:

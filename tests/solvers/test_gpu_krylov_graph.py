@@ -18,8 +18,8 @@ pytestmark = pytest.mark.gpu
 DIMS = (4, 4, 8, 8)
 
 
-def _dslash(iters, fat, long):
-    cfg = RunConfig(backend="cupy", solver_graph=iters)
+def _dslash(iters, fat, long, capture=0):
+    cfg = RunConfig(backend="cupy", solver_graph=iters, solver_graph_capture=capture)
     geom = Geometry(DIMS, get_backend("cupy"), ProcessGrid((1, 1, 1, 1), config=cfg))
     xp = geom.xp
     return StaggeredDslash(geom, xp.asarray(fat), xp.asarray(long))
@@ -33,9 +33,9 @@ def fields():
     return fat, long, b
 
 
-def _solve(iters, fields, make, mass=0.05, dtype=np.complex128):
+def _solve(iters, fields, make, mass=0.05, dtype=np.complex128, capture=0):
     fat, long, b = fields
-    d = _dslash(iters, fat, long)
+    d = _dslash(iters, fat, long, capture)
     if dtype != np.complex128:
         d = d.converted(dtype)
     A = d.even_odd(mass).normal
@@ -71,6 +71,19 @@ def test_graph_iterates_equal_host_driven(fields, name, iters):
     got, sg = _solve(iters, fields, make, mass, dtype)
     assert sr.extra["graph_iterations"] == 0 and sg.extra["graph_iterations"] == iters
     assert sg.extra.get("graph_replays", 0) > 0
+    assert (sg.iters, sg.milc_iters, sg.matvecs, sg.converged) == (sr.iters, sr.milc_iters, sr.matvecs, sr.converged)
+    assert sg.residual == sr.residual and sg.true_residual == sr.true_residual
+    assert _same(got, ref)
+
+
+@pytest.mark.parametrize("name", ["cg", "multishift", "multishift_mixed"])
+def test_short_graphs_launched_several_times_equal_host_driven(fields, name):
+    """HMC_SOLVER_GRAPH_CAPTURE=2 with HMC_SOLVER_GRAPH=8: graphs of 2 iterations, 4 launches per host check; the
+    same iterates and counts as the host-driven path (and so as one graph of 8)."""
+    make, dtype, mass = SOLVERS[name]
+    ref, sr = _solve(0, fields, make, mass, dtype)
+    got, sg = _solve(8, fields, make, mass, dtype, capture=2)
+    assert sg.extra["graph_iterations"] == 8 and sg.extra.get("graph_replays", 0) % 4 == 0 < sg.extra["graph_replays"]
     assert (sg.iters, sg.milc_iters, sg.matvecs, sg.converged) == (sr.iters, sr.milc_iters, sr.matvecs, sr.converged)
     assert sg.residual == sr.residual and sg.true_residual == sr.true_residual
     assert _same(got, ref)

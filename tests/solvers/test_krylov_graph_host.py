@@ -128,3 +128,14 @@ def test_rank_sum_adds_in_order(kernels):
     dst = np.zeros(2)
     _call(kernels, "rank_sum", vals, 4, dst)
     assert dst[0] == ((1e16 + 1.0) + -1e16) + 1.0 and dst[1] == ((1.0 + -1e16) + 2.0) + 3.0
+
+
+def test_held_iterations_is_an_even_divisor_or_the_whole_batch():
+    """HMC_SOLVER_GRAPH_CAPTURE: a graph holds c iterations where c divides HMC_SOLVER_GRAPH and is even (the peer
+    sums and credit-free exchanges need an even count per graph); an odd batch (rings, credits) takes any divisor;
+    otherwise the one graph of the whole batch."""
+    from solvers.krylov_graph import held_iterations
+
+    assert [held_iterations(8, c) for c in (0, 2, 4, 8, 3, 6, 16)] == [8, 2, 4, 8, 8, 8, 8]
+    assert [held_iterations(9, c) for c in (0, 3, 1, 2)] == [9, 3, 1, 9]
+    assert held_iterations(1, 0) == 1 and held_iterations(2, 1) == 2
