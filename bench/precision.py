@@ -37,8 +37,9 @@ import time
 from pathlib import Path
 
 from hmc.cli import count
+from hmc.progress import add_progress_arg
 
-from .rhmc import ROOT, _hmc, make_deck
+from .rhmc import ROOT, _hmc, make_deck, run_trajectories
 
 REVERSIBILITY = re.compile(r"REVERSIBILITY: max\|dU\| = (\S+) max\|dP\| = (\S+) dH = (\S+)")
 COLD_WARMUPS = 5
@@ -48,6 +49,7 @@ def add_arguments(p) -> None:
     p.add_argument("--lattice", type=count(2), required=True, metavar="L", help="L of the L^4 lattice")
     p.add_argument("--deck", required=True, help="the production deck (e.g. runs/hisq211_16.toml)")
     p.add_argument("--trajectories", type=count(1), default=10, help="trajectories per chain (default 10)")
+    add_progress_arg(p)
     p.add_argument("--warmups", type=count(0), help="warm-up trajectories (no Metropolis test) of each chain, left out of "
                    f"the comparison (default {COLD_WARMUPS} from the deck's start, 0 from --thermalize or "
                    "--from-lattice)")
@@ -84,15 +86,16 @@ def edit_deck(deck: Path, seed_offset: int = 0, quenched: bool = False, reversib
     deck.write_text(text)
 
 
-def _run(backend: str, deck: Path, trajectories: int, log: Path, start: str | None = None) -> tuple[int, float]:
-    """``hmc init`` (from ``start`` when given) and ``hmc run`` of ``deck``: (exit status, seconds of wall time)."""
+def _run(backend: str, deck: Path, trajectories: int, log: Path, start: str | None = None,
+         progress: bool = False) -> tuple[int, float]:
+    """``hmc init`` (from ``start`` when given) and ``hmc run`` of ``deck`` (its progress line shown with
+    ``progress``: :func:`bench.rhmc.run_trajectories`): (exit status, seconds of wall time)."""
     run, t0 = deck.with_suffix(".h5"), time.monotonic()
     init = ["init", deck, "-o", run, "--force"] + (["--from-lattice", start] if start else [])
     with open(log, "w") as f:
         rc = subprocess.run(_hmc(backend, *init), stdout=f, stderr=f, cwd=ROOT).returncode
         if rc == 0:
-            rc = subprocess.run(_hmc(backend, "run", run, "--trajectories", trajectories, "--no-progress"),
-                                stdout=f, stderr=f, cwd=ROOT).returncode
+            rc = run_trajectories(backend, run, trajectories, f, progress)
     if rc != 0:
         print("\n".join(log.read_text(errors="replace").splitlines()[-5:]))
     return rc, time.monotonic() - t0
@@ -122,7 +125,7 @@ def thermalize(args, backend: str, out: Path) -> tuple[str | None, dict]:
         make_deck(ROOT / args.deck, deck, args.lattice, args.steps, n,
                   None if quenched else list(args.reference_cgprec), warmups=warmups)
         edit_deck(deck, seed_offset=offset, quenched=quenched, checkpoint_every=n)
-        rc, wall = _run(backend, deck, n, deck.with_suffix(".log"), start)
+        rc, wall = _run(backend, deck, n, deck.with_suffix(".log"), start, not args.no_progress)
         print(f"-- thermalize, {label}: {n} trajectories ({warmups} warm-ups), exit {rc}, {wall:.0f} s wall "
               f"(log {deck.with_suffix('.log')})", flush=True)
         if rc != 0:
@@ -240,7 +243,7 @@ def bench_precision(args) -> int:
         make_deck(ROOT / args.deck, deck, L, args.steps, args.trajectories, list(cgprec), warmups=warmups)
         edit_deck(deck, reversibility=label == "test")
         log = deck.with_suffix(".log")
-        rc, wall = _run(backend, deck, args.trajectories, log, start)
+        rc, wall = _run(backend, deck, args.trajectories, log, start, not args.no_progress)
         print(f"-- {label} (cgprec {' '.join(map(str, cgprec))}): exit {rc}, {wall:.0f} s wall (log {log})",
               flush=True)
         if rc != 0:

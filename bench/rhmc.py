@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from hmc.cli import count
+from hmc.progress import add_progress_arg
 
 ROOT = Path(__file__).resolve().parents[1]
 RATIONALS = ROOT / "runs" / "rationals" / "rationals.hisq211_b580"
@@ -38,6 +39,7 @@ def add_arguments(p) -> None:
     p.add_argument("--lattice", type=count(2), required=True, metavar="L", help="L of the L^4 lattice")
     p.add_argument("--deck", required=True, help="the production deck to start from (e.g. runs/hisq211_16.toml)")
     p.add_argument("--trajectories", type=count(1), default=2, help="trajectories to run (default 2)")
+    add_progress_arg(p)
     p.add_argument("--steps", type=count(1), help="integrator steps (default: --steps-for, else the deck's)")
     p.add_argument("--steps-for", nargs="*", default=[], metavar="L=STEPS",
                    help="integrator steps per lattice size, used when --steps is not given (e.g. 32=36: eps ~ "
@@ -71,6 +73,15 @@ def make_deck(src: Path, dst: Path, L: int, steps: int | None, trajectories: int
 
 def _hmc(backend: str, *argv) -> list:
     return [sys.executable, "-m", "hmc", "--backend", backend, *map(str, argv)]
+
+
+def run_trajectories(backend: str, run, trajectories: int, log, progress: bool) -> int:
+    """``hmc run RUN --trajectories N``, its output appended to the open file ``log``; with ``progress`` (not
+    --no-progress) and a terminal on stderr, the run's own per-trajectory progress line is drawn there (rank 0,
+    docs/cli.md) and only stdout goes to the log. The exit status."""
+    show = progress and sys.stderr.isatty()
+    argv = _hmc(backend, "run", run, "--trajectories", trajectories, *([] if show else ["--no-progress"]))
+    return subprocess.run(argv, stdout=log, stderr=None if show else log, cwd=ROOT).returncode
 
 
 def dslash_figures(backend: str, L: int, err: Path) -> tuple[float | None, float | None]:
@@ -177,8 +188,7 @@ def bench_rhmc(args) -> int:
         rc = subprocess.run(_hmc(backend, "init", deck, "-o", run, "--force"), stdout=f, stderr=f, cwd=ROOT).returncode
     if rc == 0:
         with open(log, "w") as f:
-            rc = subprocess.run(_hmc(backend, "run", run, "--trajectories", args.trajectories, "--no-progress"),
-                                stdout=f, stderr=f, cwd=ROOT).returncode
+            rc = run_trajectories(backend, run, args.trajectories, f, not args.no_progress)
     print(f"-- {L}^4 {backend}: hmc init + run of {args.trajectories} trajectories: exit {rc}, "
           f"{time.monotonic() - t0:.0f} s wall (log {log})", flush=True)
     if rc != 0:

@@ -114,3 +114,22 @@ def test_make_deck_sets_the_solver_precisions(tmp_path):
     assert d["fermions"]["cgprec_md_fa_gr"] == [[1, 2, 2]] * len(d["fermions"]["cgresid_md_fa_gr"])
     make_deck(ROOT / "runs" / "hisq211_16.toml", out, 8, 12, 2)
     assert deckmod.loads(out.read_text())["fermions"]["cgprec_md_fa_gr"] == []
+
+
+@pytest.mark.parametrize("tty,no_progress", [(True, False), (True, True), (False, False)])
+def test_trajectory_runs_show_hmc_runs_progress_on_a_terminal(monkeypatch, tty, no_progress):
+    """bench rhmc / precision: the run's own progress line reaches a terminal on stderr unless --no-progress; off a
+    terminal (or with it) stdout and stderr go to the log and hmc run draws nothing."""
+    from bench import rhmc
+
+    seen = {}
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty, raising=False)
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: seen.update(argv=argv, **kw) or
+                        subprocess.CompletedProcess(argv, 0))
+    log = object()
+    assert rhmc.run_trajectories("numpy", "r.h5", 3, log, progress=not no_progress) == 0
+    show = tty and not no_progress
+    assert ("--no-progress" in seen["argv"]) == (not show)
+    argv = seen["argv"]
+    assert argv[argv.index("run"):argv.index("run") + 4] == ["run", "r.h5", "--trajectories", "3"]
+    assert seen["stdout"] is log and seen["stderr"] is (None if show else log)

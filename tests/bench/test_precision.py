@@ -77,8 +77,8 @@ def test_thermalize_runs_quenched_then_dynamical_trajectories(tmp_path, capsys):
     (the first D // 2 warm-ups); the last run file is the chains' start."""
     from hmc.runfile import load
 
-    args = SimpleNamespace(thermalize=[1, 2], lattice=4, deck="runs/hisq211_8.toml", steps=2, out=str(tmp_path),
-                           reference_cgprec=(2, 2, 2))
+    args = SimpleNamespace(thermalize=[1, 2], no_progress=True, lattice=4, deck="runs/hisq211_8.toml", steps=2,
+                           out=str(tmp_path), reference_cgprec=(2, 2, 2))
     start, made = thermalize(args, "numpy", tmp_path)
     quenched, dynamical = tmp_path / "precision_4_quenched.h5", tmp_path / "precision_4_dynamical.h5"
     assert start == str(dynamical)
