@@ -78,7 +78,7 @@ def _hmc(backend: str, *argv) -> list:
 def run_trajectories(backend: str, run, trajectories: int, log, progress: bool) -> int:
     """``hmc run RUN --trajectories N``, its output appended to the open file ``log``; with ``progress`` (not
     --no-progress) and a terminal on stderr, the run's own per-trajectory progress line is drawn there (rank 0,
-    docs/cli.md) and only stdout goes to the log. The exit status."""
+    docs/formats.md) and only stdout goes to the log. The exit status."""
     show = progress and sys.stderr.isatty()
     argv = _hmc(backend, "run", run, "--trajectories", trajectories, *([] if show else ["--no-progress"]))
     return subprocess.run(argv, stdout=log, stderr=None if show else log, cwd=ROOT).returncode
