@@ -632,6 +632,20 @@ def test_workers_rebuild_the_drivers_configuration():
     assert env["OMP_NUM_THREADS"] == "3" and env["PYTHONUNBUFFERED"] == "1"
 
 
+def _keeping_figures(real_plt, figures):
+    """pyplot, keeping each figure it makes in ``figures`` for the test to read."""
+    class KeepFigures:
+        def __getattr__(self, name):
+            return getattr(real_plt, name)
+
+        def subplots(self, *a, **k):
+            fig, axes = real_plt.subplots(*a, **k)
+            figures.append(fig)
+            return fig, axes
+
+    return KeepFigures
+
+
 def test_speedup_legend_names_the_ideal_line_it_draws(tmp_path):
     """The speed-up panel's dotted line is the ideal n (not 1/n, which is the time plot's): its legend says so."""
     import matplotlib
@@ -646,15 +660,7 @@ def test_speedup_legend_names_the_ideal_line_it_draws(tmp_path):
                 "ops": {"dslash": {"median_s": t, "min_s": t, "max_s": t}}}
                for n, label, t in ((1, "serial", 1.0), (2, "mpi", 0.6), (4, "mpi", 0.4))]
     figures = []
-
-    class KeepFigures:                       # pyplot, keeping each figure for the test to read
-        def __getattr__(self, name):
-            return getattr(real_plt, name)
-
-        def subplots(self, *a, **k):
-            fig, axes = real_plt.subplots(*a, **k)
-            figures.append(fig)
-            return fig, axes
+    KeepFigures = _keeping_figures(real_plt, figures)
 
     plots.plot_speedup({"configs": configs}, tmp_path / "s.png", KeepFigures())
     texts = [t.get_text() for lg in figures[0].legends for t in lg.get_texts()]
@@ -680,15 +686,7 @@ def test_halo_axis_labels_and_ratio_headroom(tmp_path):
     configs = [{"lattice": lat, "ranks": n, "status": "ok", "label": label, "transport": label,
                 "ops": {"halo": {"median_s": t, "min_s": t, "max_s": t}}} for (n, label), t in times.items()]
     figures = []
-
-    class KeepFigures:
-        def __getattr__(self, name):
-            return getattr(real_plt, name)
-
-        def subplots(self, *a, **k):
-            fig, axes = real_plt.subplots(*a, **k)
-            figures.append(fig)
-            return fig, axes
+    KeepFigures = _keeping_figures(real_plt, figures)
 
     plots.plot_time({"configs": configs}, tmp_path / "t.png", KeepFigures())
     ax = figures[0].axes[0]
