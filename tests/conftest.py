@@ -76,6 +76,18 @@ def launch_env(extra=None) -> dict:
     return env
 
 
+def numpy_simd_pinned() -> dict:
+    """The environment that keeps NumPy's loops on its AVX2 (X86_V3) kernels on a machine with AVX-512: for the runs
+    compared with MILC's stored outputs. NumPy picks its SIMD kernels by the CPU, and the AVX-512 ones round complex
+    products differently (fused multiply-adds); through a few chaotic trajectories that moves MILC's f211.2 PBP line
+    by 1.67 x MILC's errtol (6e-8, below the 1e-7 its seven printed digits resolve), on AVX2 0.83 x
+    (runs/milc/README.md). Only the kernels this CPU has are switched off (NumPy refuses others)."""
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+
+    above_v3 = [f for f in __cpu_dispatch__ if f not in ("X86_V2", "X86_V3") and __cpu_features__.get(f)]
+    return {"NPY_DISABLE_CPU_FEATURES": " ".join(above_v3)} if above_v3 else {}
+
+
 def keep_gpu_report(name: str, data) -> None:
     """Keep a GPU test's report for the device log: ``data`` (JSON-able) as HMC_GPU_REPORT_DIR/``name`` when that
     variable is set (the device suites of bench/suites.toml set it)."""

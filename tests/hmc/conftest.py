@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests import background
-from tests.conftest import ROOT, fixture_path, launch_env
+from tests.conftest import ROOT, fixture_path, launch_env, numpy_simd_pinned
 
 # fixture name: (deck in runs/, MILC's lattice it starts from, MILC's rational functions or None: the deck's own,
 # the first test file that uses it)
@@ -59,5 +59,5 @@ def _twin_fixture(name: str):
 
 
 for _name, (*_args, _first_user) in TWINS.items():
-    background.register(_name, _twin_command(*_args), launch_env({"OPENBLAS_NUM_THREADS": "1"}), _first_user)
+    background.register(_name, _twin_command(*_args), launch_env({"OPENBLAS_NUM_THREADS": "1", **numpy_simd_pinned()}), _first_user)
     globals()[_name] = _twin_fixture(_name)

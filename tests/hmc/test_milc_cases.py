@@ -12,7 +12,7 @@ from fixture_paths import FIXTURES
 from hmc.milc.compare import read_checklist
 from hmc.milc.runner import check_milc
 from tests import background
-from tests.conftest import launch_env
+from tests.conftest import launch_env, numpy_simd_pinned
 
 MILC_TEST = FIXTURES / "ks_imp_rhmc"
 
@@ -39,7 +39,7 @@ def _check_command(folder):
             "--out-dir", str(folder / "out"), "--jobs", "2", "--no-progress"]
 
 
-background.register("milc_case_outputs", _check_command, launch_env({"OPENBLAS_NUM_THREADS": "1"}), "test_milc_cases")
+background.register("milc_case_outputs", _check_command, launch_env({"OPENBLAS_NUM_THREADS": "1", **numpy_simd_pinned()}), "test_milc_cases")
 
 
 @pytest.fixture(scope="module")
