@@ -108,6 +108,8 @@ def test_cited_doc_sections_exist():
     pages = {p.stem: sections(p) for p in DOCS.glob("*.md")}
     problems = []
     for path in text_files():
+        if path.suffix in (".patch", ".diff"):
+            continue  # a patch cites the docs as it leaves them; its own hunks add the sections it names
         text = path.read_text(encoding="utf-8")
         where = path.relative_to(ROOT)
         for m in DOC_CITATION.finditer(text):
