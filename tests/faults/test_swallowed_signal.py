@@ -61,9 +61,14 @@ def test_signal_swallowed_in_gc_callback_stops_before_the_next_trajectory(monkey
         return out
 
     capsys.readouterr()
-    with monkeypatch.context() as m:
-        m.setattr(hmc.run, "hmc_trajectory", trajectory)
-        rc = main(["run", run, "--no-progress"])
+    # as at a terminal: a job started with & (or under nohup) inherits an ignored SIGINT, which hmc run leaves be
+    interactive = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(hmc.run, "hmc_trajectory", trajectory)
+            rc = main(["run", run, "--no-progress"])
+    finally:
+        signal.signal(signal.SIGINT, interactive)
     err = capsys.readouterr().err
     assert swallowed == [Terminated.__name__ if sig == signal.SIGTERM else "KeyboardInterrupt"]
     assert rc == code, err
