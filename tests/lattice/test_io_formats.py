@@ -2,7 +2,8 @@
 either byte order and never written; MILC v5 written in single precision only; ILDG always with ildg-data-lfn;
 the usqcdInfo plaquette/link-trace record written and checked; the SciDAC gauge writer; openQCD read and write
 (layout checked against a loop transcription of the format, written from Grid's OpenQcdIO.h and openQCD's
-description); c-lime's lime_contents and PyQUDA's pyquda_io where installed."""
+description); c-lime's lime_contents where installed. PyQUDA's pyquda_io reads and writes them in
+tests/lattice/test_io_pyquda.py."""
 from __future__ import annotations
 
 import math
@@ -276,57 +277,3 @@ def test_openqcd_needs_even_extents(tmp_path):
     with pytest.raises(GaugeFileError) as e:
         write_gauge(p, random_links((4, 2, 3, 2)), "openqcd")
     assert "even extents" in one_line_error(e, p) and not p.exists()
-
-
-def pyquda_io():
-    try:
-        import pyquda_io as module
-        from pyquda_io import ildg, milc, nersc, openqcd  # noqa: F401
-    except ImportError as e:
-        pytest.skip(f"pyquda_io cannot be imported ({e}): on the package index it comes with PyQUDA-Utils, whose "
-                    "pyquda_comm ships only in PyQUDA's source package, which builds against a QUDA installation "
-                    "(QUDA_PATH); to run these, put the unpacked PyQUDA and PyQUDA-Utils source packages on "
-                    "PYTHONPATH. The layouts are checked point by point against the formats instead")
-    module.init([1, 1, 1, 1])
-    return module
-
-
-# nx = nz: pyquda_io takes openQCD's header extents in reverse (N3, N2, N1, N0) as (Lx, Ly, Lz, Lt), which agrees
-# with openQCD's (N0 = t, N1 = x, N2 = y, N3 = z) only then
-PYQUDA_SHAPE = (6, 4, 2, 4)                      # nt nz ny nx
-
-
-def test_openqcd_against_pyquda_io(tmp_path):
-    """PyQUDA's pyquda_io reads our openQCD file as our links and writes the same data back (the header plaquette
-    to rounding: it sums in another order)."""
-    io = pyquda_io()
-    a = su3_links(PYQUDA_SHAPE)
-    p = tmp_path / "conf.oqcd"
-    write_gauge(p, a, "openqcd")
-    latt, gauge = io.openqcd.readGauge(str(p))
-    assert list(latt) == [4, 2, 4, 6]
-    assert np.array_equal(np.asarray(gauge), np.moveaxis(a, 4, 0))            # (mu, t, z, y, x, 3, 3)
-    q = tmp_path / "pyquda.oqcd"
-    io.openqcd.writeGauge(str(q), latt, gauge)
-    ours, theirs = p.read_bytes(), q.read_bytes()
-    assert ours[:16] == theirs[:16] and ours[24:] == theirs[24:]
-    assert math.isclose(struct.unpack("<d", ours[16:24])[0], struct.unpack("<d", theirs[16:24])[0], rel_tol=1e-14)
-
-
-@pytest.mark.parametrize("fmt,opts,bare", [("ildg", {}, False), ("nersc", {"floating_point": "IEEE64BIG"}, False),
-                                           ("nersc", {"floating_point": "IEEE64LITTLE"}, True),
-                                           ("milc", {}, False)])
-def test_our_files_read_by_pyquda_io(tmp_path, fmt, opts, bare):
-    """pyquda_io reads our ILDG, NERSC (also relabelled with the bare IEEE64, which it takes as little-endian) and
-    MILC files (checksums asserted by pyquda_io; it re-unitarizes MILC's single-precision links, to ~1e-7)."""
-    io = pyquda_io()
-    a = su3_links(PYQUDA_SHAPE)
-    p = tmp_path / f"conf.{fmt}"
-    write_gauge(p, a, fmt, **opts)
-    if bare:
-        relabel(p, opts["floating_point"], "IEEE64")
-    stored, _ = read_site_major(p)
-    latt, gauge = getattr(io, fmt).readGauge(str(p))
-    assert list(latt) == [4, 2, 4, 6]
-    tol = 1e-6 if fmt == "milc" else 0.0
-    assert np.abs(np.asarray(gauge) - np.moveaxis(stored, 4, 0)).max() <= tol
