@@ -19,6 +19,14 @@ def _random_links(geom, rng, stream, scale=1.0):
     return geom.xp.ascontiguousarray(geom.xp.moveaxis(m, -3, 0))
 
 
+def timing_links(geom, rng):
+    """(fat, long) to time the hop with: random fat links, and Naik links of the application's form, -1/24 times
+    SU(3) matrices, which the GPU table compresses as it does HISQ's (docs/perf-notes.md "Long-link compression")."""
+    from lattice import su3
+
+    return _random_links(geom, rng, "fat", 0.3), -su3.reunitarize(_random_links(geom, rng, "long")) / 24
+
+
 def _event_time(backend, fn, repeat):
     """Median seconds per call; device events on the GPU, wall clock on the CPU."""
     fn()
@@ -51,8 +59,7 @@ def bench_dslash(args) -> dict:
     backend = get_backend(args.backend or "auto")
     geom = Geometry(tuple(args.lattice), backend)
     rng = CounterRNG(3)
-    fat = _random_links(geom, rng, "fat", 0.3)
-    long = _random_links(geom, rng, "long", 0.05)
+    fat, long = timing_links(geom, rng)
     dtype = np.complex64 if args.precision == "single" else np.complex128
     d = StaggeredDslash(geom, fat, long).converted(dtype)
     xp = geom.xp
@@ -61,11 +68,13 @@ def bench_dslash(args) -> dict:
     out = xp.zeros_like(psi)
     vh = geom.volume // 2
     t_hop = _event_time(backend, lambda: d.hop(psi, 0, out), args.repeat)
-    nbytes = hop_bytes(dtype) * vh
+    site_bytes = hop_bytes(dtype, compressed=d.links_compressed)
+    nbytes = site_bytes * vh
     bw = copy_bandwidth(backend)
     res = {"backend": backend.name, "lattice": list(args.lattice), "precision": args.precision,
            "hop_s": t_hop, "gflops": d.hop_flops() / t_hop / 1e9, "GBps": nbytes / t_hop / 1e9,
-           "copy_GBps": bw / 1e9, "fraction_of_copy_bandwidth": nbytes / t_hop / bw, "bytes_per_site": hop_bytes(dtype)}
+           "copy_GBps": bw / 1e9, "fraction_of_copy_bandwidth": nbytes / t_hop / bw, "bytes_per_site": site_bytes,
+           "long_links_compressed": d.links_compressed}
     # CG iteration time on the even-odd normal operator, fixed iteration count
     d64 = StaggeredDslash(geom, fat, long)
     A = d64.even_odd(0.01).normal
@@ -92,7 +101,7 @@ def bench_dslash(args) -> dict:
         print(f"bench dslash {L} {args.precision} on {backend.name}:")
         print(f"  hop (one parity)  {t_hop * 1e6:10.1f} us  {res['gflops']:8.1f} GFLOP/s  {res['GBps']:8.1f} GB/s = "
               f"{100 * res['fraction_of_copy_bandwidth']:.1f}% of copy bandwidth {bw / 1e9:.0f} GB/s "
-              f"({hop_bytes(dtype)} B/site)")
+              f"({site_bytes} B/site{', Naik links compressed' if d.links_compressed else ''})")
         print(f"  CG iteration (double, m=0.01)  {1e6 * t_cg / n_it:10.1f} us: operator {1e6 * t_op:.1f} us, "
               f"linear algebra {1e6 * (t_cg / n_it - t_op):.1f} us")
         print(f"  to 1e-10 (m=0.05): double CG {t_double:.3f} s ({st_d.iters} it), mixed CG {t_mixed:.3f} s "
@@ -170,8 +179,7 @@ def _dist_rows(args, geom, gd: tuple, L: int, tr: str, reps: int) -> list:
 
     grid, rows = geom.grid, []
     rng = CounterRNG(3)
-    fat = _random_links(geom, rng, "fat", 0.3)
-    long = _random_links(geom, rng, "long", 0.05)
+    fat, long = timing_links(geom, rng)
     d = StaggeredDslash(geom, fat, long)
     g = rng.gaussian("src", geom.site_ids(), 6).reshape(geom.shape + (3, 2))
     psi = g[..., 0] + 1j * g[..., 1]

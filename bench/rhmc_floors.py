@@ -5,8 +5,9 @@ copy on the GPU, a NumPy copy on the CPU, measured by ``hmc bench dslash`` on th
 also gets its flops per call, as the kernel walks its paths.
 
 Notation: V sites; c bytes per complex number (16 in double, 8 in single); M = 9 x 16 = 144 bytes, one complex128
-3x3 matrix; h(c) = ``solvers.staggered_cuda.hop_bytes``, the bytes of one output site of a HISQ hop (16 links, 16
-neighbour vectors, the output: 3120 in double, 1560 in single); n_g the Naik-epsilon groups; n_k^P the poles of
+3x3 matrix; h(c) = ``solvers.staggered_cuda.hop_bytes``, the bytes of one output site of a HISQ hop (16 links, the
+8 Naik ones compressed to 7 complex numbers as the GPU table holds them, 16 neighbour vectors, the output: 2864 in
+double, 1432 in single; docs/perf-notes.md "Long-link compression"); n_g the Naik-epsilon groups; n_k^P the poles of
 pseudofermion k in phase P (GR heat bath, FA action, MD force). The counts per trajectory come from its history
 row (iterations, solves, link builds) and the integrator schedule (gauge-force calls).
 
@@ -77,7 +78,7 @@ def solver_iteration_bytes(volume: int, poles: int, single: bool) -> int:
     """Bytes of one multishift iteration with ``poles`` shifts: A (two hops) and the fused update."""
     dtype = np.complex64 if single else np.complex128
     c = np.dtype(dtype).itemsize
-    return hop_bytes(dtype) * volume + (5 + 4 * poles) * 3 * c * volume // 2
+    return hop_bytes(dtype, compressed=True) * volume + (5 + 4 * poles) * 3 * c * volume // 2
 
 
 def gauge_flops_per_call(action, volume: int) -> int:

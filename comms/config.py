@@ -182,6 +182,9 @@ SETTINGS = {
                            "staged HISQ fat-link kernels (whole lattice on one GPU; needs hisq_kernels)"),
     "hisq_staged_vjp": Setting("HMC_HISQ_STAGED_VJP", _flag(True), True,
                                "staged all-direction HISQ fat-link chain rule (one GPU, whole lattice)"),
+    "dslash_compress_long": Setting("HMC_DSLASH_COMPRESS_LONG", _flag(True), True,
+                                    "GPU hop: Naik links stored as two rows and a factor where they are a multiple "
+                                    "of U(3) (the third row rebuilt)"),
     "mg_kernels": Setting("HMC_MG_KERNELS", _flag(True), True, "multigrid CUDA kernels"),
     "mg_timing_sync": Setting("HMC_MG_TIMING_SYNC", _flag(True), True, "multigrid clocks synchronize the device"),
     "mg_graph": Setting("HMC_MG_GRAPH", _flag(False), False,
@@ -258,6 +261,7 @@ class RunConfig:
     hisq_kernels: bool = True
     hisq_staged: bool = True
     hisq_staged_vjp: bool = True
+    dslash_compress_long: bool = True
     mg_kernels: bool = True
     mg_timing_sync: bool = True
     mg_graph: bool = False

@@ -251,6 +251,12 @@ class StaggeredDslash(Operator):
         return (int(np.prod(self.field_shape[:-1])) // 2,) + tuple(self.site_shape)
 
     @property
+    def links_compressed(self) -> bool:
+        """Whether the hop reads its Naik links compressed (the GPU kernel's table: docs/perf-notes.md "Long-link
+        compression")."""
+        return bool(getattr(self._hop_impl, "compressed", False))
+
+    @property
     def has_compact(self) -> bool:
         """Whether :meth:`hop` takes parity-compact fields: the whole-lattice kernel and the NumPy body (its twin)."""
         return bool(getattr(self._hop_impl, "compact", self._hop_impl == self._hop_numpy))

@@ -13,22 +13,68 @@ s >> 1 and the output site j is j itself; the arithmetic is the same, so the res
 
 Bytes moved per output site (the figure ``hmc bench dslash`` divides by): 16 links (144 B each in double), 16
 neighbour vectors (48 B), the output vector and, with a != 0, the x vector: 3216 + 48 B in double, half in single.
+With long-link compression (:func:`link_table`, docs/perf-notes.md "Long-link compression") the 8 Naik links
+are 7 complex numbers each instead of 9: 256 B a site less in double (3120 -> 2864 without the x vector).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from lattice import cuda_source
-from lattice.placement import Placement, implements
+from lattice.placement import Placement, implements, switch_on
 
 BLOCK = 128
+#: the run-configuration switch of long-link compression (lattice.placement consults it)
+COMPRESS_SWITCH = "dslash_compress_long"
+#: the largest error of a rebuilt third row, relative to the largest entry of its link, that a table's precision
+#: takes as exact (double: the HISQ Naik links of a Haar-random field rebuild to 1.3e-12, W's U(3) projection)
+REBUILD_TOLERANCE = {np.dtype(np.complex128): 1e-11, np.dtype(np.complex64): 1e-5}
 
 
-def hop_bytes(dtype, naik: bool = True, axpy: bool = False) -> int:
-    """Bytes one output site must move: links, neighbour vectors, output (and x for the a*x epilogue)."""
+def hop_bytes(dtype, naik: bool = True, axpy: bool = False, compressed: bool = False) -> int:
+    """Bytes one output site must move: links (a compressed Naik link 7 complex numbers), neighbour vectors,
+    output (and x for the a*x epilogue)."""
     c = np.dtype(dtype).itemsize
     nhop = 16 if naik else 8
-    return nhop * 9 * c + nhop * 3 * c + 3 * c + (3 * c if axpy else 0)
+    link_elements = 8 * 9 + 8 * 7 if (naik and compressed) else nhop * 9
+    return link_elements * c + nhop * 3 * c + 3 * c + (3 * c if axpy else 0)
+
+
+def third_row_factors(links, xp):
+    """(q, error) of Naik link blocks (n, V/2, 3, 3): per link the complex q with row 2 ~ q conj(row 0 x row 1)
+    (least squares, in double) and the largest |row 2 - q conj(row 0 x row 1)| relative to its link's largest entry.
+
+    Why it holds: a HISQ Naik link is c eta W W W (W in U(3), c = -(1+eps)/24, eta = +-1 the phases and boundary
+    sign), an asqtad one c eta U U U: a real multiple s M of a unitary M, and for unitary M row 2 = det M conj(row 0
+    x row 1) (M^dag = M^-1 = adj(M) / det M), so row 2 of s M is (det M / s) conj(row 0 x row 1). QUDA stores HISQ
+    long links so too (its reconstruct 13). The error measures how far the links are from that form."""
+    w = links.astype(xp.complex128)
+    cross = xp.conj(xp.cross(w[..., 0, :], w[..., 1, :]))
+    norm, largest = (xp.abs(cross) ** 2).sum(-1), xp.abs(w).max((-2, -1))
+    q = (xp.conj(cross) * w[..., 2, :]).sum(-1) / xp.where(norm > 0, norm, 1.0)     # (0 where rows 0, 1 are)
+    error = xp.abs(w[..., 2, :] - q[..., None] * cross).max(-1) / xp.where(largest > 0, largest, 1.0)
+    return q, float(error.max())
+
+
+def link_table(blocks, xp, compress: bool):
+    """(table, compressed): the link blocks (nhop, V/2, 3, 3) of one output parity as the kernel reads them,
+    planes (element, site) so that a warp reads 32 consecutive sites: 9 planes a hop, or, ``compress`` with Naik
+    hops and every Naik link rebuilding within :data:`REBUILD_TOLERANCE`, 7 for a Naik hop (rows 0 and 1, then q
+    of :func:`third_row_factors`). Links of another form (a thin-link test field, links read from single
+    precision) stay whole."""
+    nhop, vh = blocks.shape[0], blocks.shape[1]
+    planes = blocks.reshape(nhop, vh, 9).transpose(0, 2, 1)
+    if compress and nhop == 16:
+        naik = [h for h in range(nhop) if h % 4 >= 2]
+        q, error = third_row_factors(blocks[naik], xp)
+        if error <= REBUILD_TOLERANCE[np.dtype(blocks.dtype)]:
+            parts = []
+            for h in range(nhop):
+                parts.append(planes[h, :6] if h % 4 >= 2 else planes[h])
+                if h % 4 >= 2:
+                    parts.append(q[naik.index(h)][None].astype(blocks.dtype))
+            return xp.ascontiguousarray(xp.concatenate(parts)), True
+    return xp.ascontiguousarray(planes).reshape(nhop * 9, vh), False
 
 
 class CudaHop:
@@ -44,15 +90,32 @@ class CudaHop:
         self.real = np.float32 if single else np.float64
         self._soa = {}
 
-    def _links(self, parity):
-        """The operator's links of this parity in SoA layout, rebuilt when the operator's links change."""
+    def _entry(self, parity):
+        """(table, compressed, blocks) of this parity (:func:`link_table`), rebuilt when the operator's links
+        change."""
         blocks = self.dslash._links[parity]
         key = (parity, id(blocks))
         if key not in self._soa:
             self._soa = {k: v for k, v in self._soa.items() if k[0] != parity}
-            nhop, vh = blocks.shape[0], blocks.shape[1]
-            self._soa[key] = (self.cp.ascontiguousarray(blocks.reshape(nhop, vh, 9).transpose(0, 2, 1)), blocks)
-        return self._soa[key][0]
+            table, compressed = link_table(blocks, self.dslash.geom.xp, switch_on(COMPRESS_SWITCH, None))
+            self._soa[key] = (table, compressed, blocks)
+        return self._soa[key]
+
+    def _links(self, parity):
+        """The operator's links of this parity as the kernel's table."""
+        return self._entry(parity)[0]
+
+    def _clong(self, parity) -> np.int32:
+        return np.int32(self._entry(parity)[1])
+
+    @property
+    def nhop(self) -> int:
+        return self.dslash._links[0].shape[0]
+
+    @property
+    def compressed(self) -> bool:
+        """Whether the tables of both parities hold compressed Naik links (built now if they are not yet)."""
+        return all(self._entry(p)[1] for p in (0, 1))
 
     def graph_key(self) -> tuple:
         """The device addresses a captured application bakes in (its links of both parities), built now if they
@@ -66,13 +129,13 @@ class CudaHop:
         geom = self.dslash.geom
         nx, ny, nz, nt = geom.local_dims
         links = self._links(parity)
-        nhop = links.shape[0]
-        vh = links.shape[2]
+        vh = links.shape[1]
         psi = self.cp.ascontiguousarray(psi)
         xarg = self.cp.ascontiguousarray(x) if (x is not None and a != 0.0) else 0
         self.kernel(((vh + BLOCK - 1) // BLOCK,), (BLOCK,),
-                    (psi, links, out, xarg, self.real(a), self.real(b), np.int32(parity), np.int32(nhop),
-                     np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), np.int32(bool(compact))))
+                    (psi, links, out, xarg, self.real(a), self.real(b), np.int32(parity), np.int32(self.nhop),
+                     np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), np.int32(bool(compact)),
+                     self._clong(parity)))
 
 
 def _even_x(geom, dslash) -> bool:

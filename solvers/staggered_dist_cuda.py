@@ -245,9 +245,9 @@ class DistHop(CudaHop):
         links = self._links(parity)
         xarg = x if (x is not None and a != 0.0) else 0
         self.k_hop(((n + BLOCK - 1) // BLOCK,), (BLOCK,),
-                   (psi, links, out, xarg, self.real(a), self.real(b), np.int32(parity), np.int32(links.shape[0]),
+                   (psi, links, out, xarg, self.real(a), self.real(b), np.int32(parity), np.int32(self.nhop),
                     np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), sites, np.int64(n), ghost,
-                    goff, np.int32(self.pmask), np.int32(self.depth)))
+                    goff, np.int32(self.pmask), np.int32(self.depth), self._clong(parity)))
 
     def __call__(self, psi, parity, out, a, x, b):
         xp = self.xp

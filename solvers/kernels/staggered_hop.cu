@@ -11,6 +11,23 @@ __device__ __forceinline__ void madd(typename C2<R>::T &acc, typename C2<R>::T a
 
 __device__ __forceinline__ int wrap(int c, int n) { return c < 0 ? c + n : (c >= n ? c - n : c); }
 
+// q conj(a b - c d): one entry of the rebuilt third row of a compressed Naik link
+template <typename R>
+__device__ __forceinline__ typename C2<R>::T rebuilt(typename C2<R>::T q, typename C2<R>::T a, typename C2<R>::T b,
+                                                     typename C2<R>::T c, typename C2<R>::T d) {
+    const R re = a.x * b.x - a.y * b.y - (c.x * d.x - c.y * d.y);
+    const R im = a.x * b.y + a.y * b.x - (c.x * d.y + c.y * d.x);
+    typename C2<R>::T r = {q.x * re + q.y * im, q.y * re - q.x * im};
+    return r;
+}
+
+// The first plane of hop h in the link table: 9 planes a hop, or with ``clong`` (Naik hops present) 9 for each
+// one-link hop and 7 for each Naik hop (rows 0 and 1, then the factor q with row 2 = q conj(row 0 x row 1):
+// solvers.staggered_cuda.link_table), per direction +1, -1, +3, -3: 32 planes.
+__device__ __forceinline__ int first_plane(int h, int mu, int w, int clong) {
+    return clong ? mu * 32 + (w < 2 ? 9 * w : 18 + 7 * (w - 2)) : 9 * h;
+}
+
 // One output site j (checkerboard index of ``parity``). DIST: the lattice is this rank's block; a hop that leaves it
 // along a partitioned dimension (bit mu of pmask) reads the received face (mu, side) in ``ghost`` at goff[2 mu + side]
 // (complex elements): a block of the local shape with extent ``depth`` along mu, side 0 = the backward neighbour's
@@ -23,7 +40,7 @@ __device__ __forceinline__ void hop_site(const typename C2<R>::T *__restrict__ p
                     const typename C2<R>::T *__restrict__ links, typename C2<R>::T *__restrict__ out,
                     const typename C2<R>::T *__restrict__ x, R a, R b, int parity, int nhop,
                     int nx, int ny, int nz, int nt, long j, const typename C2<R>::T *__restrict__ ghost,
-                    const long long *__restrict__ goff, int pmask, int depth, int compact) {
+                    const long long *__restrict__ goff, int pmask, int depth, int compact, int clong) {
     typedef typename C2<R>::T T;
     const long vh = (long)nx * ny * nz * nt / 2;
     const int half = nx / 2;
@@ -60,10 +77,19 @@ __device__ __forceinline__ void hop_site(const typename C2<R>::T *__restrict__ p
             if (compact) s >>= 1;
         }
         const T v0 = src[3 * s], v1 = src[3 * s + 1], v2 = src[3 * s + 2];
-        const T *L = links + (long)h * 9 * vh + j;
-        madd<R>(acc0, __ldg(L + 0 * vh), v0); madd<R>(acc0, __ldg(L + 1 * vh), v1); madd<R>(acc0, __ldg(L + 2 * vh), v2);
-        madd<R>(acc1, __ldg(L + 3 * vh), v0); madd<R>(acc1, __ldg(L + 4 * vh), v1); madd<R>(acc1, __ldg(L + 5 * vh), v2);
-        madd<R>(acc2, __ldg(L + 6 * vh), v0); madd<R>(acc2, __ldg(L + 7 * vh), v1); madd<R>(acc2, __ldg(L + 8 * vh), v2);
+        const T *L = links + (long)first_plane(h, mu, w, clong) * vh + j;
+        const T l0 = __ldg(L), l1 = __ldg(L + vh), l2 = __ldg(L + 2 * vh);
+        const T l3 = __ldg(L + 3 * vh), l4 = __ldg(L + 4 * vh), l5 = __ldg(L + 5 * vh);
+        T l6, l7, l8;
+        if (clong && w >= 2) {               // row 2 = q conj(row 0 x row 1)
+            const T q = __ldg(L + 6 * vh);
+            l6 = rebuilt<R>(q, l1, l5, l2, l4); l7 = rebuilt<R>(q, l2, l3, l0, l5); l8 = rebuilt<R>(q, l0, l4, l1, l3);
+        } else {
+            l6 = __ldg(L + 6 * vh); l7 = __ldg(L + 7 * vh); l8 = __ldg(L + 8 * vh);
+        }
+        madd<R>(acc0, l0, v0); madd<R>(acc0, l1, v1); madd<R>(acc0, l2, v2);
+        madd<R>(acc1, l3, v0); madd<R>(acc1, l4, v1); madd<R>(acc1, l5, v2);
+        madd<R>(acc2, l6, v0); madd<R>(acc2, l7, v1); madd<R>(acc2, l8, v2);
     }
     const long o = (compact ? j : xx + (long)nx * (y + (long)ny * (z + (long)nz * t))) * 3;
     T r0 = {b * acc0.x, b * acc0.y}, r1 = {b * acc1.x, b * acc1.y}, r2 = {b * acc2.x, b * acc2.y};
@@ -77,11 +103,11 @@ __device__ __forceinline__ void hop_site(const typename C2<R>::T *__restrict__ p
 template <typename R>
 __device__ void hop(const typename C2<R>::T *__restrict__ psi, const typename C2<R>::T *__restrict__ links,
                     typename C2<R>::T *__restrict__ out, const typename C2<R>::T *__restrict__ x,
-                    R a, R b, int parity, int nhop, int nx, int ny, int nz, int nt, int compact) {
+                    R a, R b, int parity, int nhop, int nx, int ny, int nz, int nt, int compact, int clong) {
     const long vh = (long)nx * ny * nz * nt / 2;
     const long j = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (j >= vh) return;
-    hop_site<R, false>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, j, 0, 0, 0, 1, compact);
+    hop_site<R, false>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, j, 0, 0, 0, 1, compact, clong);
 }
 
 // The distributed hop on the sites listed in ``sites`` (checkerboard indices; all vh sites when sites == 0).
@@ -89,11 +115,11 @@ template <typename R>
 __device__ void hop_dist(const typename C2<R>::T *psi, const typename C2<R>::T *links, typename C2<R>::T *out,
                          const typename C2<R>::T *x, R a, R b, int parity, int nhop, int nx, int ny, int nz, int nt,
                          const int *sites, long nsites, const typename C2<R>::T *ghost, const long long *goff,
-                         int pmask, int depth) {
+                         int pmask, int depth, int clong) {
     const long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (i >= nsites) return;
     const long j = sites ? (long)sites[i] : i;
-    hop_site<R, true>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, j, ghost, goff, pmask, depth, 0);
+    hop_site<R, true>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, j, ghost, goff, pmask, depth, 0, clong);
 }
 
 // Faces into one contiguous send buffer: face f (table row f: mu, dir, offset, length in complex elements) holds the
@@ -124,25 +150,27 @@ __device__ void pack(const T *__restrict__ psi, T *__restrict__ buf, const int *
 
 extern "C" __global__ void hop_double(const double2 *psi, const double2 *links, double2 *out, const double2 *x,
                                       double a, double b, int parity, int nhop, int nx, int ny, int nz, int nt,
-                                      int compact) {
-    hop<double>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact);
+                                      int compact, int clong) {
+    hop<double>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact, clong);
 }
 extern "C" __global__ void hop_single(const float2 *psi, const float2 *links, float2 *out, const float2 *x,
                                       float a, float b, int parity, int nhop, int nx, int ny, int nz, int nt,
-                                      int compact) {
-    hop<float>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact);
+                                      int compact, int clong) {
+    hop<float>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact, clong);
 }
 extern "C" __global__ void hop_dist_double(const double2 *psi, const double2 *links, double2 *out, const double2 *x,
                                            double a, double b, int parity, int nhop, int nx, int ny, int nz, int nt,
                                            const int *sites, long long nsites, const double2 *ghost,
-                                           const long long *goff, int pmask, int depth) {
-    hop_dist<double>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, sites, nsites, ghost, goff, pmask, depth);
+                                           const long long *goff, int pmask, int depth, int clong) {
+    hop_dist<double>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, sites, nsites, ghost, goff, pmask, depth,
+                  clong);
 }
 extern "C" __global__ void hop_dist_single(const float2 *psi, const float2 *links, float2 *out, const float2 *x,
                                            float a, float b, int parity, int nhop, int nx, int ny, int nz, int nt,
                                            const int *sites, long long nsites, const float2 *ghost,
-                                           const long long *goff, int pmask, int depth) {
-    hop_dist<float>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, sites, nsites, ghost, goff, pmask, depth);
+                                           const long long *goff, int pmask, int depth, int clong) {
+    hop_dist<float>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, sites, nsites, ghost, goff, pmask, depth,
+                  clong);
 }
 extern "C" __global__ void pack_double(const double2 *psi, double2 *buf, const int *tab, int nfaces, long long total,
                                        int nx, int ny, int nz, int nt, int depth) {

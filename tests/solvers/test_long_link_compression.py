@@ -1,0 +1,109 @@
+"""Long-link compression of the GPU hop (docs/perf-notes.md "Long-link compression"): HISQ and asqtad Naik links
+are real multiples of U(3) matrices, so their third row is q conj(row 0 x row 1); the kernel's table keeps two rows
+and q where every Naik link rebuilds to rounding, and the kernel (compiled for the host) then gives the NumPy hop's
+numbers to rounding. Links of another form stay whole."""
+import numpy as np
+import pytest
+
+from lattice import GaugeField, Geometry, get_backend
+from lattice.backend import Backend
+from lattice.placement import set_switch
+from lattice.rng import CounterRNG
+from force.hisq_links import asqtad_links, hisq_links
+from solvers import StaggeredDslash
+from solvers.staggered_cuda import (COMPRESS_SWITCH, REBUILD_TOLERANCE, CudaHop, hop_bytes, link_table,
+                                    third_row_factors)
+from tests.force.cuda_host import FakeCuPy, needs_gxx
+
+from solver_testlib import random_field
+
+DIMS = (4, 4, 4, 6)
+
+
+def _links(kind, geom):
+    u = GaugeField.random(geom, CounterRNG(11))
+    fl = {"hisq": lambda: hisq_links(u), "hisq_charm": lambda: hisq_links(u, eps=-0.3),
+          "asqtad": lambda: asqtad_links(u, 0.87)}[kind]()
+    return np.asarray(fl.fat), np.asarray(fl.long)
+
+
+@pytest.mark.parametrize("kind", ["hisq", "hisq_charm", "asqtad"])
+def test_naik_links_rebuild_to_rounding(kind):
+    _, long = _links(kind, Geometry(DIMS))
+    q, error = third_row_factors(long.reshape(-1, 3, 3), np)
+    assert error <= REBUILD_TOLERANCE[np.dtype(np.complex128)]
+    assert np.all(np.abs(q) > 1.0)          # |det M| / |c| with |c| <= 1/24 (1 + |eps|) / u0^2
+
+
+def test_other_links_are_not_compressed():
+    geom = Geometry(DIMS)
+    fat, long = _links("hisq", geom)
+    rng = np.random.default_rng(2)
+    d = StaggeredDslash(geom, fat, long + 1e-6 * rng.standard_normal(long.shape))    # not a multiple of U(3)
+    assert not link_table(d._links[0], np, True)[1]
+    thin = StaggeredDslash(geom, fat)                                               # no Naik hops
+    table, compressed = link_table(thin._links[0], np, True)
+    assert not compressed and table.shape == (8 * 9, geom.volume // 2)
+    hisq = StaggeredDslash(geom, fat, long)
+    assert link_table(hisq._links[0], np, True)[1] and not link_table(hisq._links[0], np, False)[1]
+    zero = StaggeredDslash(geom, fat, 0 * long)                                     # q = 0 rebuilds zeros
+    assert link_table(zero._links[0], np, True)[1]
+
+
+def test_compressed_table_layout():
+    """Per direction +1 and -1 whole (9 planes), +3 and -3 as rows 0, 1 and q (7 planes): 32 planes."""
+    geom = Geometry(DIMS)
+    d = StaggeredDslash(geom, *_links("hisq", geom))
+    blocks = d._links[1]
+    table, compressed = link_table(blocks, np, True)
+    assert compressed and table.shape == (4 * 32, geom.volume // 2)
+    mu = 2
+    plane = table[mu * 32:(mu + 1) * 32]
+    assert np.array_equal(plane[:9], blocks[4 * mu].reshape(-1, 9).T)
+    assert np.array_equal(plane[9:18], blocks[4 * mu + 1].reshape(-1, 9).T)
+    assert np.array_equal(plane[18:24], blocks[4 * mu + 2].reshape(-1, 9).T[:6])
+    q = plane[24]
+    rebuilt = q[:, None] * np.conj(np.cross(blocks[4 * mu + 2][:, 0], blocks[4 * mu + 2][:, 1]))
+    assert np.abs(rebuilt - blocks[4 * mu + 2][:, 2]).max() <= 1e-11 * np.abs(blocks).max()
+
+
+def test_bytes_of_a_compressed_hop():
+    assert hop_bytes(np.complex128) == 3120 and hop_bytes(np.complex128, compressed=True) == 3120 - 8 * 2 * 16
+    assert hop_bytes(np.complex64, compressed=True) == 1432 and hop_bytes(np.complex128, naik=False,
+                                                                         compressed=True) == hop_bytes(
+        np.complex128, naik=False)
+
+
+def _kernel_against_numpy(kind, dtype, compress):
+    cpu = Geometry(DIMS, get_backend("numpy"))
+    host = Geometry(DIMS, Backend("cupy", FakeCuPy()))
+    fat, long = _links(kind, cpu)
+    ref = StaggeredDslash(cpu, fat, long).converted(dtype)
+    old = set_switch(COMPRESS_SWITCH, compress)
+    try:
+        d = StaggeredDslash(host, fat, long).converted(dtype)
+        assert isinstance(d._hop_impl, CudaHop) and d._hop_impl.compressed is compress
+        rng = np.random.default_rng(4)
+        psi, x = random_field(cpu, rng, dtype), random_field(cpu, rng, dtype)
+        worst = 0.0
+        for p in (0, 1):
+            got = np.asarray(d.hop(psi, p, a=0.3, x=x, b=-1.0))
+            want = np.asarray(ref.hop(psi, p, a=0.3, x=x, b=-1.0))
+            worst = max(worst, np.abs(got - want).max() / np.abs(want).max())
+        return worst
+    finally:
+        set_switch(COMPRESS_SWITCH, old)
+
+
+@needs_gxx
+@pytest.mark.parametrize("kind", ["hisq", "hisq_charm", "asqtad"])
+def test_compressed_kernel_equals_numpy_hop(kind):
+    """solvers/kernels/staggered_hop.cu on the host: the compressed table against the NumPy hop, double and
+    single, to the rounding of the rebuilt row."""
+    assert _kernel_against_numpy(kind, np.complex128, True) <= 1e-12
+    assert _kernel_against_numpy(kind, np.complex64, True) <= 2e-6
+
+
+@needs_gxx
+def test_switch_off_keeps_the_whole_links():
+    assert _kernel_against_numpy("hisq", np.complex128, False) <= 1e-15
