@@ -107,3 +107,22 @@ def test_compressed_kernel_equals_numpy_hop(kind):
 @needs_gxx
 def test_switch_off_keeps_the_whole_links():
     assert _kernel_against_numpy("hisq", np.complex128, False) <= 1e-15
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["hisq", "asqtad"])
+@pytest.mark.parametrize("dtype,tol", [(np.complex128, 1e-12), (np.complex64, 2e-6)])
+def test_gpu_compressed_hop_equals_numpy(kind, dtype, tol):
+    """The CUDA kernel on the device with the compressed table, against the NumPy hop (run: pytest -m gpu)."""
+    cpu, gpu = Geometry(DIMS, get_backend("numpy")), Geometry(DIMS, get_backend("cupy"))
+    fat, long = _links(kind, cpu)
+    ref = StaggeredDslash(cpu, fat, long).converted(dtype)
+    xp = gpu.xp
+    d = StaggeredDslash(gpu, xp.asarray(fat), xp.asarray(long)).converted(dtype)
+    assert d.links_compressed
+    rng = np.random.default_rng(4)
+    psi, x = random_field(cpu, rng, dtype), random_field(cpu, rng, dtype)
+    for p in (0, 1):
+        got = gpu.backend.to_numpy(d.hop(xp.asarray(psi), p, a=0.3, x=xp.asarray(x), b=-1.0))
+        want = np.asarray(ref.hop(psi, p, a=0.3, x=x, b=-1.0))
+        assert np.abs(got - want).max() <= tol * np.abs(want).max()
