@@ -21,4 +21,26 @@ for prec in double single; do
             --precision "$prec" --repeat 20 2>&1 | grep -E "hop|CG iteration|Error|error"
     done
 done
+echo "== 3. the cost of building a table at 32^4 (once per link update and precision: ~150 a trajectory)"
+timeout 60 python3 - <<'PY'
+import time
+import cupy as cp
+from lattice import CounterRNG, Geometry, get_backend
+from bench.dslash import timing_links
+from solvers import StaggeredDslash
+from solvers.staggered_cuda import link_table
+geom = Geometry((32, 32, 32, 32), get_backend("cupy"))
+d = StaggeredDslash(geom, *timing_links(geom, CounterRNG(3)))
+for dtype in ("complex128", "complex64"):
+    blocks = d.converted(dtype)._links[0]
+    for compress in (True, False):
+        link_table(blocks, cp, compress)
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            table, compressed = link_table(blocks, cp, compress)
+        cp.cuda.Device().synchronize()
+        print(f"TABLE {dtype} compress={compress}: {(time.perf_counter() - t0) / 5 * 1e3:.2f} ms a parity, "
+              f"compressed {compressed}, {table.nbytes / 1e9:.2f} GB")
+PY
 echo "total $((SECONDS - T0)) s"
