@@ -26,8 +26,8 @@ from lattice.placement import Placement, implements, switch_on
 BLOCK = 128
 #: the run-configuration switch of long-link compression (lattice.placement consults it)
 COMPRESS_SWITCH = "dslash_compress_long"
-#: the largest error of a rebuilt third row, relative to the largest entry of its link, that a table's precision
-#: takes as exact (double: the HISQ Naik links of a Haar-random field rebuild to 1.3e-12, W's U(3) projection)
+#: the largest error of a rebuilt third row, relative to the row's norm, that a table's precision takes as exact
+#: (double: the HISQ Naik links of a Haar-random field rebuild to ~1e-12, the accuracy of W's U(3) projection)
 REBUILD_TOLERANCE = {np.dtype(np.complex128): 1e-11, np.dtype(np.complex64): 1e-5}
 
 
@@ -41,19 +41,23 @@ def hop_bytes(dtype, naik: bool = True, axpy: bool = False, compressed: bool = F
 
 
 def third_row_factors(links, xp):
-    """(q, error) of Naik link blocks (n, V/2, 3, 3): per link the complex q with row 2 ~ q conj(row 0 x row 1)
-    (least squares, in double) and the largest |row 2 - q conj(row 0 x row 1)| relative to its link's largest entry.
+    """(q, error) of Naik link blocks (..., 3, 3): per link the complex q with row 2 ~ q conj(row 0 x row 1) (least
+    squares, in the links' precision) and the largest |row 2 - q conj(row 0 x row 1)| relative to |row 2|.
 
     Why it holds: a HISQ Naik link is c eta W W W (W in U(3), c = -(1+eps)/24, eta = +-1 the phases and boundary
     sign), an asqtad one c eta U U U: a real multiple s M of a unitary M, and for unitary M row 2 = det M conj(row 0
     x row 1) (M^dag = M^-1 = adj(M) / det M), so row 2 of s M is (det M / s) conj(row 0 x row 1). QUDA stores HISQ
     long links so too (its reconstruct 13). The error measures how far the links are from that form."""
-    w = links.astype(xp.complex128)
-    cross = xp.conj(xp.cross(w[..., 0, :], w[..., 1, :]))
-    norm, largest = (xp.abs(cross) ** 2).sum(-1), xp.abs(w).max((-2, -1))
-    q = (xp.conj(cross) * w[..., 2, :]).sum(-1) / xp.where(norm > 0, norm, 1.0)     # (0 where rows 0, 1 are)
-    error = xp.abs(w[..., 2, :] - q[..., None] * cross).max(-1) / xp.where(largest > 0, largest, 1.0)
-    return q, float(error.max())
+    r0, r1, r2 = links[..., 0, :], links[..., 1, :], links[..., 2, :]
+    cross = xp.conj(xp.stack([r0[..., 1] * r1[..., 2] - r0[..., 2] * r1[..., 1],
+                              r0[..., 2] * r1[..., 0] - r0[..., 0] * r1[..., 2],
+                              r0[..., 0] * r1[..., 1] - r0[..., 1] * r1[..., 0]], axis=-1))
+    norm = (cross.real ** 2 + cross.imag ** 2).sum(-1)
+    q = (xp.conj(cross) * r2).sum(-1) / xp.where(norm > 0, norm, 1)       # (0 where rows 0 and 1 are)
+    miss = r2 - q[..., None] * cross
+    row = (r2.real ** 2 + r2.imag ** 2).sum(-1)
+    ratio = (miss.real ** 2 + miss.imag ** 2).sum(-1) / xp.where(row > 0, row, 1)
+    return q, float(xp.sqrt(ratio.max()))
 
 
 def link_table(blocks, xp, compress: bool):
@@ -65,15 +69,14 @@ def link_table(blocks, xp, compress: bool):
     nhop, vh = blocks.shape[0], blocks.shape[1]
     planes = blocks.reshape(nhop, vh, 9).transpose(0, 2, 1)
     if compress and nhop == 16:
-        naik = [h for h in range(nhop) if h % 4 >= 2]
-        q, error = third_row_factors(blocks[naik], xp)
+        q, error = third_row_factors(blocks.reshape((4, 4) + blocks.shape[1:])[:, 2:], xp)   # (mu, +3/-3, V/2)
         if error <= REBUILD_TOLERANCE[np.dtype(blocks.dtype)]:
-            parts = []
-            for h in range(nhop):
-                parts.append(planes[h, :6] if h % 4 >= 2 else planes[h])
-                if h % 4 >= 2:
-                    parts.append(q[naik.index(h)][None].astype(blocks.dtype))
-            return xp.ascontiguousarray(xp.concatenate(parts)), True
+            table = xp.empty((4 * 32, vh), blocks.dtype)
+            for mu in range(4):
+                t = table[32 * mu:32 * (mu + 1)]
+                t[:9], t[9:18] = planes[4 * mu], planes[4 * mu + 1]
+                t[18:24], t[24], t[25:31], t[31] = planes[4 * mu + 2, :6], q[mu, 0], planes[4 * mu + 3, :6], q[mu, 1]
+            return table, True
     return xp.ascontiguousarray(planes).reshape(nhop * 9, vh), False
 
 
