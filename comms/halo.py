@@ -397,6 +397,7 @@ class HaloEngine:
             plan.append((self._route(k), f if type(f) is np.ndarray else np.asarray(f)))
         if plan and self.reserve(max(f.nbytes for _, f in plan)):
             plan = [(self._route(r.key), f) for r, f in plan]
+            b = st.buffer_index                      # a growth restarts the protocol, buffer index 0, on every rank
         ex = Exchange(self, b)
         send_ctr, recv_ctr = st.send, st.recv
         for r, face in plan:                         # receives first, then every send

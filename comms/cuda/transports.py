@@ -435,10 +435,6 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
     def start(self, sends: dict) -> "GpuExchange":
         cp = self.cp
         st = self.state
-        b = st.buffer_index
-        if st.busy[b] is not None:
-            raise CommsError(f"rank {self.world_rank}: halo buffer {b} is still held by an unfinished exchange: at "
-                             "most two exchanges may be outstanding (double buffering); finish the older first")
         keys = sorted(sends)
         faces = []
         host_in = False
@@ -456,6 +452,12 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
             need = max((f.nbytes for f in faces), default=0)
             if need > self.capacity:
                 self._grow(need)
+        # the buffer index after a growth (which resets it on every rank): credit-free order needs the buffers to
+        # alternate from exchange to exchange
+        b = st.buffer_index
+        if st.busy[b] is not None:
+            raise CommsError(f"rank {self.world_rank}: halo buffer {b} is still held by an unfinished exchange: at "
+                             "most two exchanges may be outstanding (double buffering); finish the older first")
         cs = cp.cuda.get_current_stream()
         if self.graph_mode:
             self.credit_order.before_start(cs)

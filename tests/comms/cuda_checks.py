@@ -140,7 +140,13 @@ def case_halo(out, grid_text, lattice_text, partition, transports, iters):
                     _fail(grid.rank, f"{tr} numpy faces ({mu},{side}) differ")
             # a larger face: the segments grow collectively, then the halo is still right
             big = cp.asarray(np.tile(f.loc, (1, 1, 1, 1, 200)))
+            if eng.state.buffer_index != 1:
+                eng.start(_faces(dev, grid.partitioned, 1)).finish()           # grow from buffer index 1
+            capacity = getattr(eng, "capacity", None)
             rb = eng.start(_faces(big, grid.partitioned, 3)).finish()
+            grew = getattr(eng, "capacity", None) != capacity
+            if grew and eng.state.buffer_index != 1:  # the growth restarted the protocol: the exchange used buffer 0
+                _fail(grid.rank, f"{tr} buffer index {eng.state.buffer_index} after the grown exchange, not 1")
             for (mu, side), a in rb.items():
                 want = np.tile(f.expected(mu, side, 3), (1, 1, 1, 1, 200))
                 if not np.array_equal(cp.asnumpy(a), want):

@@ -82,9 +82,27 @@ def case_halo(out, grid_text, lattice_text, partition=""):
         if not (np.array_equal(a1, g.local_part(ref.shift(f, mu0, 1)))
                 and np.array_equal(a2, g.local_part(ref.shift(f, mu0, -3))) and interior.shape == loc.shape):
             raise SystemExit(f"rank {grid.rank}: {tr} overlapped shifts differ")
+        _grown_exchange_restarts_at_buffer_0(grid, tr, mu0)
         report[tr] = sorted(set(kinds.values()))
         grid.close()
     emit(out, "halo.json", {"ranks": world().size, "transports": report})
+
+
+def _grown_exchange_restarts_at_buffer_0(grid, tr, mu0):
+    """An exchange whose faces outgrow the buffers restarts the protocol (buffer index 0 on every rank) and uses
+    buffer 0, whatever the index was before: the next exchange uses buffer 1 (the alternation credit-free order
+    needs). Faces of 4 MB from each side, each the sender's rank."""
+    eng = grid.halo
+    small = np.full(8, float(grid.rank))
+    while eng.state.buffer_index != 1:
+        eng.start({(mu0, 0): small, (mu0, 1): small}).finish()
+    big = np.full(1 << 19, float(grid.rank))
+    got = eng.start({(mu0, 0): big, (mu0, 1): big}).finish()
+    peers = grid.neighbours[mu0]                  # side 0 comes from the backward neighbour, side 1 the forward one
+    if any(not np.all(got[(mu0, s)] == peers[s]) for s in (0, 1)):
+        raise SystemExit(f"rank {grid.rank}: {tr} grown exchange carried the wrong faces")
+    if tr == "shm" and eng.state.buffer_index != 1:
+        raise SystemExit(f"rank {grid.rank}: {tr} buffer index {eng.state.buffer_index} after the grown exchange")
 
 
 def case_physics(out, grid_text, lattice_text="4x4x4x8"):
