@@ -26,9 +26,11 @@ from lattice.placement import Placement, implements, switch_on
 BLOCK = 128
 #: the run-configuration switch of long-link compression (lattice.placement consults it)
 COMPRESS_SWITCH = "dslash_compress_long"
-#: the largest error of a rebuilt third row, relative to the row's norm, that a table's precision takes as exact
-#: (double: the HISQ Naik links of a Haar-random field rebuild to ~1e-12, the accuracy of W's U(3) projection)
-REBUILD_TOLERANCE = {np.dtype(np.complex128): 1e-11, np.dtype(np.complex64): 1e-5}
+#: the largest error of a rebuilt third row, relative to the row's norm, that a table's precision takes as exact.
+#: Double: the HISQ Naik links of Haar-random fields rebuild to 1.6e-12 (4^3 x 8) and 6.2e-12 (6^3 x 8), the
+#: accuracy of W's U(3) projection, which the stored row has no more of than the rebuilt one; asqtad's to 1e-15.
+#: Single: 2.3-2.7e-7, its rounding. Each well below the solves' 1e-10 (double) and the inner solves' 1e-5.
+REBUILD_TOLERANCE = {np.dtype(np.complex128): 1e-10, np.dtype(np.complex64): 1e-5}
 
 
 def hop_bytes(dtype, naik: bool = True, axpy: bool = False, compressed: bool = False) -> int:
@@ -100,7 +102,8 @@ class CudaHop:
         key = (parity, id(blocks))
         if key not in self._soa:
             self._soa = {k: v for k, v in self._soa.items() if k[0] != parity}
-            table, compressed = link_table(blocks, self.dslash.geom.xp, switch_on(COMPRESS_SWITCH, None))
+            geom = self.dslash.geom
+            table, compressed = link_table(blocks, geom.xp, switch_on(COMPRESS_SWITCH, geom.config))
             self._soa[key] = (table, compressed, blocks)
         return self._soa[key]
 
@@ -123,7 +126,12 @@ class CudaHop:
     def graph_key(self) -> tuple:
         """The device addresses a captured application bakes in (its links of both parities), built now if they
         are not yet: a graph of this hop stays valid while they are the same."""
-        return tuple(self._links(p).data.ptr for p in (0, 1))
+        return tuple(self._links(p).data.ptr for p in (0, 1)) + self.table_form()
+
+    def table_form(self) -> tuple:
+        """(shape, compressed) of both parities' tables: a graph captured over one form is not replayed over another
+        at the same address."""
+        return tuple((self._links(p).shape, bool(self._clong(p))) for p in (0, 1))
 
     #: the kernel takes parity-compact psi, out and x (``compact=True``: :meth:`StaggeredDslash.hop`)
     compact = True

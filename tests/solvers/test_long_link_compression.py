@@ -126,3 +126,20 @@ def test_gpu_compressed_hop_equals_numpy(kind, dtype, tol):
         got = gpu.backend.to_numpy(d.hop(xp.asarray(psi), p, a=0.3, x=xp.asarray(x), b=-1.0))
         want = np.asarray(ref.hop(psi, p, a=0.3, x=x, b=-1.0))
         assert np.abs(got - want).max() <= tol * np.abs(want).max()
+
+
+def test_the_geometry_configuration_decides_and_graphs_see_the_form():
+    """The switch is read from the operator's geometry configuration; a captured graph's key names the table's form,
+    so a graph of compressed links is not replayed over whole ones at the same address."""
+    from dataclasses import replace
+
+    from comms.config import RunConfig
+
+    keys = {}
+    for on in (True, False):
+        config = replace(RunConfig.from_environment(), dslash_compress_long=on)
+        host = Geometry(DIMS, Backend("cupy", FakeCuPy()), config=config)
+        d = StaggeredDslash(host, *_links("hisq", Geometry(DIMS)))
+        assert d.links_compressed is on
+        keys[on] = d._hop_impl.table_form()
+    assert keys[True] != keys[False]
