@@ -155,7 +155,8 @@ def check_capture(marks, strict: bool = True) -> list:
             eng.credit_order.last, eng.credit_order.keep = last, keep
             if strict and eng.state.buffer_index != index:
                 raise CommsError("credit-free graph mode (HMC_P2P_CREDIT_FREE): a captured graph must span an even "
-                                 "number of halo exchanges (the buffers alternate without credits)")
+                                 "number of halo exchanges (the buffers alternate without credits): capture two "
+                                 "operator applications, or run with HMC_P2P_CREDIT_FREE=0")
         out.append((eng, index, free))
     return out
 

@@ -10,8 +10,8 @@ Cases:
               exchanges, NumPy faces, growth of the buffers; the registry is empty after close.
   flush       HMC_P2P_FORCE_FLUSH=1 (set by the caller): the engine's one-line notice with the driver's answer.
   split       push/pop with different exchange counts per sub-grid, then a correct full exchange; no leaks.
-  graph       stream_gated in graph mode: a round trip (one link an exchange: padded to every link in credit-free
-              mode, the default) captured through comms.cuda.graph.CapturedGraph, replayed N times with new data
+  graph       stream_gated in graph mode: a round trip (one link an exchange; in credit-free mode, the default,
+              the other links get a signal without data) captured through comms.cuda.graph.CapturedGraph, replayed N times with new data
               each time, the same answer as uncaptured every time; device time per replay; its launch refused once
               the engine left graph mode.
 """
@@ -264,7 +264,7 @@ def case_graph(out, L, replays):
     if not (np.array_equal(cp.asnumpy(dest), nb0) and np.array_equal(cp.asnumpy(back), face0)):
         _fail(grid.rank, "uncaptured round trip in graph mode is wrong")
     with s:
-        g = CapturedGraph(s, round_trip)           # one link an exchange: padded to every link when credit-free
+        g = CapturedGraph(s, round_trip)           # one link an exchange (credit-free: the others signal, no data)
         hist_d = cp.empty((replays,) + shape, dtype=face.dtype)
         hist_b = cp.empty((replays,) + shape, dtype=face.dtype)
         comm.Barrier()
