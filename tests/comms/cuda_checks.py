@@ -11,8 +11,8 @@ Cases:
   flush       HMC_P2P_FORCE_FLUSH=1 (set by the caller): the engine's one-line notice with the driver's answer.
   split       push/pop with different exchange counts per sub-grid, then a correct full exchange; no leaks.
   graph       stream_gated in graph mode: a round trip (one link an exchange; in credit-free mode, the default,
-              the other links get a signal without data) captured through comms.cuda.graph.CapturedGraph, replayed N times with new data
-              each time, the same answer as uncaptured every time; device time per replay; its launch refused once
+              the other links get a signal without data) captured through comms.cuda.graph.CapturedGraph,
+              replayed N times with new data each time, the same answer as uncaptured every time; device time per replay; its launch refused once
               the engine left graph mode.
 """
 from __future__ import annotations

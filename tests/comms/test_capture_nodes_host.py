@@ -176,7 +176,8 @@ for name, dims in (("2 links", [3]), ("4 links", [2, 3])):      # credit-free gr
     ex.finish_in_place()
     ex.release(COMPUTE)
     drv.CALLS.clear()
-    ex = e.start({k: v for k, v in faces.items() if k != (dims[0], 0)})    # a ring step: one link missing, signalled without data
+    # a ring step: one link missing, signalled without data
+    ex = e.start({k: v for k, v in faces.items() if k != (dims[0], 0)})
     sent = list(drv.CALLS)
     drv.CALLS.clear()
     where = ex.finish_in_place()
