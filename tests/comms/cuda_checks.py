@@ -12,8 +12,8 @@ Cases:
   split       push/pop with different exchange counts per sub-grid, then a correct full exchange; no leaks.
   graph       stream_gated in graph mode: a round trip (one link an exchange; in credit-free mode, the default,
               the other links get a signal without data) captured through comms.cuda.graph.CapturedGraph,
-              replayed N times with new data each time, the same answer as uncaptured every time; device time per replay; its launch refused once
-              the engine left graph mode.
+              replayed N times with new data each time, the same answer as uncaptured every time; device time
+              per replay; its launch refused once the engine left graph mode.
 """
 from __future__ import annotations
 
