@@ -165,9 +165,11 @@ class DistHop(CudaHop):
 
     def graph_key(self) -> tuple:
         """:meth:`CudaHop.graph_key` plus this hop's own buffers and site lists (their addresses are baked into a
-        captured application) and its engine (in place: its segment and capacity as well)."""
+        captured application) and its engine, with its segment and capacity: the receive, in place or copied out,
+        reads the segment, which a growth of the buffers moves."""
         own = (self.sendbuf, self.ghost, self.goff, self.table) + tuple(a for p in (0, 1) for a in self.sites[p])
-        seg = (self.engine.seg.ptr, self.engine.capacity) if self.in_place else ()
+        segment = getattr(self.engine, "seg", None) if self.gpu_engine else None
+        seg = (segment.ptr, self.engine.capacity) if segment is not None else ()
         return super().graph_key() + tuple(a.data.ptr for a in own) + (id(self.engine),) + seg
 
     def _decode(self, j, parity):
