@@ -33,16 +33,16 @@ LATT = [4, 2, 4, 6]                              # pyquda's (Lx, Ly, Lz, Lt)
 
 def _unpacked_sources(folder: Path) -> list[str]:
     """The folders of the pinned PyQUDA and PyQUDA-Utils source packages, downloaded into ``folder``."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d",
-           str(folder), *PYQUDA_SOURCES]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+           "--timeout", "15", "--retries", "1", "-d", str(folder), *PYQUDA_SOURCES]     # no index: skip soon
     try:
-        subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
+        subprocess.run(cmd, capture_output=True, text=True, timeout=150, check=True)
     except subprocess.CalledProcessError as e:
         lines = (e.stderr or "").strip().splitlines() or ["no output"]
         pytest.skip(f"pyquda_io is not installed and pip could not download {' and '.join(PYQUDA_SOURCES)} "
                     f"from the package index ({lines[-1]}): install it to run these round trips")
     except subprocess.TimeoutExpired:
-        pytest.skip(f"pip download of {' and '.join(PYQUDA_SOURCES)} took over 300 s: no package index here")
+        pytest.skip(f"pip download of {' and '.join(PYQUDA_SOURCES)} took over 150 s: no package index here")
     roots = []
     for archive in sorted(folder.glob("*.tar.gz")):
         with tarfile.open(archive) as t:
