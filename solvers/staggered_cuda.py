@@ -102,10 +102,27 @@ class CudaHop:
         key = (parity, id(blocks))
         if key not in self._soa:
             self._soa = {k: v for k, v in self._soa.items() if k[0] != parity}
-            geom = self.dslash.geom
-            table, compressed = link_table(blocks, geom.xp, switch_on(COMPRESS_SWITCH, geom.config))
+            table, compressed = self._build_table(blocks, switch_on(COMPRESS_SWITCH, self.dslash.geom.config))
             self._soa[key] = (table, compressed, blocks)
         return self._soa[key]
+
+    def _build_table(self, blocks, compress: bool):
+        """(table, compressed) as :func:`link_table` (its twin) gives them, by one kernel launch (``table_*``):
+        with ``compress`` it writes the compressed form and each site's rebuild error, and the table is built
+        whole instead if the largest error is above :data:`REBUILD_TOLERANCE`."""
+        xp = self.dslash.geom.xp
+        nhop, vh = blocks.shape[0], blocks.shape[1]
+        clong = bool(compress and nhop == 16)
+        table = xp.empty((4 * 32 if clong else nhop * 9, vh), blocks.dtype)
+        err = xp.empty(vh, self.real) if clong else None
+        name = "table_single" if self.real == np.float32 else "table_double"
+        kernel = cuda_source.function(self.dslash.geom.backend, "solvers", "staggered_hop.cu", name)
+        kernel(((vh + BLOCK - 1) // BLOCK,), (BLOCK,), (xp.ascontiguousarray(blocks), table,
+                                                        0 if err is None else err, np.int32(nhop), np.int64(vh),
+                                                        np.int32(clong)))
+        if clong and not float(xp.sqrt(err.max())) <= REBUILD_TOLERANCE[np.dtype(blocks.dtype)]:
+            return self._build_table(blocks, False)
+        return table, clong
 
     def _links(self, parity):
         """The operator's links of this parity as the kernel's table."""

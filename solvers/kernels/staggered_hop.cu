@@ -28,6 +28,52 @@ __device__ __forceinline__ int first_plane(int h, int mu, int w, int clong) {
     return clong ? mu * 32 + (w < 2 ? 9 * w : 18 + 7 * (w - 2)) : 9 * h;
 }
 
+// The kernel's link table from the link blocks (nhop, V/2, 3, 3) of one output parity, one thread a site: every
+// hop's 9 planes, or with ``clong`` a Naik hop's rows 0 and 1 and q, the least-squares factor of row 2 = q conj(row 0
+// x row 1); err[j] = the largest |row 2 - q conj(row 0 x row 1)|^2 / |row 2|^2 of the site's Naik links. Twin:
+// solvers.staggered_cuda.link_table (the same formulas, summed in another order).
+template <typename R>
+__device__ void build_table(const typename C2<R>::T *__restrict__ blocks, typename C2<R>::T *__restrict__ table,
+                            R *__restrict__ err, int nhop, long vh, int clong) {
+    typedef typename C2<R>::T T;
+    const long j = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (j >= vh) return;
+    const int per = nhop / 4;
+    R worst = 0;
+    for (int h = 0; h < nhop; ++h) {
+        const int mu = h / per, w = h - mu * per;
+        const T *m = blocks + ((long)h * vh + j) * 9;
+        T *t = table + (long)first_plane(h, mu, w, clong) * vh + j;
+        if (!(clong && w >= 2)) {
+            for (int e = 0; e < 9; ++e) t[e * vh] = m[e];
+            continue;
+        }
+        for (int e = 0; e < 6; ++e) t[e * vh] = m[e];
+        const T one = {1, 0};
+        T c[3] = {rebuilt<R>(one, m[1], m[5], m[2], m[4]), rebuilt<R>(one, m[2], m[3], m[0], m[5]),
+                  rebuilt<R>(one, m[0], m[4], m[1], m[3])};         // conj(row 0 x row 1)
+        R norm = 0, row = 0, miss = 0;
+        T num = {0, 0};
+        for (int e = 0; e < 3; ++e) {
+            const T r = m[6 + e];
+            norm += c[e].x * c[e].x + c[e].y * c[e].y;
+            row += r.x * r.x + r.y * r.y;
+            num.x += c[e].x * r.x + c[e].y * r.y;                    // conj(c) r
+            num.y += c[e].x * r.y - c[e].y * r.x;
+        }
+        const R den = norm > 0 ? norm : R(1);                        // q = 0 where rows 0 and 1 are
+        const T q = {num.x / den, num.y / den};
+        for (int e = 0; e < 3; ++e) {
+            const R dx = m[6 + e].x - (q.x * c[e].x - q.y * c[e].y), dy = m[6 + e].y - (q.x * c[e].y + q.y * c[e].x);
+            miss += dx * dx + dy * dy;
+        }
+        const R ratio = miss / (row > 0 ? row : R(1));
+        worst = ratio > worst ? ratio : worst;
+        t[6 * vh] = q;
+    }
+    if (err != 0) err[j] = worst;
+}
+
 // One output site j (checkerboard index of ``parity``). DIST: the lattice is this rank's block; a hop that leaves it
 // along a partitioned dimension (bit mu of pmask) reads the received face (mu, side) in ``ghost`` at goff[2 mu + side]
 // (complex elements): a block of the local shape with extent ``depth`` along mu, side 0 = the backward neighbour's
@@ -171,6 +217,14 @@ extern "C" __global__ void hop_dist_single(const float2 *psi, const float2 *link
                                            const long long *goff, int pmask, int depth, int clong) {
     hop_dist<float>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, sites, nsites, ghost, goff, pmask, depth,
                   clong);
+}
+extern "C" __global__ void table_double(const double2 *blocks, double2 *table, double *err, int nhop, long long vh,
+                                        int clong) {
+    build_table<double>(blocks, table, err, nhop, vh, clong);
+}
+extern "C" __global__ void table_single(const float2 *blocks, float2 *table, float *err, int nhop, long long vh,
+                                        int clong) {
+    build_table<float>(blocks, table, err, nhop, vh, clong);
 }
 extern "C" __global__ void pack_double(const double2 *psi, double2 *buf, const int *tab, int nfaces, long long total,
                                        int nx, int ny, int nz, int nt, int depth) {

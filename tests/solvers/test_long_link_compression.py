@@ -143,3 +143,29 @@ def test_the_geometry_configuration_decides_and_graphs_see_the_form():
         assert d.links_compressed is on
         keys[on] = d._hop_impl.table_form()
     assert keys[True] != keys[False]
+
+
+@needs_gxx
+@pytest.mark.parametrize("kind", ["hisq", "asqtad", "not_unitary"])
+def test_table_kernel_equals_its_twin(kind):
+    """The table kernel (``table_double`` / ``table_single``, compiled for the host) builds what link_table
+    builds and makes the same decision: the link planes to the bit, the factors q to rounding (their sums are
+    formed in another order)."""
+    cpu = Geometry(DIMS)
+    fat, long = _links("hisq" if kind == "not_unitary" else kind, cpu)
+    if kind == "not_unitary":
+        long = long + 1e-6 * np.random.default_rng(3).standard_normal(long.shape)
+    host = Geometry(DIMS, Backend("cupy", FakeCuPy()))
+    for dtype in (np.complex128, np.complex64):
+        d = StaggeredDslash(host, fat, long).converted(dtype)
+        for p in (0, 1):
+            want, compressed = link_table(d._links[p], np, True)
+            assert compressed is (kind != "not_unitary")
+            assert bool(d._hop_impl._clong(p)) is compressed
+            got = np.asarray(d._hop_impl._links(p))
+            q = np.zeros(len(want), bool)
+            if compressed:
+                q[[32 * mu + k for mu in range(4) for k in (24, 31)]] = True
+            assert np.array_equal(got[~q], want[~q])
+            ulp = np.finfo(np.dtype(dtype).char.lower()).eps
+            assert np.abs(got[q] - want[q]).max(initial=0) <= 8 * ulp * np.abs(want[q]).max(initial=0)
