@@ -67,7 +67,7 @@ def link_table(blocks, xp, compress: bool):
     planes (element, site) so that a warp reads 32 consecutive sites: 9 planes a hop, or, ``compress`` with Naik
     hops and every Naik link rebuilding within :data:`REBUILD_TOLERANCE`, 7 for a Naik hop (rows 0 and 1, then q
     of :func:`third_row_factors`). Links of another form (a thin-link test field, links read from single
-    precision) stay whole."""
+    precision) stay whole. The array twin of the table kernel (:meth:`CudaHop._build_table`), which the GPU runs."""
     nhop, vh = blocks.shape[0], blocks.shape[1]
     planes = blocks.reshape(nhop, vh, 9).transpose(0, 2, 1)
     if compress and nhop == 16:
