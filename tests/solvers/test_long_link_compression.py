@@ -169,3 +169,36 @@ def test_table_kernel_equals_its_twin(kind):
             assert np.array_equal(got[~q], want[~q])
             ulp = np.finfo(np.dtype(dtype).char.lower()).eps
             assert np.abs(got[q] - want[q]).max(initial=0) <= 8 * ulp * np.abs(want[q]).max(initial=0)
+
+
+@needs_gxx
+@pytest.mark.parametrize("compress", [True, False])
+def test_distributed_kernel_reads_the_table_as_the_whole_lattice_one(compress):
+    """hop_dist_double (the distributed hop's kernel, host build) on an unpartitioned block (pmask 0, every site,
+    no ghosts) reads the same table with the same ``clong`` as hop_double: the same numbers on the parity's sites."""
+    from lattice import cuda_source
+    from solvers.staggered import parity_sites
+    from solvers.staggered_cuda import BLOCK
+
+    cpu = Geometry(DIMS)
+    host = Geometry(DIMS, Backend("cupy", FakeCuPy()))
+    old = set_switch(COMPRESS_SWITCH, compress)
+    try:
+        d = StaggeredDslash(host, *_links("hisq", cpu))
+        hop = d._hop_impl
+        assert hop.compressed is compress
+        kernel = cuda_source.function(host.backend, "solvers", "staggered_hop.cu", "hop_dist_double")
+        psi = np.ascontiguousarray(random_field(cpu, np.random.default_rng(8)))
+        nx, ny, nz, nt = DIMS
+        for p in (0, 1):
+            vh = cpu.volume // 2
+            out = np.zeros_like(psi)
+            kernel(((vh + BLOCK - 1) // BLOCK,), (BLOCK,),
+                   (psi, hop._links(p), out, 0, np.float64(0.0), np.float64(-1.0), np.int32(p), np.int32(hop.nhop),
+                    np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), 0, np.int64(vh), 0, 0, np.int32(0),
+                    np.int32(3), hop._clong(p)))
+            sites = parity_sites(cpu, p)
+            want = np.asarray(d.hop(psi, p, b=-1.0)).reshape(-1, 3)[sites]
+            assert np.array_equal(out.reshape(-1, 3)[sites], want)
+    finally:
+        set_switch(COMPRESS_SWITCH, old)
