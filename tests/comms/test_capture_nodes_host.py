@@ -55,6 +55,20 @@ def cuStreamWaitEvent(stream, ev, flags):
     return _ok()
 '''
 
+#: the scenarios' stand-in device objects: fresh addresses and arrays with a shape, a dtype and a pointer
+FAKE_ARRAYS = r'''
+_ids = itertools.count(1 << 20)
+def obj():
+    return types.SimpleNamespace(ptr=next(_ids))
+
+class FakeArray:
+    def __init__(self, shape, dtype=np.complex128):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.nbytes = int(np.prod(shape)) * self.dtype.itemsize
+        self.flags = types.SimpleNamespace(c_contiguous=True)
+        self.data = types.SimpleNamespace(ptr=next(_ids) << 8)
+'''
+
 SCENARIO = r'''
 import itertools, json, sys, types
 import numpy as np
@@ -68,17 +82,7 @@ from comms.cuda import creditfree
 from comms.base import CommsError
 from comms.halo import ProtocolState
 
-_ids = itertools.count(1 << 20)
-def obj():
-    return types.SimpleNamespace(ptr=next(_ids))
-
-class FakeArray:
-    def __init__(self, shape, dtype=np.complex128):
-        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-        self.nbytes = int(np.prod(shape)) * self.dtype.itemsize
-        self.flags = types.SimpleNamespace(c_contiguous=True)
-        self.data = types.SimpleNamespace(ptr=next(_ids) << 8)
-
+%(fake_arrays)s
 class stream:
     def __init__(self, capturing=False):
         self.ptr, self.capturing = next(_ids), capturing
@@ -276,7 +280,7 @@ def recorded(tmp_path_factory):
     (tmp / "fake" / "cuda" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "driver.py").write_text(FAKE_DRIVER + STREAM_CALLS)
-    (tmp / "scenario.py").write_text(SCENARIO)
+    (tmp / "scenario.py").write_text(SCENARIO % {"fake_arrays": FAKE_ARRAYS})
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HMC_", "OMPI_", "PMI"))}
     env.update({"PYTHONPATH": f"{tmp / 'fake'}:{ROOT}", "OPENBLAS_NUM_THREADS": "1"})
     r = subprocess.run([sys.executable, str(tmp / "scenario.py")], capture_output=True, text=True, env=env, cwd=tmp,

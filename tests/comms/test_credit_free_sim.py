@@ -40,7 +40,7 @@ import sys
 import pytest
 
 from tests.comms.test_alloc_policy import FAKE_DRIVER
-from tests.comms.test_capture_nodes_host import STREAM_CALLS
+from tests.comms.test_capture_nodes_host import FAKE_ARRAYS, STREAM_CALLS
 
 N = 6                                  # exchanges per run: buffers 0 1 0 1 0 1
 SEEDS = 200
@@ -57,17 +57,7 @@ from comms.cuda.transports import GpuHaloEngine, GpuLink
 from comms.halo import ProtocolState
 
 SEGS, CAP = %(segs)r, %(cap)r
-_ids = itertools.count(1 << 20)
-def obj():
-    return types.SimpleNamespace(ptr=next(_ids))
-
-class FakeArray:
-    def __init__(self, shape, dtype=np.complex128):
-        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-        self.nbytes = int(np.prod(shape)) * self.dtype.itemsize
-        self.flags = types.SimpleNamespace(c_contiguous=True)
-        self.data = types.SimpleNamespace(ptr=next(_ids) << 8)
-
+%(fake_arrays)s
 class Stream:
     def __init__(self):
         self.ptr = next(_ids)
@@ -151,7 +141,7 @@ def recorded(tmp_path_factory):
     (tmp / "fake" / "cuda" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "driver.py").write_text(FAKE_DRIVER + STREAM_CALLS)
-    (tmp / "scenario.py").write_text(SCENARIO % {"segs": SEGS, "cap": CAP})
+    (tmp / "scenario.py").write_text(SCENARIO % {"segs": SEGS, "cap": CAP, "fake_arrays": FAKE_ARRAYS})
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HMC_", "OMPI_", "PMI"))}
     env.update({"PYTHONPATH": f"{tmp / 'fake'}:{ROOT}", "OPENBLAS_NUM_THREADS": "1"})
     r = subprocess.run([sys.executable, str(tmp / "scenario.py"), json.dumps({**CASES, **BROKEN})],
