@@ -117,10 +117,9 @@ class CudaHop:
         err = xp.empty(vh, self.real) if clong else None
         name = "table_single" if self.real == np.float32 else "table_double"
         kernel = cuda_source.function(self.dslash.geom.backend, "solvers", "staggered_hop.cu", name)
-        kernel(((vh + BLOCK - 1) // BLOCK,), (BLOCK,), (xp.ascontiguousarray(blocks), table,
-                                                        0 if err is None else err, np.int32(nhop), np.int64(vh),
-                                                        np.int32(clong)))
-        if clong and not float(xp.sqrt(err.max())) <= REBUILD_TOLERANCE[np.dtype(blocks.dtype)]:
+        kernel(((vh + BLOCK - 1) // BLOCK,), (BLOCK,), (blocks, table, 0 if err is None else err, np.int32(nhop),
+                                                        np.int64(vh), np.int32(clong)))
+        if clong and not float(err.max()) <= REBUILD_TOLERANCE[np.dtype(blocks.dtype)] ** 2:   # err: squared ratios
             return self._build_table(blocks, False)
         return table, clong
 
@@ -156,14 +155,14 @@ class CudaHop:
     def __call__(self, psi, parity, out, a, x, b, compact=False):
         geom = self.dslash.geom
         nx, ny, nz, nt = geom.local_dims
-        links = self._links(parity)
+        links, clong, _ = self._entry(parity)
         vh = links.shape[1]
         psi = self.cp.ascontiguousarray(psi)
         xarg = self.cp.ascontiguousarray(x) if (x is not None and a != 0.0) else 0
         self.kernel(((vh + BLOCK - 1) // BLOCK,), (BLOCK,),
                     (psi, links, out, xarg, self.real(a), self.real(b), np.int32(parity), np.int32(self.nhop),
                      np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), np.int32(bool(compact)),
-                     self._clong(parity)))
+                     np.int32(clong)))
 
 
 def _even_x(geom, dslash) -> bool:

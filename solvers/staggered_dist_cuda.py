@@ -244,12 +244,12 @@ class DistHop(CudaHop):
         if self.twin:
             return self._twin_compute(psi, parity, out, a, x, b, sites, ghost, goff)
         nx, ny, nz, nt = self.local
-        links = self._links(parity)
+        links, clong, _ = self._entry(parity)
         xarg = x if (x is not None and a != 0.0) else 0
         self.k_hop(((n + BLOCK - 1) // BLOCK,), (BLOCK,),
                    (psi, links, out, xarg, self.real(a), self.real(b), np.int32(parity), np.int32(self.nhop),
                     np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), sites, np.int64(n), ghost,
-                    goff, np.int32(self.pmask), np.int32(self.depth), self._clong(parity)))
+                    goff, np.int32(self.pmask), np.int32(self.depth), np.int32(clong)))
 
     def __call__(self, psi, parity, out, a, x, b):
         xp = self.xp

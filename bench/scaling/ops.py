@@ -208,7 +208,8 @@ def op_dslash_gpu(ctx, res, d):
     phases, host = ctx.phases_device(run.run, run.stream, run, 2, 2, graph, reps * 2)
     res["ops"]["dslash"] = {"samples_s": samples, "wall_samples_s": wall, "reps": reps, "phases": phases,
                             "phases_host": host, "phase_names": list(GPU_PHASES), "flops": d.hop_flops(),
-                            "bytes": hop_bytes(np.complex128, compressed=d.links_compressed) * geom.volume // 2, "clock": "device events",
+                            "bytes": hop_bytes(np.complex128, compressed=d.links_compressed) * geom.volume // 2,
+                            "clock": "device events",
                             "graph": graph, "per": "hop (one parity; the full D of DslashRunner over 2)",
                             "halo_bytes_per_rank": _dslash_halo_bytes_dist(d)}
 
