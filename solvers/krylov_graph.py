@@ -132,6 +132,12 @@ class DeviceSums:
     def _own(self, mu):
         return self.vals[mu][self.coords[mu]]
 
+    def before_capture(self) -> None:
+        """Bring the peer-sum tables up to the halo segments' current addresses (they move when the engine grows or
+        switches to graph mode, e.g. at the first upload after this object was made): a capture bakes them in."""
+        if self.peers is not None:
+            self.peers.refresh()
+
     def reduce(self, blas, a, w, shift) -> None:
         """w += shift a (when shift != 0), then the global (|a|^2, Re<a, w>) into ``st[res:res + 2]``."""
         local = self.local if self.peers is None else self.peers.local()
@@ -233,6 +239,7 @@ class GraphLoop:
         now."""
         graph = self.graphs.pop(key, None)
         if graph is None:
+            self.sums.before_capture()
             t0 = time.perf_counter()
             graph = self._Graph(self.stream, lambda: [body() for _ in range(self.held)])
             self.capture_s += time.perf_counter() - t0

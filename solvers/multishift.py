@@ -314,7 +314,8 @@ class _MultishiftRun:
             den = alpha * beta * (zp - zi) + zp * self.alpha_prev * (1.0 + self.rel[i] * alpha)
             zn = zi * zp * self.alpha_prev / den if den != 0.0 else 0.0
             ai = alpha * zn / zi
-            bi = beta * (zi / zp) ** 2 if not fresh else 0.0
+            q = zi / zp
+            bi = beta * (q * q) if not fresh else 0.0   # q * q, not q ** 2: C's pow(q, 2) is off by 1 ulp now and then
             if self.blas is not None:
                 coefs[i] = (zi, ai, bi)
             else:

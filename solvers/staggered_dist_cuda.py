@@ -346,24 +346,32 @@ class PeerRankSums:
         self.backend, self.peer, self.xp = geom.backend, peer, geom.xp
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.gathered = self.xp.zeros((peer.k,) + self.shape, self.dtype)
-        self._key = None
-        self._refresh()
+        self._key, self.tables = None, None
+        self.refresh()
 
-    def _refresh(self):
-        """Address tables and own-area views, (re)made when a segment moved (a grow); never during a capture."""
+    def refresh(self):
+        """Address tables and own-area views, (re)made when a segment moved (a grow, the switch to graph mode);
+        called before every capture (solvers/krylov_graph.py ``GraphLoop.capture``), never during one. The tables
+        are rewritten in place, so that a kept graph never reads a freed table (its key holds the segment address,
+        so a graph of the old addresses is not replayed while they are stale)."""
         peer = self.peer
         key = tuple(peer.base(r) for r in range(peer.k))
         if key == self._key:
             return
         if self._key is not None and self.xp.cuda.get_current_stream().is_capturing():
             raise RuntimeError("the halo segments moved since the peer-sum tables were made: capture again")
-        self.tables = [self.xp.asarray(np.asarray(peer.areas(b), dtype=np.uint64)) for b in (0, 1)]
+        tables = [np.asarray(peer.areas(b), dtype=np.uint64) for b in (0, 1)]
+        if self.tables is None:
+            self.tables = [self.xp.asarray(t) for t in tables]
+        else:
+            for dev, t in zip(self.tables, tables):
+                dev.set(t)
         self.own = [peer.own_array(b, self.shape, self.dtype) for b in (0, 1)]
         self._key = key
 
     def local(self):
         """Where this rank's partial of the next sum goes (its own area of that sum's parity)."""
-        self._refresh()
+        self.refresh()
         return self.own[self.peer.index]
 
     def total(self, result, exact: bool) -> None:

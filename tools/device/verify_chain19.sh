@@ -1,7 +1,7 @@
 #!/bin/bash
 # chain19 (issue 19): GPU tests of tests/force, then the 32^4 fat-link build and chain rule (level 2 and fat7) and a
 # per-kernel split of the staged kernels. One H200, ~150 s in all. Run from the repository root: bash tools/device/verify_chain19.sh
-cd "$(dirname "$0")/.." || exit 1
+cd "$(dirname "$0")/../.." || exit 1
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 T0=$(date +%s)
 echo "== chain19: $(git rev-parse --short HEAD 2>/dev/null) $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
