@@ -124,7 +124,7 @@ class _Cycle:
         geom, xp = op.geom, op.xp
         k = F.shape[-1]
         if getattr(lu, "on_device", False) and geom.grid.active_comm.size == 1:
-            return (lu.inv @ F.reshape(-1, k)).reshape(F.shape)
+            return lu.apply_columns(F.reshape(-1, k)).reshape(F.shape)
         rhs = geom.gather_all(F)
         y = lu.solve(np.asarray(rhs).reshape(-1, k)).reshape(rhs.shape)
         return xp.ascontiguousarray(xp.asarray(geom.local_part(y), dtype=op.dtype))

@@ -62,17 +62,43 @@ class DenseInverse:
     the cycle's precision): a solve is one matrix-vector product there. A sparse LU on the host costs a copy to the
     host and back and SuperLU's triangular solves per call (3.6 ms on 2^4 x 96 unknowns, 663 calls per 32^4 solve
     on the H200), the product ~10 us. The coarsest lattice is small (2^4 or 3^4 sites of 2 Nv unknowns), and its
-    inverse is only a preconditioner's part, so the explicit inverse's extra rounding does not matter."""
+    inverse is only a preconditioner's part, so the explicit inverse's extra rounding does not matter. With a CuPy
+    ``backend`` the product is kernels/dense_matvec.cu's (the inverse kept transposed), not cuBLAS's: CuPy refuses
+    cuBLAS inside a graph capture, and the multigrid's captured steps contain this solve (solvers/multigrid/graph.py).
+    """
 
     on_device = True
+    THREADS = 256
 
-    def __init__(self, xp, A):
-        self.xp = xp
+    def __init__(self, xp, A, backend=None):
+        self.xp, self.backend = xp, backend
         self.inv = xp.linalg.inv(xp.asarray(A, dtype=np.complex128)).astype(A.dtype)
+        self.inv_t = xp.ascontiguousarray(self.inv.T) if backend is not None else None
 
     def solve(self, rhs):
         """A^-1 rhs for a flat right-hand side (host or device); on the device."""
-        return self.inv @ self.xp.asarray(rhs, dtype=self.inv.dtype)
+        rhs = self.xp.asarray(rhs, dtype=self.inv.dtype)
+        return self.apply_columns(rhs.reshape(-1, 1)).reshape(rhs.shape)
+
+    def apply_columns(self, F):
+        """A^-1 F for the (n, k) right-hand sides F (on the device, in the inverse's precision)."""
+        if self.backend is None:
+            return self.inv @ F
+        from lattice import cuda_source
+
+        xp, n, k = self.xp, int(self.inv.shape[0]), int(F.shape[1])
+        F = xp.ascontiguousarray(F, dtype=self.inv.dtype)
+        suf = "double" if self.inv.dtype == np.complex128 else "single"
+        nchunk = max(1, min(64, (1 << 16) // max(1, n * k)))       # ~64k threads for the partial sums
+        part = xp.empty((nchunk, n, k), dtype=self.inv.dtype)
+        out = xp.empty((n, k), dtype=self.inv.dtype)
+        args = (np.int32(n), np.int32(k), np.int32(nchunk))
+        fn = cuda_source.function(self.backend, "solvers.multigrid", "dense_matvec.cu", f"dense_partial_{suf}")
+        T = self.THREADS
+        fn(((nchunk * n * k + T - 1) // T,), (T,), (self.inv_t, F, part) + args)
+        fn = cuda_source.function(self.backend, "solvers.multigrid", "dense_matvec.cu", f"dense_sum_{suf}")
+        fn(((n * k + T - 1) // T,), (T,), (part, out) + args)
+        return out
 
 
 class CycleLevels:
@@ -110,7 +136,7 @@ class CycleLevels:
         op = self.ops[-1]
         A = op.sparse_matrix()
         if op.xp is not np and A.shape[0] <= DENSE_MAX:
-            self.lu = DenseInverse(op.xp, A.toarray())
+            self.lu = DenseInverse(op.xp, A.toarray(), op.geom.backend)
         else:
             from scipy.sparse.linalg import splu
 

@@ -263,3 +263,25 @@ def test_gpu_graph_replays_equal_host_driven_steps(precision):
     assert _summary(s1) == _summary(s0)
     assert rel(cp.asnumpy(x1), cp.asnumpy(x0)) < (1e-12 if precision == "double" else 1e-5)
     assert math.isfinite(s1.true_residual)
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
+@pytest.mark.parametrize("n, k", [(96, 1), (200, 3), (1536, 1)])
+def test_dense_inverse_kernel_on_the_host_equals_the_matrix_product(dtype, n, k):
+    """kernels/dense_matvec.cu compiled for the host (the coarsest dense inverse's product on the device, written by
+    hand because CuPy refuses cuBLAS in a capture): A^-1 F for k columns equals NumPy's product to rounding, and the
+    same bits on a second call (the chunks' order is fixed)."""
+    from solvers.multigrid.precision import DenseInverse
+
+    fake = FakeCuPy()
+    g = np.random.default_rng(n + k)
+    A = (g.normal(size=(n, n)) + 1j * g.normal(size=(n, n)) + 4 * np.sqrt(n) * np.eye(n)).astype(dtype)
+    F = (g.normal(size=(n, k)) + 1j * g.normal(size=(n, k))).astype(dtype)
+    dense = DenseInverse(fake, A, Backend("cupy", fake))
+    got = np.asarray(dense.apply_columns(F))
+    want = dense.inv @ F
+    assert got.dtype == dtype and got.shape == (n, k)
+    assert rel(got, want) < (1e-14 if dtype == np.complex128 else 1e-6)
+    assert np.array_equal(np.asarray(dense.apply_columns(F)), got)
+    assert np.array_equal(np.asarray(dense.solve(F[:, 0])), got[:, 0])
