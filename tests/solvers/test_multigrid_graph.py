@@ -230,6 +230,11 @@ def test_gpu_small_lstsq_kernel_equals_numpy():
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="known (H200, 2026-12-03): the captured step's restriction and prolongation "
+                          "(solvers/multigrid/lattice.py bmm: CuPy matmul) call cuBLAS, which CuPy refuses in a "
+                          "capture, so the graphs switch off (graph_failed); HMC_MG_GRAPH stays off until they "
+                          "have a kernel of their own")
 @pytest.mark.parametrize("precision", ["double", "single"])
 def test_gpu_graph_replays_equal_host_driven_steps(precision):
     """The deepest K-cycle GCR's steps captured in CUDA graphs (level 2 of four, the coarsest the device's dense
