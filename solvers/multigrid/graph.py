@@ -40,6 +40,7 @@ from lattice.placement import set_switch, switch_on
 
 from . import timing
 from .krylov import GCRRun
+from .lattice import kernel_products
 
 COUNTS = ("cycles", "krylov_iters", "solves", "direct_solves", "smoother_steps")
 
@@ -120,10 +121,11 @@ class LevelGraphs:
 
                 # the step once eagerly on the capture stream, undone: cuBLAS's and CUB's set-up for the stream
                 # and every block the capture will ask the pool for are made outside the capture
-                self._on_stream(lambda: self._undone(run, j))
-                self.tally.set(before)
-                with self.xp.cuda.using_allocator(self.pool.malloc):
-                    graph = CapturedGraph(self.stream, lambda: run.step(j))
+                with kernel_products():          # the stacked products by kernel, not cuBLAS (lattice.bmm)
+                    self._on_stream(lambda: self._undone(run, j))
+                    self.tally.set(before)
+                    with self.xp.cuda.using_allocator(self.pool.malloc):
+                        graph = CapturedGraph(self.stream, lambda: run.step(j))
         except Exception as exc:             # noqa: BLE001 - any failure: run eagerly from now on
             self.failed = f"{type(exc).__name__}: {exc}"
             warnings.warn(f"multigrid: the level's GCR step could not be captured in a CUDA graph ({self.failed}); "

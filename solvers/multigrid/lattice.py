@@ -15,6 +15,8 @@ A coarse lattice is described by :class:`CoarseGeometry`: its extents, the same 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from lattice.geometry import DIRS, SiteLattice, site_axis
@@ -109,7 +111,74 @@ def bmm(xp, A, B):
     if xp is np and k <= EXACT_COLUMNS:
         rows = B[..., 0][..., None, :] if k == 1 else np.ascontiguousarray(np.swapaxes(B, -1, -2))
         return np.ascontiguousarray(np.swapaxes(np.einsum("...ij,...kj->...ki", A, rows), -1, -2))
+    if products_by_kernel(xp):
+        from lattice import get_backend
+
+        return batched_matmul(get_backend("cupy"), A, B)     # CuPy refuses cuBLAS (matmul) inside a capture
     return A @ B
+
+
+THREADS = 256
+_KERNEL_PRODUCTS = [False]
+
+
+def products_by_kernel(xp) -> bool:
+    """Whether the device's dense products go to kernels/dense_matvec.cu rather than cuBLAS: inside
+    :func:`kernel_products` or any capture (the one dispatch rule of :func:`bmm` and the dense coarsest inverse)."""
+    return xp is not np and (_KERNEL_PRODUCTS[0] or xp.cuda.get_current_stream().is_capturing())
+
+
+@contextmanager
+def kernel_products():
+    """Within: :func:`bmm` on the device by :func:`batched_matmul`, and the coarsest dense inverse by its kernel,
+    not cuBLAS. The multigrid's graphs
+    (solvers/multigrid/graph.py) run a step's warm-up and its capture inside, so that the kernels are compiled and
+    every block the capture takes from the level's pool is allocated before the capture (a capture alone would
+    switch by itself: CuPy refuses cuBLAS there)."""
+    old, _KERNEL_PRODUCTS[0] = _KERNEL_PRODUCTS[0], True
+    try:
+        yield
+    finally:
+        _KERNEL_PRODUCTS[0] = old
+
+
+def dense_kernels(backend, dtype, first: str):
+    """(partial(n_threads, args), add(part, shape)) of kernels/dense_matvec.cu for ``dtype``: the first pass
+    ``first`` ("dense_partial" or "bmm_partial") and the chunk sum (``dense_sum``: part (nchunk, ...) -> shape)."""
+    from lattice import cuda_source
+
+    suf = "double" if np.dtype(dtype) == np.complex128 else "single"
+    fn = cuda_source.function(backend, "solvers.multigrid", "dense_matvec.cu", f"{first}_{suf}")
+    sum_fn = cuda_source.function(backend, "solvers.multigrid", "dense_matvec.cu", f"dense_sum_{suf}")
+
+    def partial(n, args):
+        fn(((n + THREADS - 1) // THREADS,), (THREADS,), args)
+
+    def add(part, shape):
+        out = backend.xp.empty(shape, dtype=part.dtype)
+        rows = int(np.prod(shape[:-1]))
+        sum_fn(((out.size + THREADS - 1) // THREADS,), (THREADS,),
+               (part, out, np.int32(rows), np.int32(shape[-1]), np.int32(part.shape[0])))
+        return out
+    return partial, add
+
+
+def batched_matmul(backend, A, B):
+    """A @ B for stacks of small complex matrices with the same stack shape, A (..., n, m) and B (..., m, k), by
+    kernels/dense_matvec.cu (bmm_partial, then the chunk sums in order): what :func:`bmm` runs inside a CUDA-graph
+    capture, where CuPy refuses cuBLAS."""
+    xp = backend.xp
+    if A.shape[:-2] != B.shape[:-2] or A.dtype != B.dtype or A.dtype not in (np.complex128, np.complex64):
+        raise ValueError(f"batched_matmul: stacks {A.shape} @ {B.shape} ({A.dtype}, {B.dtype}) of one shape and "
+                         "complex dtype only")
+    n, m, k = (int(v) for v in (A.shape[-2], A.shape[-1], B.shape[-1]))
+    batch = int(np.prod(A.shape[:-2]))
+    A, B = xp.ascontiguousarray(A), xp.ascontiguousarray(B)
+    nchunk = max(1, min(64, m // 8, (1 << 16) // max(1, batch * n * k)))
+    part = xp.empty((nchunk, batch * n, k), dtype=A.dtype)
+    partial, add = dense_kernels(backend, A.dtype, "bmm_partial")
+    partial(part.size, (A, B, part, np.int32(batch), np.int32(n), np.int32(m), np.int32(k), np.int32(nchunk)))
+    return add(part, (batch * n, k)).reshape(A.shape[:-1] + (k,))
 
 
 def check_blocks(local, block, naik: bool, first: bool, level: int):

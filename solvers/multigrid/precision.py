@@ -63,12 +63,12 @@ class DenseInverse:
     host and back and SuperLU's triangular solves per call (3.6 ms on 2^4 x 96 unknowns, 663 calls per 32^4 solve
     on the H200), the product ~10 us. The coarsest lattice is small (2^4 or 3^4 sites of 2 Nv unknowns), and its
     inverse is only a preconditioner's part, so the explicit inverse's extra rounding does not matter. With a CuPy
-    ``backend`` the product is kernels/dense_matvec.cu's (the inverse kept transposed), not cuBLAS's: CuPy refuses
-    cuBLAS inside a graph capture, and the multigrid's captured steps contain this solve (solvers/multigrid/graph.py).
+    ``backend``, inside a capture or :func:`.lattice.kernel_products`, the product is kernels/dense_matvec.cu's (the
+    inverse kept transposed), not cuBLAS's: CuPy refuses cuBLAS inside a graph capture, and the multigrid's captured
+    steps contain this solve (solvers/multigrid/graph.py).
     """
 
     on_device = True
-    THREADS = 256
 
     def __init__(self, xp, A, backend=None):
         self.xp, self.backend = xp, backend
@@ -82,23 +82,18 @@ class DenseInverse:
 
     def apply_columns(self, F):
         """A^-1 F for the (n, k) right-hand sides F (on the device, in the inverse's precision)."""
-        if self.backend is None:
+        from .lattice import dense_kernels, products_by_kernel
+
+        if self.backend is None or not products_by_kernel(self.xp):
             return self.inv @ F
-        from lattice import cuda_source
 
         xp, n, k = self.xp, int(self.inv.shape[0]), int(F.shape[1])
         F = xp.ascontiguousarray(F, dtype=self.inv.dtype)
-        suf = "double" if self.inv.dtype == np.complex128 else "single"
         nchunk = max(1, min(64, (1 << 16) // max(1, n * k)))       # ~64k threads for the partial sums
         part = xp.empty((nchunk, n, k), dtype=self.inv.dtype)
-        out = xp.empty((n, k), dtype=self.inv.dtype)
-        args = (np.int32(n), np.int32(k), np.int32(nchunk))
-        fn = cuda_source.function(self.backend, "solvers.multigrid", "dense_matvec.cu", f"dense_partial_{suf}")
-        T = self.THREADS
-        fn(((nchunk * n * k + T - 1) // T,), (T,), (self.inv_t, F, part) + args)
-        fn = cuda_source.function(self.backend, "solvers.multigrid", "dense_matvec.cu", f"dense_sum_{suf}")
-        fn(((n * k + T - 1) // T,), (T,), (part, out) + args)
-        return out
+        partial, add = dense_kernels(self.backend, self.inv.dtype, "dense_partial")
+        partial(part.size, (self.inv_t, F, part, np.int32(n), np.int32(k), np.int32(nchunk)))
+        return add(part, (n, k))
 
 
 class CycleLevels:

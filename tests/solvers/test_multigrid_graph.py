@@ -14,7 +14,7 @@ from lattice.backend import Backend
 from solvers import StaggeredDslash
 from solvers.multigrid import graph as mggraph
 from solvers.multigrid import krylov, multigrid
-from solvers.multigrid.lattice import CoarseGeometry, global_sums
+from solvers.multigrid.lattice import CoarseGeometry, global_sums, kernel_products
 from solvers.multigrid.operators import CoarseOperator, Counter
 from tests.conftest import gpu_available
 from tests.force.cuda_host import FakeCuPy, needs_gxx
@@ -230,11 +230,6 @@ def test_gpu_small_lstsq_kernel_equals_numpy():
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known (H200, 2026-12-03): the captured step's restriction and prolongation "
-                          "(solvers/multigrid/lattice.py bmm: CuPy matmul) call cuBLAS, which CuPy refuses in a "
-                          "capture, so the graphs switch off (graph_failed); HMC_MG_GRAPH stays off until they "
-                          "have a kernel of their own")
 @pytest.mark.parametrize("precision", ["double", "single"])
 def test_gpu_graph_replays_equal_host_driven_steps(precision):
     """The deepest K-cycle GCR's steps captured in CUDA graphs (level 2 of four, the coarsest the device's dense
@@ -284,9 +279,32 @@ def test_dense_inverse_kernel_on_the_host_equals_the_matrix_product(dtype, n, k)
     A = (g.normal(size=(n, n)) + 1j * g.normal(size=(n, n)) + 4 * np.sqrt(n) * np.eye(n)).astype(dtype)
     F = (g.normal(size=(n, k)) + 1j * g.normal(size=(n, k))).astype(dtype)
     dense = DenseInverse(fake, A, Backend("cupy", fake))
-    got = np.asarray(dense.apply_columns(F))
+    with kernel_products():                          # (as the multigrid's graphs run it)
+        got = np.asarray(dense.apply_columns(F))
+        again = np.asarray(dense.apply_columns(F))
+        one = np.asarray(dense.solve(F[:, 0]))
     want = dense.inv @ F
     assert got.dtype == dtype and got.shape == (n, k)
     assert rel(got, want) < (1e-14 if dtype == np.complex128 else 1e-6)
-    assert np.array_equal(np.asarray(dense.apply_columns(F)), got)
-    assert np.array_equal(np.asarray(dense.solve(F[:, 0])), got[:, 0])
+    assert np.array_equal(again, got) and np.array_equal(one, got[:, 0])
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
+@pytest.mark.parametrize("stack, n, m, k", [((16, 2), 48, 768, 1), ((5,), 7, 3, 4), ((3, 2), 96, 96, 2)])
+def test_batched_matmul_kernel_on_the_host_equals_numpy(dtype, stack, n, m, k):
+    """kernels/dense_matvec.cu's bmm_partial + chunk sums compiled for the host (what bmm runs inside a capture: the
+    captured step's restriction and prolongation): NumPy's stacked product to rounding, the same bits again."""
+    from solvers.multigrid.lattice import batched_matmul
+
+    fake = FakeCuPy()
+    g = np.random.default_rng(n * m + k)
+    A = (g.normal(size=stack + (n, m)) + 1j * g.normal(size=stack + (n, m))).astype(dtype)
+    B = (g.normal(size=stack + (m, k)) + 1j * g.normal(size=stack + (m, k))).astype(dtype)
+    be = Backend("cupy", fake)
+    got = np.asarray(batched_matmul(be, A, B))
+    assert got.dtype == dtype and got.shape == stack + (n, k)
+    assert rel(got, A @ B) < (1e-14 if dtype == np.complex128 else 1e-6)
+    assert np.array_equal(np.asarray(batched_matmul(be, A, B)), got)
+    with pytest.raises(ValueError, match="one shape"):
+        batched_matmul(be, A, B[:1])
