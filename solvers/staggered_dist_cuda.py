@@ -365,7 +365,7 @@ class PeerRankSums:
             self.tables = [self.xp.asarray(t) for t in tables]
         else:
             for dev, t in zip(self.tables, tables):
-                dev.set(t)
+                dev[...] = self.xp.asarray(t)
         self.own = [peer.own_array(b, self.shape, self.dtype) for b in (0, 1)]
         self._key = key
 
