@@ -104,11 +104,12 @@ def compare_answers(ref: dict, ans: dict, bitwise: bool = True) -> tuple:
         if k in ref and k in ans:
             r, a = float(ref[k]), float(ans[k])
             rel = abs(a - r) / max(abs(r), 1e-300)
-            # on a GPU the fast-sum CG adds its partials in another order per decomposition, and 200 fixed CG
-            # iterations on random links amplify that (H200, 8x8x8x16: 6e-4 on 2 ranks): reported, not required;
-            # the exact-sum CG above is the bitwise check
-            miss = info if (k == "cg_residual" and not bitwise) else bad
-            (checks if rel <= tol else miss).append(f"{what} rel. diff {rel:.1e}")
+            if k == "cg_residual" and not bitwise:
+                # on a GPU the fast-sum CG adds its partials in another order per decomposition, and 200 fixed CG
+                # iterations on random links amplify that rounding: on the H200 (8x8x8x16, 2 ranks) 6.3e-4, the same
+                # bits with and without peer sums and CUDA graphs, so a loose bound (a wrong sum moves it by O(1))
+                tol = GPU_CG_RESIDUAL_RTOL
+            (checks if rel <= tol else bad).append(f"{what} rel. diff {rel:.1e}")
     if "trajectory_sha256" in ref and "trajectory_sha256" in ans and ref["trajectory_sha256"] != ans[
             "trajectory_sha256"]:
         info.append("trajectory links equal to rounding, not bitwise")
@@ -127,6 +128,7 @@ def compare_answers(ref: dict, ans: dict, bitwise: bool = True) -> tuple:
 # relative, dH to 1e-10 of H, the plaquette to 1e-12; the multishift CG iterations equal (GPU: within 2 + 1 %, a
 # rounding difference may move a stopping point)
 RHMC_RTOL_H = 1e-10
+GPU_CG_RESIDUAL_RTOL = 1e-2
 
 
 def _compare_rhmc(ref: dict, ans: dict, bitwise: bool, checks: list, bad: list):
