@@ -313,6 +313,14 @@ def _counted(st, loop, before: dict) -> None:
         st.extra[name] = st.extra.get(name, 0) + v - before[name]
 
 
+def ratio_squared(zi: float, zp: float, fused: bool) -> float:
+    """(zi / zp)^2: on the fused GPU path q * q, the device kernel's arithmetic (``ms_direction``; C's pow(q, 2),
+    which q ** 2 calls, is off by one ulp for ~1 q in 1100); on the NumPy path q ** 2, the bits MILC's regression case
+    su3_rhmc_hisq.f211.2 was checked with (its PBP lines sit at MILC's errtol: 0.83 of it with pow, 5x with q * q)."""
+    q = zi / zp
+    return q * q if fused else q ** 2
+
+
 def cg_iterations(run, iters: int) -> None:
     """Chronopoulos-Gear iterations of ``run`` (a :class:`solvers.cg._CGRun` on the fused GPU path) on the device
     until its stop test holds; ``run``'s scalars, counters and fields are left as the host-driven steps leave them."""

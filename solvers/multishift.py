@@ -27,7 +27,7 @@ import numpy as np
 from .cg import (InverseOperator, SolverBreakdownError, SolverConvergenceError, SolverStats, _FL_AXPY,
                  _FL_CG_ITER, _FL_NORM, _FL_SHIFT_ITER, _fail_message, _require_hermitian, _sync_time, cg,
                  mixed_precision)
-from .krylov_graph import graph_iterations, multishift_iterations
+from .krylov_graph import graph_iterations, multishift_iterations, ratio_squared
 from .operator import Operator, fused_blas, norm2, norm2_and_redot
 
 
@@ -314,8 +314,7 @@ class _MultishiftRun:
             den = alpha * beta * (zp - zi) + zp * self.alpha_prev * (1.0 + self.rel[i] * alpha)
             zn = zi * zp * self.alpha_prev / den if den != 0.0 else 0.0
             ai = alpha * zn / zi
-            q = zi / zp
-            bi = beta * (q * q) if not fresh else 0.0   # q * q, not q ** 2: C's pow(q, 2) is off by 1 ulp now and then
+            bi = 0.0 if fresh else beta * ratio_squared(zi, zp, self.blas is not None)
             if self.blas is not None:
                 coefs[i] = (zi, ai, bi)
             else:
