@@ -154,6 +154,10 @@ def _trajectory_lines(r, t_op) -> list:
         frac = iters * t_op / solver if solver > 0 else float("nan")
         line += f"; Dslash share of solver time ~ {100 * frac:.0f}% ({iters} x {1e3 * t_op:.3f} ms)"
     lines = [head, line]
+    if int(r.get("graph_captures", 0)) > 0 or int(r.get("graph_replays", 0)) > 0:     # (-1: not recorded)
+        lines.append(f"        solver CUDA graphs: {int(r['graph_captures'])} captured "
+                     f"({g('time_fermion_graph_capture'):.3f} s of host time, inside the solver times), "
+                     f"{int(r['graph_replays'])} launches")
     if "time_momenta" in r:                 # run files written before these timers lack them
         lines.append(f"        outside the molecular dynamics: momenta {g('time_momenta'):.3f} s, heat baths "
                      f"{g('time_refresh'):.3f} s (GR solves {solve['GR']:.3f}), actions {g('time_actions'):.3f} s "

@@ -41,6 +41,7 @@ from force.phases import check_time_bc
 from force.unitarize_derivative import FORCE_FILTER
 from solvers import StaggeredDslash, cg, epsilon, mixed_precision, multishift_cg, norm2, refined
 from solvers.cg import SolverConvergenceError, SolverStats
+from solvers.krylov_graph import graph_totals
 
 from .integrators import IntegratorError
 from .rational import PseudofermionRational, RationalsError, naik_groups
@@ -107,9 +108,11 @@ class RHMCStats:
     calls: dict = field(default_factory=dict)
     link_builds: int = 0
     multigrid: bool = False        # multigrid solves some poles: totals() adds the mg_* columns (kept by reset)
+    graphs_before: dict = field(default_factory=graph_totals)   # the process's solver graphs at the reset
 
     def reset(self) -> None:
         self.solves, self.grsource, self.times, self.calls, self.link_builds = [], [], {}, {}, 0
+        self.graphs_before = graph_totals()
 
     def add_time(self, key: str, seconds: float) -> None:
         self.times[key] = self.times.get(key, 0.0) + seconds
@@ -130,13 +133,19 @@ class RHMCStats:
 
     def totals(self) -> dict:
         """The history row's fermion columns (always the same keys): MILC's multishift iterations and the number of
-        solves per phase (``cg_gr``, ``solves_gr``, ...), link builds, and the seconds per phase
+        solves per phase (``cg_gr``, ``solves_gr``, ...), link builds, the solvers' CUDA graphs captured and
+        replayed since the reset (``graph_captures``, ``graph_replays``, ``time_fermion_graph_capture``: every graph
+        loop of the process, solvers.krylov_graph.graph_totals), and the seconds per phase
         (``time_fermion_links``, ``time_fermion_solver_MD``, ``time_fermion_outer``, ``time_fermion_force_chain``...)."""
         out = {}
         for ph in PHASES:
             out[f"cg_{ph.lower()}"] = self.iterations(ph)
             out[f"solves_{ph.lower()}"] = len(self.records(ph))
         out["fermion_link_builds"] = self.link_builds
+        now, was = graph_totals(), self.graphs_before       # (zero off the GPU)
+        out["graph_captures"] = int(now["graph_captures"] - was["graph_captures"])
+        out["graph_replays"] = int(now["graph_replays"] - was["graph_replays"])
+        out["time_fermion_graph_capture"] = float(now["graph_capture_s"] - was["graph_capture_s"])
         for k in self.TIME_KEYS:
             out[f"time_fermion_{k}"] = float(self.times.get(k, 0.0))
         if self.multigrid:

@@ -84,6 +84,12 @@ _OUTSIDE_MD = {"time_momenta": "momentum draw", "time_refresh": "pseudofermion h
                "time_monitor": "action measurements inside the molecular dynamics (the integrator's monitors)"}
 
 
+_GRAPHS = {"graph_captures": ("i8", "1", "CUDA graphs the device-resident solvers captured in the trajectory "
+                                        "(solvers/krylov_graph.py; 0 off the GPU)"),
+           "graph_replays": ("i8", "1", "launches of the device-resident solvers' CUDA graphs in the trajectory"),
+           "time_fermion_graph_capture": ("f8", "s", "host seconds of those captures (part of the solver times)")}
+
+
 def history_column(name: str) -> tuple[str, str, str]:
     """(dtype, units, description) of a history column; an unknown name gets float64 and says it is undescribed."""
     if name in _FIXED:
@@ -103,6 +109,8 @@ def history_column(name: str) -> tuple[str, str, str]:
         return "i8", "1", f"{what} of the {_PHASES[m.group(2)]} phase, all pseudofermions"
     if name == "fermion_link_builds":
         return "i8", "1", "HISQ/asqtad link smearings computed in the trajectory"
+    if name in _GRAPHS:
+        return _GRAPHS[name]
     if name in _MG:
         return "i8", "1", _MG[name] + " in the trajectory ([multigrid] light_shifts, docs/multigrid.md 7)"
     if m := re.fullmatch(r"pbp(\d+)_(\w+)", name):

@@ -54,6 +54,7 @@ def test_one_trajectory_and_its_report(one_trajectory):
     assert lines[1] == "== 4x4x4x4 on numpy: 3g1f steps 4 tau 1.0, 5 pseudofermions", r.stdout
     assert re.match(r"traj 1: total +[\d.]+ s \| solvers +[\d.]+ s \(", lines[2]), lines[2]
     assert "multishift iterations GR" in lines[3] and "Dslash share of solver time" in lines[3]
+    assert "solver CUDA graphs" not in r.stdout          # none on the CPU (the history holds zeros)
     for name in ("hisq211_4_numpy.toml", "hisq211_4_numpy.h5", "init_4_numpy.log", "run_4_numpy.log"):
         assert (tmp_path / name).is_file(), name
 
@@ -133,3 +134,18 @@ def test_trajectory_runs_show_hmc_runs_progress_on_a_terminal(monkeypatch, tty, 
     argv = seen["argv"]
     assert argv[argv.index("run"):argv.index("run") + 4] == ["run", "r.h5", "--trajectories", "3"]
     assert seen["stdout"] is log and seen["stderr"] is (None if show else log)
+
+
+def test_report_line_of_the_solver_graphs():
+    """A trajectory whose solvers captured CUDA graphs (the GPU) gets a line with the captures, their host seconds
+    and the launches (history columns graph_captures, graph_replays, time_fermion_graph_capture); an older run file
+    without the columns (-1) none."""
+    from bench.rhmc import _trajectory_lines
+
+    row = {"traj": 2, "cg_gr": 10, "cg_fa": 10, "cg_md": 40, "dH": 0.1, "plaq_ss": 1.5, "plaq_st": 1.5,
+           "time_total": 2.0, "time_fermion_solver_MD": 1.0, "fermion_link_builds": 5}
+    got = _trajectory_lines(dict(row, graph_captures=31, graph_replays=293, time_fermion_graph_capture=0.1885), None)
+    assert got[2] == ("        solver CUDA graphs: 31 captured (0.189 s of host time, inside the solver times), "
+                      "293 launches")
+    assert not any("CUDA graphs" in x for x in _trajectory_lines(dict(row, graph_captures=-1, graph_replays=-1),
+                                                                None))
