@@ -1,8 +1,10 @@
 #!/bin/bash
 # e2e18 (issue 17): credit-free graph mode + batched signals by default; the 4-rank RHMC. Budget 265 s wall total.
-# Run from the repository root on one H200: bash tools/device/verify_e2e18.sh   (writes under $OUT if set, else /tmp/e2e18)
+# Run from the repository root on one H200: bash tools/device/verify_e2e18.sh   (works in /tmp/e2e18; with $OUT set,
+# leaves two archives there, e2e18_reports.tgz (logs, reports, plots, json) and e2e18_h5.tgz (the studies' files):
+# the device gives back at most 8 files)
 export PYTHONPATH=. OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-O=${OUT:-/tmp/e2e18}; mkdir -p "$O"
+O=/tmp/e2e18; rm -rf "$O"; mkdir -p "$O"
 T0=$(date +%s); BUDGET=265
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 # step NAME SECONDS CMD...: runs CMD under MPS with timeout min(SECONDS, what is left); PASS/FAIL line with rc and time
@@ -93,3 +95,7 @@ for study in ("rhmc", "rhmc_capture2", "cg"):
         print("\n".join(l for l in lines if l.startswith("|"))[:6000])
 PY
 echo "e2e18 done in $(( $(date +%s) - T0 )) s; logs and reports under $O"
+if [ -n "${OUT:-}" ]; then
+  (cd "$O" && tar czf "$OUT/e2e18_reports.tgz" --exclude='*.h5' . && tar czf "$OUT/e2e18_h5.tgz" $(ls *.h5 2>/dev/null))
+  ls -l "$OUT"/e2e18_*.tgz
+fi
