@@ -270,23 +270,29 @@ print(json.dumps(out))
 '''
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
+def run_scenario(tmp, scenario: str, *argv) -> dict:
+    """``scenario`` (Python source) run in a fresh process under the stand-in ``cuda.bindings.driver`` (FAKE_DRIVER
+    with the recorded stream calls), in folder ``tmp``, without the caller's HMC_/MPI environment; the JSON object
+    its last output line prints."""
     from tests.conftest import ROOT
 
-    tmp = tmp_path_factory.mktemp("capture_nodes")
     pkg = tmp / "fake" / "cuda" / "bindings"
     pkg.mkdir(parents=True)
     (tmp / "fake" / "cuda" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "driver.py").write_text(FAKE_DRIVER + STREAM_CALLS)
-    (tmp / "scenario.py").write_text(SCENARIO % {"fake_arrays": FAKE_ARRAYS})
+    (tmp / "scenario.py").write_text(scenario)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HMC_", "OMPI_", "PMI"))}
     env.update({"PYTHONPATH": f"{tmp / 'fake'}:{ROOT}", "OPENBLAS_NUM_THREADS": "1"})
-    r = subprocess.run([sys.executable, str(tmp / "scenario.py")], capture_output=True, text=True, env=env, cwd=tmp,
-                       timeout=120)
+    r = subprocess.run([sys.executable, str(tmp / "scenario.py"), *argv], capture_output=True, text=True, env=env,
+                       cwd=tmp, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    return run_scenario(tmp_path_factory.mktemp("capture_nodes"), SCENARIO % {"fake_arrays": FAKE_ARRAYS})
 
 
 @pytest.mark.parametrize("name,links", [("2 links", 2), ("4 links", 4)])

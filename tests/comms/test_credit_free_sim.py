@@ -32,15 +32,11 @@ credit-free mode is not a production combination (``creditfree.decide`` needs in
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 
-from tests.comms.test_alloc_policy import FAKE_DRIVER
-from tests.comms.test_capture_nodes_host import FAKE_ARRAYS, STREAM_CALLS
+from tests.comms.test_capture_nodes_host import FAKE_ARRAYS, run_scenario
 
 N = 6                                  # exchanges per run: buffers 0 1 0 1 0 1
 SEEDS = 200
@@ -133,21 +129,8 @@ BROKEN["no pads"] = {"in_place": True, "batch": True, "credit_free": True, "link
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    from tests.conftest import ROOT
-
-    tmp = tmp_path_factory.mktemp("credit_free_sim")
-    pkg = tmp / "fake" / "cuda" / "bindings"
-    pkg.mkdir(parents=True)
-    (tmp / "fake" / "cuda" / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "driver.py").write_text(FAKE_DRIVER + STREAM_CALLS)
-    (tmp / "scenario.py").write_text(SCENARIO % {"segs": SEGS, "cap": CAP, "fake_arrays": FAKE_ARRAYS})
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HMC_", "OMPI_", "PMI"))}
-    env.update({"PYTHONPATH": f"{tmp / 'fake'}:{ROOT}", "OPENBLAS_NUM_THREADS": "1"})
-    r = subprocess.run([sys.executable, str(tmp / "scenario.py"), json.dumps({**CASES, **BROKEN})],
-                       capture_output=True, text=True, env=env, cwd=tmp, timeout=120)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_scenario(tmp_path_factory.mktemp("credit_free_sim"),
+                        SCENARIO % {"segs": SEGS, "cap": CAP, "fake_arrays": FAKE_ARRAYS}, json.dumps({**CASES, **BROKEN}))
 
 
 def where(addr):

@@ -2,16 +2,14 @@
 # Long-link compression of the GPU hop (issue 19, docs/perf-notes.md "Long-link compression"). One H200, budget
 # ~180 s. Run from the repository root: bash tools/device/verify_compress19.sh
 export PYTHONPATH=.
+. tools/device/gpu_tests.sh
 T0=$SECONDS
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1
 
 echo "== 1. GPU tests: the compressed hop against the NumPy hop; the GPU staggered, solver and HMC tests (their"
 echo "      HISQ links are compressed now; their random-link operators stay whole)"
-timeout 90 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/solvers/test_long_link_compression.py \
-    tests/solvers/test_gpu_staggered.py tests/solvers/test_gpu_solvers.py tests/hmc/test_gpu_hmc.py 2>&1 | tail -8
-rc=${PIPESTATUS[0]}
-if [ "$rc" = 0 ]; then echo "PASS step1 gpu tests"; elif [ "$rc" = 124 ]; then echo "TIMEOUT step1 gpu tests (90 s)"; \
-else echo "FAIL step1 gpu tests (rc $rc)"; fi
+gpu_tests step1 90 8 tests/solvers/test_long_link_compression.py \
+    tests/solvers/test_gpu_staggered.py tests/solvers/test_gpu_solvers.py tests/hmc/test_gpu_hmc.py
 
 echo "== 2. hmc bench dslash at 32^4: compressed (1) against whole (0) Naik links, double and single"
 for prec in double single; do

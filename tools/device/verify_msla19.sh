@@ -2,6 +2,7 @@
 # msla19 (issue 19): parity-compact Krylov vectors of the multishift CG. One H200, budget 150 s. Run from the
 # repository root: bash tools/device/verify_msla19.sh
 export PYTHONPATH=.
+. tools/device/gpu_tests.sh
 OUTDIR=${OUT:-/tmp}
 T0=$SECONDS
 left() { echo $(( 145 - (SECONDS - T0) )); }
@@ -9,11 +10,8 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | hea
 
 echo "== 1. GPU tests of the change (compact hop bitwise = full hop, fused_blas switch, CG and multishift compact = strided"
 echo "      bitwise host-driven and in graphs, graph = host-driven) and the GPU HMC test"
-timeout 75 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/solvers/test_gpu_staggered.py \
-    tests/solvers/test_gpu_blas.py tests/solvers/test_gpu_krylov_graph.py tests/hmc/test_gpu_hmc.py 2>&1 | tail -12
-rc=${PIPESTATUS[0]}
-if [ "$rc" = 0 ]; then echo "PASS step1 gpu tests"; elif [ "$rc" = 124 ]; then echo "TIMEOUT step1 gpu tests (75 s)"; \
-else echo "FAIL step1 gpu tests (rc $rc)"; fi
+gpu_tests step1 75 12 tests/solvers/test_gpu_staggered.py \
+    tests/solvers/test_gpu_blas.py tests/solvers/test_gpu_krylov_graph.py tests/hmc/test_gpu_hmc.py
 
 echo "== 2. profile at 32^4: operator vs multishift iteration, compact vs strided Krylov vectors"
 t=$(left); [ "$t" -gt 55 ] && t=55
