@@ -114,7 +114,7 @@ def bmm(xp, A, B):
     if products_by_kernel(xp):
         from lattice import get_backend
 
-        return batched_matmul(get_backend("cupy"), A, B)     # CuPy refuses cuBLAS (matmul) inside a capture
+        return batched_matmul(get_backend("cupy"), A, B)     # (CuPy refuses cuBLAS inside a capture)
     return A @ B
 
 
@@ -123,18 +123,17 @@ _KERNEL_PRODUCTS = [False]
 
 
 def products_by_kernel(xp) -> bool:
-    """Whether the device's dense products go to kernels/dense_matvec.cu rather than cuBLAS: inside
-    :func:`kernel_products` or any capture (the one dispatch rule of :func:`bmm` and the dense coarsest inverse)."""
-    return xp is not np and (_KERNEL_PRODUCTS[0] or xp.cuda.get_current_stream().is_capturing())
+    """Whether the device's dense products go to kernels/dense_products.cu rather than cuBLAS: inside
+    :func:`kernel_products` (the one dispatch rule of :func:`bmm` and the dense coarsest inverse; a flag, not a
+    query of the stream's capture state, so the eager path pays no driver call)."""
+    return _KERNEL_PRODUCTS[0] and xp is not np
 
 
 @contextmanager
 def kernel_products():
-    """Within: :func:`bmm` on the device by :func:`batched_matmul`, and the coarsest dense inverse by its kernel,
-    not cuBLAS. The multigrid's graphs
-    (solvers/multigrid/graph.py) run a step's warm-up and its capture inside, so that the kernels are compiled and
-    every block the capture takes from the level's pool is allocated before the capture (a capture alone would
-    switch by itself: CuPy refuses cuBLAS there)."""
+    """Within: :func:`bmm` and the coarsest dense inverse on the device by :func:`batched_matmul`, not cuBLAS. The
+    multigrid's graphs (solvers/multigrid/graph.py) run a step's warm-up and its capture inside, so that the kernels
+    are compiled and every block the capture takes from the level's pool is allocated before the capture."""
     old, _KERNEL_PRODUCTS[0] = _KERNEL_PRODUCTS[0], True
     try:
         yield
@@ -142,31 +141,12 @@ def kernel_products():
         _KERNEL_PRODUCTS[0] = old
 
 
-def dense_kernels(backend, dtype, first: str):
-    """(partial(n_threads, args), add(part, shape)) of kernels/dense_matvec.cu for ``dtype``: the first pass
-    ``first`` ("dense_partial" or "bmm_partial") and the chunk sum (``dense_sum``: part (nchunk, ...) -> shape)."""
-    from lattice import cuda_source
-
-    suf = "double" if np.dtype(dtype) == np.complex128 else "single"
-    fn = cuda_source.function(backend, "solvers.multigrid", "dense_matvec.cu", f"{first}_{suf}")
-    sum_fn = cuda_source.function(backend, "solvers.multigrid", "dense_matvec.cu", f"dense_sum_{suf}")
-
-    def partial(n, args):
-        fn(((n + THREADS - 1) // THREADS,), (THREADS,), args)
-
-    def add(part, shape):
-        out = backend.xp.empty(shape, dtype=part.dtype)
-        rows = int(np.prod(shape[:-1]))
-        sum_fn(((out.size + THREADS - 1) // THREADS,), (THREADS,),
-               (part, out, np.int32(rows), np.int32(shape[-1]), np.int32(part.shape[0])))
-        return out
-    return partial, add
-
-
 def batched_matmul(backend, A, B):
     """A @ B for stacks of small complex matrices with the same stack shape, A (..., n, m) and B (..., m, k), by
-    kernels/dense_matvec.cu (bmm_partial, then the chunk sums in order): what :func:`bmm` runs inside a CUDA-graph
-    capture, where CuPy refuses cuBLAS."""
+    kernels/dense_products.cu (bmm_partial, then the chunk sums in order): what :func:`bmm` and the coarsest dense
+    inverse run inside a CUDA-graph capture, where CuPy refuses cuBLAS."""
+    from lattice import cuda_source
+
     xp = backend.xp
     if A.shape[:-2] != B.shape[:-2] or A.dtype != B.dtype or A.dtype not in (np.complex128, np.complex64):
         raise ValueError(f"batched_matmul: stacks {A.shape} @ {B.shape} ({A.dtype}, {B.dtype}) of one shape and "
@@ -174,11 +154,19 @@ def batched_matmul(backend, A, B):
     n, m, k = (int(v) for v in (A.shape[-2], A.shape[-1], B.shape[-1]))
     batch = int(np.prod(A.shape[:-2]))
     A, B = xp.ascontiguousarray(A), xp.ascontiguousarray(B)
-    nchunk = max(1, min(64, m // 8, (1 << 16) // max(1, batch * n * k)))
+    nchunk = max(1, min(64, m // 8, (1 << 16) // max(1, batch * n * k)))     # ~64k threads for the partial sums
     part = xp.empty((nchunk, batch * n, k), dtype=A.dtype)
-    partial, add = dense_kernels(backend, A.dtype, "bmm_partial")
-    partial(part.size, (A, B, part, np.int32(batch), np.int32(n), np.int32(m), np.int32(k), np.int32(nchunk)))
-    return add(part, (batch * n, k)).reshape(A.shape[:-1] + (k,))
+    out = xp.empty(A.shape[:-1] + (k,), dtype=A.dtype)
+    suf = "double" if A.dtype == np.complex128 else "single"
+
+    def launch(name, threads, args):
+        fn = cuda_source.function(backend, "solvers.multigrid", "dense_products.cu", f"{name}_{suf}")
+        fn(((threads + THREADS - 1) // THREADS,), (THREADS,), args)
+
+    launch("bmm_partial", part.size, (A, B, part, np.int32(batch), np.int32(n), np.int32(m), np.int32(k),
+                                      np.int32(nchunk)))
+    launch("chunk_sum", out.size, (part, out, np.int64(out.size), np.int32(nchunk)))
+    return out
 
 
 def check_blocks(local, block, naik: bool, first: bool, level: int):

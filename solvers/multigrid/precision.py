@@ -63,8 +63,8 @@ class DenseInverse:
     host and back and SuperLU's triangular solves per call (3.6 ms on 2^4 x 96 unknowns, 663 calls per 32^4 solve
     on the H200), the product ~10 us. The coarsest lattice is small (2^4 or 3^4 sites of 2 Nv unknowns), and its
     inverse is only a preconditioner's part, so the explicit inverse's extra rounding does not matter. With a CuPy
-    ``backend``, inside a capture or :func:`.lattice.kernel_products`, the product is kernels/dense_matvec.cu's (the
-    inverse kept transposed), not cuBLAS's: CuPy refuses cuBLAS inside a graph capture, and the multigrid's captured
+    ``backend``, inside :func:`.lattice.kernel_products` (the graphs' warm-up and capture), the product is :func:`.lattice.batched_matmul`'s
+    (a stack of one), not cuBLAS's: CuPy refuses cuBLAS inside a graph capture, and the multigrid's captured
     steps contain this solve (solvers/multigrid/graph.py).
     """
 
@@ -73,7 +73,6 @@ class DenseInverse:
     def __init__(self, xp, A, backend=None):
         self.xp, self.backend = xp, backend
         self.inv = xp.linalg.inv(xp.asarray(A, dtype=np.complex128)).astype(A.dtype)
-        self.inv_t = xp.ascontiguousarray(self.inv.T) if backend is not None else None
 
     def solve(self, rhs):
         """A^-1 rhs for a flat right-hand side (host or device); on the device."""
@@ -82,18 +81,11 @@ class DenseInverse:
 
     def apply_columns(self, F):
         """A^-1 F for the (n, k) right-hand sides F (on the device, in the inverse's precision)."""
-        from .lattice import dense_kernels, products_by_kernel
+        from .lattice import batched_matmul, products_by_kernel
 
         if self.backend is None or not products_by_kernel(self.xp):
             return self.inv @ F
-
-        xp, n, k = self.xp, int(self.inv.shape[0]), int(F.shape[1])
-        F = xp.ascontiguousarray(F, dtype=self.inv.dtype)
-        nchunk = max(1, min(64, (1 << 16) // max(1, n * k)))       # ~64k threads for the partial sums
-        part = xp.empty((nchunk, n, k), dtype=self.inv.dtype)
-        partial, add = dense_kernels(self.backend, self.inv.dtype, "dense_partial")
-        partial(part.size, (self.inv_t, F, part, np.int32(n), np.int32(k), np.int32(nchunk)))
-        return add(part, (n, k))
+        return batched_matmul(self.backend, self.inv[None], self.xp.asarray(F, dtype=self.inv.dtype)[None])[0]
 
 
 class CycleLevels:

@@ -269,7 +269,7 @@ def test_gpu_graph_replays_equal_host_driven_steps(precision):
 @pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
 @pytest.mark.parametrize("n, k", [(96, 1), (200, 3), (1536, 1)])
 def test_dense_inverse_kernel_on_the_host_equals_the_matrix_product(dtype, n, k):
-    """kernels/dense_matvec.cu compiled for the host (the coarsest dense inverse's product on the device, written by
+    """kernels/dense_products.cu compiled for the host (the coarsest dense inverse's product on the device, written by
     hand because CuPy refuses cuBLAS in a capture): A^-1 F for k columns equals NumPy's product to rounding, and the
     same bits on a second call (the chunks' order is fixed)."""
     from solvers.multigrid.precision import DenseInverse
@@ -293,7 +293,7 @@ def test_dense_inverse_kernel_on_the_host_equals_the_matrix_product(dtype, n, k)
 @pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
 @pytest.mark.parametrize("stack, n, m, k", [((16, 2), 48, 768, 1), ((5,), 7, 3, 4), ((3, 2), 96, 96, 2)])
 def test_batched_matmul_kernel_on_the_host_equals_numpy(dtype, stack, n, m, k):
-    """kernels/dense_matvec.cu's bmm_partial + chunk sums compiled for the host (what bmm runs inside a capture: the
+    """kernels/dense_products.cu's bmm_partial + chunk sums compiled for the host (what bmm runs inside a capture: the
     captured step's restriction and prolongation): NumPy's stacked product to rounding, the same bits again."""
     from solvers.multigrid.lattice import batched_matmul
 
