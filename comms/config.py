@@ -187,7 +187,7 @@ SETTINGS = {
                                     "of U(3) (the third row rebuilt)"),
     "mg_kernels": Setting("HMC_MG_KERNELS", _flag(True), True, "multigrid CUDA kernels"),
     "mg_timing_sync": Setting("HMC_MG_TIMING_SYNC", _flag(True), True, "multigrid clocks synchronize the device"),
-    "mg_graph": Setting("HMC_MG_GRAPH", _flag(False), False,
+    "mg_graph": Setting("HMC_MG_GRAPH", _flag(True), True,
                         "multigrid: the deepest K-cycle GCR's steps as CUDA-graph replays (one GPU)"),
     "solver_fused": Setting("HMC_SOLVER_FUSED", _fused, "on", "fused solver linear algebra: on, off, all or strided"),
     "solver_sums": Setting("HMC_SOLVER_SUMS", _choice("fast", "exact"), "fast", "solver reductions"),
@@ -264,7 +264,7 @@ class RunConfig:
     dslash_compress_long: bool = True
     mg_kernels: bool = True
     mg_timing_sync: bool = True
-    mg_graph: bool = False
+    mg_graph: bool = True
     solver_fused: str = "on"
     solver_sums: str = "fast"
     solver_graph: int = 8

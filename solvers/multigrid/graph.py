@@ -13,8 +13,8 @@ the iteration counts, and the answers, are those of the host-driven steps.
 What is captured: the GCR of level L-1 (L the coarsest) when the coarsest solve is the device's dense inverse
 (:class:`.precision.DenseInverse`) on one GPU: its preconditioner has no host decision in it. Shallower levels'
 GCR steps contain a whole adaptive solve and stay host-driven (with device scalars: one read per step). On several
-ranks the reductions go through the host (MPI) and nothing is captured. ``mg_graph`` (HMC_MG_GRAPH, default off;
-the override :func:`set_graph`) switches it on.
+ranks the reductions go through the host (MPI) and nothing is captured. ``mg_graph`` (HMC_MG_GRAPH, default on;
+the override :func:`set_graph`) switches it off.
 
 How: a dedicated non-blocking stream captures (:class:`comms.cuda.graph.CapturedGraph`, the solvers' capture) and
 replays, joined to the caller's stream by two events per replay. Every array a step touches outside the step lives

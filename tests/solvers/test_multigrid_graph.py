@@ -177,6 +177,16 @@ def _summary(st):
                                          "smoother_steps")} for d in st.levels]
 
 
+def _assert_counts_close(got, want, frac):
+    """The same outer iterations, and every per-level count within ``frac`` of the host-driven one: in single precision
+    the captured steps' kernel products round otherwise than cuBLAS's (docs/multigrid.md), which may move an inner
+    GCR's stop by an iteration."""
+    assert got[0] == want[0], (got, want)
+    for g, w in zip(got[1], want[1]):
+        for k in w:
+            assert abs(g[k] - w[k]) <= frac * w[k], (k, got, want)
+
+
 def test_emulated_graph_replays_give_the_host_driven_solve(rand8):
     """Level 2's K-cycle GCR (four levels) as emulated replays (NumPy: each captured step rerun with its counts
     restored and the captured counts added, as a replay adds them): bitwise the host-driven solution, the same
@@ -260,7 +270,10 @@ def test_gpu_graph_replays_equal_host_driven_steps(precision):
     print(f"\n{precision}: host-driven {t0:.3f} s, graphs {t1:.3f} s, {s1.extra}")
     assert "graph_failed" not in s1.extra, s1.extra
     assert s1.extra["graph_level"] == 2 and s1.extra["graph_replays"] > 0
-    assert _summary(s1) == _summary(s0)
+    if precision == "double":
+        assert _summary(s1) == _summary(s0), (_summary(s1), _summary(s0))
+    else:
+        _assert_counts_close(_summary(s1), _summary(s0), 0.1)
     assert rel(cp.asnumpy(x1), cp.asnumpy(x0)) < (1e-12 if precision == "double" else 1e-5)
     assert math.isfinite(s1.true_residual)
 
