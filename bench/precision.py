@@ -64,16 +64,28 @@ def add_arguments(p) -> None:
                    help="the setting under test, as MILC's cgprec_md_fa_gr (1 single refined in double, 2 double)")
     p.add_argument("--reference-cgprec", nargs=3, type=int, choices=(1, 2), default=(2, 2, 2),
                    metavar=("MD", "FA", "GR"), help="the reference setting (default 2 2 2)")
+    p.add_argument("--reversibility-resid", type=float, metavar="R",
+                   help="also integrate --reversibility-trajectories trajectories forward and back in both settings "
+                        "with the MD solves' residual R (e.g. 1e-10) instead of the deck's: the integrator's and the "
+                        "mixed solver's reversibility, not the MD tolerance's")
+    p.add_argument("--reversibility-trajectories", type=count(1), default=2,
+                   help="trajectories of each --reversibility-resid run (default 2)")
     p.add_argument("--out", required=True, help="folder of the decks, run files, logs and the report")
 
 
 def edit_deck(deck: Path, seed_offset: int = 0, quenched: bool = False, reversibility: bool = False,
-              checkpoint_every: int | None = None) -> None:
+              checkpoint_every: int | None = None, md_resid: float | None = None) -> None:
     """A deck written by :func:`bench.rhmc.make_deck`, changed in place: the [run] seed moved by ``seed_offset``;
     ``quenched``: without its [fermions] (and [multigrid]) section, i.e. the same gauge action and integrator with
     no fermions; ``reversibility``: the [integrator] reversibility_check on; ``checkpoint_every``: the [run] key
-    (the thermalization's runs write their run file once, at the end)."""
+    (the thermalization's runs write their run file once, at the end); ``md_resid``: the MD column of every
+    pseudofermion's cgresid_md_fa_gr triple."""
     text = deck.read_text()
+    if md_resid is not None:
+        head = "cgresid_md_fa_gr = ["
+        block = re.search(r"^cgresid_md_fa_gr = \[.*?\]\]", text, re.M | re.S).group(0)
+        triples = re.sub(r"\[\s*[^\[\],]+,", f"[{md_resid:g},", block[len(head):])
+        text = text.replace(block, head + triples)
     if seed_offset:
         text = re.sub(r"^seed = (\d+)", lambda m: f"seed = {int(m.group(1)) + seed_offset}", text, count=1,
                       flags=re.M)
@@ -175,11 +187,17 @@ def compare(reference: dict, test: dict, reversibility: list) -> dict:
                                     "sigmas": abs(ma - mb) / combined if combined > 0 else float("nan"),
                                     "agree_within_2_sigma": bool(abs(ma - mb) <= slack),
                                     "max_abs_difference_per_trajectory": max(diffs) if diffs else float("nan")}
-    if reversibility:
-        out["reversibility"] = {"max_dU": max(r[0] for r in reversibility),
-                                "max_dP": max(r[1] for r in reversibility),
-                                "max_abs_dH": max(abs(r[2]) for r in reversibility), "trajectories": len(reversibility)}
+    out["reversibility"] = worst_reversibility(reversibility)
     return out
+
+
+def worst_reversibility(triples: list) -> dict | None:
+    """The largest max|dU|, max|dP| and |dH| over the round trips (max|dU|, max|dP|, dH), and their count; None
+    for none."""
+    if not triples:
+        return None
+    return {"max_dU": max(r[0] for r in triples), "max_dP": max(r[1] for r in triples),
+            "max_abs_dH": max(abs(r[2]) for r in triples), "trajectories": len(triples)}
 
 
 def per_trajectory(reference: list, test: list) -> list[dict]:
@@ -219,7 +237,40 @@ def report_lines(result: dict) -> list[str]:
     if rev:
         lines.append(f"reversibility of the test setting over {rev['trajectories']} trajectories: max|dU| "
                      f"{rev['max_dU']:.3e}, max|dP| {rev['max_dP']:.3e}, max|dH| {rev['max_abs_dH']:.3e}")
+    for label, r in result.get("reversibility_tight", {}).items():
+        lines.append(f"reversibility with MD residual {r['md_resid']:g}, {label} (cgprec "
+                     f"{' '.join(map(str, r['cgprec']))}) over {r.get('trajectories', 0)} trajectories: max|dU| "
+                     f"{r.get('max_dU', float('nan')):.3e}, max|dP| {r.get('max_dP', float('nan')):.3e}, max|dH| "
+                     f"{r.get('max_abs_dH', float('nan')):.3e}")
     return lines
+
+
+def reversibility_triples(log_text: str) -> list[tuple]:
+    """(max|dU|, max|dP|, dH) of every REVERSIBILITY line of a run's log."""
+    return [tuple(map(float, m.groups())) for m in REVERSIBILITY.finditer(log_text)]
+
+
+def tight_reversibility(args, backend: str, out: Path, start: str | None) -> dict | None:
+    """``--reversibility-resid R``: both settings integrate ``--reversibility-trajectories`` trajectories forward
+    and back from the chains' start with every MD solve to R (its own deck and log per setting): per setting the
+    worst max|dU|, max|dP| and |dH| of the round trips, R and the trajectory count; None when a run failed. With
+    the deck's MD residual (1e-5 in the production decks) the round trip's error is the solves' (a different
+    solution forward and back), not the integrator's or the precision's."""
+    L, n, R = args.lattice, args.reversibility_trajectories, args.reversibility_resid
+    found = {}
+    for label, cgprec in (("reference", args.reference_cgprec), ("test", args.cgprec)):
+        deck = out / f"precision_{L}_reversibility_{label}.toml"
+        make_deck(ROOT / args.deck, deck, L, args.steps, n, list(cgprec), warmups=0)
+        edit_deck(deck, reversibility=True, md_resid=R)
+        log = deck.with_suffix(".log")
+        rc, wall = _run(backend, deck, n, log, start, not args.no_progress)
+        print(f"-- reversibility, {label} (cgprec {' '.join(map(str, cgprec))}, MD residual {R:g}): exit {rc}, "
+              f"{wall:.0f} s wall (log {log})", flush=True)
+        if rc != 0:
+            return None
+        worst = worst_reversibility(reversibility_triples(log.read_text(errors="replace"))) or {}
+        found[label] = dict(worst, md_resid=R, cgprec=list(cgprec))
+    return found
 
 
 def bench_precision(args) -> int:
@@ -250,8 +301,13 @@ def bench_precision(args) -> int:
             return 1
         st = load(str(deck.with_suffix(".h5")))
         runs[label] = (st.history, log.read_text(errors="replace"))
-    rev = [tuple(map(float, m.groups())) for m in REVERSIBILITY.finditer(runs["test"][1])]
+    rev = reversibility_triples(runs["test"][1])
     result = compare(observables(runs["reference"][0], warmups), observables(runs["test"][0], warmups), rev)
+    if args.reversibility_resid is not None:
+        tight = tight_reversibility(args, backend, out, start)
+        if tight is None:
+            return 1
+        result["reversibility_tight"] = tight
     result.update({"lattice": L, "trajectories": args.trajectories, "warmups": warmups,
                    "steps": st.deck["integrator"]["steps"],
                    "start": start or "the deck's", "thermalization": made,
