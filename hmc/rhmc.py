@@ -227,6 +227,7 @@ class FermionMonomial:
         self.phi: list | None = None
         self.stats = RHMCStats()
         self._cache: _LinkSet | None = None
+        self._ops: dict = {}                      # eps -> (D, A): the operators, kept across link updates
         self.multigrid = None                    # set by use_multigrid
         self.multigrid_terms: tuple = ()
 
@@ -264,8 +265,14 @@ class FermionMonomial:
             fl = {0.0: asqtad_links(u, self.u0, self.time_bc)}
         ops = {}
         for eps, l in fl.items():
-            d = StaggeredDslash(u.geom, l.fat, l.long)
-            ops[eps] = (d, d.even_odd(0.0).normal)
+            kept = self._ops.get(eps)
+            if kept is not None and kept[0].geom is u.geom:
+                kept[0].set_links(l.fat, l.long)     # the same operators: the solvers' CUDA graphs replay over them
+                ops[eps] = kept
+            else:
+                d = StaggeredDslash(u.geom, l.fat, l.long)
+                ops[eps] = (d, d.even_odd(0.0).normal)
+        self._ops = ops
         u.geom.backend.synchronize()
         self.stats.add_time("links", time.perf_counter() - t0)
         self.stats.link_builds += 1

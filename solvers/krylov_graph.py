@@ -21,6 +21,10 @@ One iteration on the device, all on the loop's stream:
    holds (or on a breakdown) the state is *frozen*: every later kernel of the graph returns at once, and the
    operator recomputes the same A r, so replays past the end change nothing.
 
+Each kind of solve captures once and replays thereafter, across solves and link updates: its loop owns the Krylov
+vectors (:meth:`GraphLoop.bind`), and the operators a graph bakes in keep their addresses when their links change
+(docs/architecture.md "Device-resident solvers").
+
 ``solver_graph`` (HMC_SOLVER_GRAPH, default 8) iterations run per host check: one graph of that many iterations,
 or, with ``solver_graph_capture`` (HMC_SOLVER_GRAPH_CAPTURE) an even divisor c of it, a graph of c iterations
 launched ``solver_graph / c`` times back to back (a capture costs about as much host time as the iterations it
@@ -210,6 +214,8 @@ class GraphLoop:
         self.done = cp.cuda.Event(disable_timing=True)
         self.joined = cp.cuda.Event(disable_timing=True)
         self.graphs = OrderedDict()
+        self.vectors = {}                  # attribute name -> this loop's own Krylov vector (bind)
+        self.holder = None                 # weakref to the solve whose attributes are those vectors
         self.replays = 0
         self.capture_s = 0.0
         self.captures = 0
@@ -233,6 +239,27 @@ class GraphLoop:
         self.stream.wait_event(self.joined)
         self.cp.cuda.runtime.memcpyAsync(self.dev.data.ptr, self.host.ctypes.data, self.dev.nbytes,
                                          self.cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
+
+    def bind(self, run, names) -> None:
+        """The Krylov vectors ``names`` of ``run`` (attributes a graph bakes in) moved into this loop's own
+        buffers, made once per shape: their values copied on the caller's stream and the attributes rebound, so
+        that every solve of this kind presents the same addresses and replays the kept graphs (with the operators
+        kept across link updates, hmc.rhmc: about one capture per kind of solve in a run, not one per solve).
+        While another solve that holds them is alive, ``run`` keeps its own vectors (and captures for them)."""
+        holder = self.holder() if self.holder is not None else None
+        if holder is not None and holder is not run:
+            return
+        self.holder = weakref.ref(run)
+        for name in names:
+            a = getattr(run, name)
+            if a is None:
+                continue
+            buf = self.vectors.get(name)
+            if buf is None or buf.shape != a.shape or buf.dtype != a.dtype:
+                buf = self.vectors[name] = self.cp.empty_like(a)
+            if buf is not a:
+                buf[...] = a
+                setattr(run, name, buf)
 
     def capture(self, key, body) -> None:
         """The graph of ``held`` calls of ``body`` for ``key`` (:func:`held_iterations`): a kept one, else captured
@@ -328,6 +355,7 @@ def cg_iterations(run, iters: int) -> None:
     loop = loop_for(run.geom, "cg", iters, blas.real, exact=blas.exact)
     if run.ps is None:
         run.ps, run.ss = xp.zeros_like(run.rs), xp.zeros_like(run.rs)
+    loop.bind(run, ("ps", "ss", "y", "rs", "ws"))
     ps, ss, y, rs, ws = run.ps, run.ss, run.y, run.rs, run.ws
     st, sums, kd, kc = loop.st, loop.sums, loop.k["cg_direction"], loop.k["cg_close"]
 
@@ -372,6 +400,7 @@ def multishift_iterations(run, iters: int) -> None:
     kd = loop.k["ms_direction_single" if real == np.float32 else "ms_direction_double"]
     kc, st, sums, z, zp, rel, coef, table = (loop.k["ms_close"], loop.st, loop.sums, loop.z, loop.zp, loop.rel,
                                             loop.coef, loop.table)
+    loop.bind(run, ("s", "r", "w"))
     s, r, w, s0 = run.s, run.r, run.w, run.s0
     ptrs = tuple(blas._f(a).data.ptr for a in run.ps_i) + tuple(blas.x_address(a) for a in run.xs)
 

@@ -100,8 +100,9 @@ def _check_links(geom, a, what):
 
 
 class _LinkStore:
-    """The link blocks shared by a dslash and its adjoint, with the parity site lists and the precision
-    conversions made from them (dropped when the links change)."""
+    """The link blocks shared by a dslash and its adjoint, with the parity site lists and the operators in other
+    precisions made from them (dtype -> StaggeredDslash): a link update converts their links again, so that they,
+    and the solvers' CUDA graphs over them, live as long as this store (solvers.krylov_graph)."""
 
     def __init__(self, geom, sites=None):
         self.sites = sites if sites is not None else [parity_sites(geom, 0), parity_sites(geom, 1)]
@@ -110,8 +111,10 @@ class _LinkStore:
         self.converted = {}
 
     def set(self, links, naik):
+        """New link blocks (a new list: the multigrid tells new links by its identity); every conversion follows."""
         self.links, self.naik = links, bool(naik)
-        self.converted = {}
+        for dtype, other in self.converted.items():
+            other._store.set([l.astype(dtype) for l in links], naik)
 
 
 class StaggeredDslash(Operator):
@@ -142,9 +145,10 @@ class StaggeredDslash(Operator):
     def set_links(self, fat, long=None) -> None:
         """(Re)load the links: precompute the backward links and split them per output parity.
 
-        The operator and its adjoint (and every operator built on them: M, the even-odd pieces) see the new links;
-        conversions to another precision are made again on the next ``converted()`` call, so get them through
-        ``converted()`` rather than keeping one across a link update.
+        The operator and its adjoint (and every operator built on them: M, the even-odd pieces) see the new links,
+        and so do the operators ``converted()`` made (their links are converted again here). On a GPU the hop's
+        link tables are rebuilt at the same addresses (solvers.staggered_cuda), so a solver's CUDA graph over this
+        operator replays after a link update instead of being captured anew.
         """
         geom, xp = self.geom, self.xp
         _check_links(geom, fat, "fat")
@@ -431,7 +435,16 @@ class EvenOddNormal(Operator):
         d.hop(self._scratch, p, out, a=4 * self.mass ** 2, x=psi, b=-1.0)
 
     def converted(self, dtype):
-        return EvenOddNormal(self.dslash.converted(dtype), self.mass, self.parity)
+        """This operator in ``dtype``, made once per precision (its scratch field and compact form, which a solver's
+        CUDA graph bakes in, stay the same across link updates: the dslash's conversion follows them)."""
+        d = self.dslash.converted(dtype)
+        if d is self.dslash:
+            return self
+        cache = self.__dict__.setdefault("_converted", {})
+        op = cache.get(np.dtype(dtype))
+        if op is None or op.dslash is not d:
+            op = cache[np.dtype(dtype)] = EvenOddNormal(d, self.mass, self.parity)
+        return op
 
     def compact(self) -> "CompactNormal | None":
         """This operator on parity-compact vectors (:class:`CompactNormal`, made once), or None where the hop has

@@ -101,26 +101,32 @@ class CudaHop:
         blocks = self.dslash._links[parity]
         key = (parity, id(blocks))
         if key not in self._soa:
+            old = [v[0] for k, v in self._soa.items() if k[0] == parity]
             self._soa = {k: v for k, v in self._soa.items() if k[0] != parity}
-            table, compressed = self._build_table(blocks, switch_on(COMPRESS_SWITCH, self.dslash.geom.config))
+            table, compressed = self._build_table(blocks, switch_on(COMPRESS_SWITCH, self.dslash.geom.config),
+                                                  reuse=old[0] if old else None)
             self._soa[key] = (table, compressed, blocks)
         return self._soa[key]
 
-    def _build_table(self, blocks, compress: bool):
+    def _build_table(self, blocks, compress: bool, reuse=None):
         """(table, compressed) as :func:`link_table` (its twin) gives them, by one kernel launch (``table_*``):
         with ``compress`` it writes the compressed form and each site's rebuild error, and the table is built
-        whole instead if the largest error is above :data:`REBUILD_TOLERANCE`."""
+        whole instead if the largest error is above :data:`REBUILD_TOLERANCE`. The table is written into
+        ``reuse`` (the last links' table) where it has the shape and type: the address a captured hop bakes in
+        (:meth:`graph_key`) then stays, and the solvers' CUDA graphs replay over the new links."""
         xp = self.dslash.geom.xp
         nhop, vh = blocks.shape[0], blocks.shape[1]
         clong = bool(compress and nhop == 16)
-        table = xp.empty((4 * 32 if clong else nhop * 9, vh), blocks.dtype)
+        shape = (4 * 32 if clong else nhop * 9, vh)
+        fits = reuse is not None and tuple(reuse.shape) == shape and reuse.dtype == blocks.dtype
+        table = reuse if fits else xp.empty(shape, blocks.dtype)
         err = xp.empty(vh, self.real) if clong else None
         name = "table_single" if self.real == np.float32 else "table_double"
         kernel = cuda_source.function(self.dslash.geom.backend, "solvers", "staggered_hop.cu", name)
         kernel(((vh + BLOCK - 1) // BLOCK,), (BLOCK,), (blocks, table, 0 if err is None else err, np.int32(nhop),
                                                         np.int64(vh), np.int32(clong)))
         if clong and not float(err.max()) <= REBUILD_TOLERANCE[np.dtype(blocks.dtype)] ** 2:   # err: squared ratios
-            return self._build_table(blocks, False)
+            return self._build_table(blocks, False, reuse)
         return table, clong
 
     def _links(self, parity):
