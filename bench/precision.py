@@ -254,8 +254,8 @@ def tight_reversibility(args, backend: str, out: Path, start: str | None) -> dic
     """``--reversibility-resid R``: both settings integrate ``--reversibility-trajectories`` trajectories forward
     and back from the chains' start with every MD solve to R (its own deck and log per setting): per setting the
     worst max|dU|, max|dP| and |dH| of the round trips, R and the trajectory count; None when a run failed. With
-    the deck's MD residual (1e-5 in the production decks) the round trip's error is the solves' (a different
-    solution forward and back), not the integrator's or the precision's."""
+    the deck's MD residual (1e-5 in the production decks) the round trip measures the tolerance: a solve that
+    stops one iteration earlier or later on the way back gives a solution up to the tolerance away."""
     L, n, R = args.lattice, args.reversibility_trajectories, args.reversibility_resid
     found = {}
     for label, cgprec in (("reference", args.reference_cgprec), ("test", args.cgprec)):

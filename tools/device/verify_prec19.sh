@@ -53,7 +53,7 @@ for name, v in o.items():
           f"{'PASS' if v['agree_within_2_sigma'] else 'FAIL'} {name} agrees: {v['reference'][0]:.8f} vs "
           f"{v['test'][0]:.8f} (both errors 0)")
 rev = r["reversibility"]
-print("INFO reversibility with the deck's MD residual (1e-5: the solves' error, forward and back): max|dU| "
+print("INFO reversibility with the deck's MD residual (1e-5: a solve stopping at another iteration on the way back moves it by the tolerance): max|dU| "
       + (f"{rev['max_dU']:.3e} (max|dP| {rev['max_dP']:.3e}, max|dH| {rev['max_abs_dH']:.3e}, "
          f"{rev['trajectories']} trajectories)" if rev else "none measured"))
 for label, t in r.get("reversibility_tight", {"none": {}}).items():
