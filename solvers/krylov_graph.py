@@ -28,7 +28,7 @@ vectors (:meth:`GraphLoop.bind`), and the operators a graph bakes in keep their 
 ``solver_graph`` (HMC_SOLVER_GRAPH, default 8) iterations run per host check: one graph of that many iterations,
 or, with ``solver_graph_capture`` (HMC_SOLVER_GRAPH_CAPTURE) an even divisor c of it, a graph of c iterations
 launched ``solver_graph / c`` times back to back (a capture costs about as much host time as the iterations it
-holds, and a solve after a link update captures anew: shorter graphs are cheaper to make, the same iterates);
+holds: shorter graphs are cheaper to make, the same iterates; with the graphs kept across solves they are rarely made);
 after the launches the state vector comes back to pinned host memory (one small copy and one event), where the host
 tests whether the solve stopped. A solve thus pays one host round trip per ``solver_graph`` iterations and at most
 ``solver_graph - 1`` frozen iterations at its end. The true-residual checks, restarts and reliable updates stay on the host path.
