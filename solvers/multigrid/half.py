@@ -108,6 +108,11 @@ class HalfCoarseOperator(CoarseOperator):
         self._decoded = None
 
     @property
+    def bytes_per_apply(self) -> int:
+        """As :attr:`CoarseOperator.bytes_per_apply`, the stencil in its 16-bit storage with its scales."""
+        return int(self.Yq.nbytes) + int(self.scale.nbytes) + 2 * self.n * self.geom.volume * 8
+
+    @property
     def Y(self):
         """The decoded stencil (complex64), built on first use (array path, adjoint, coarsest factorization)."""
         if self._decoded is None:

@@ -133,6 +133,9 @@ class MultigridStats(SolverStats):
                 split = (f" (compute {d['compute_time']:.3g} s, halo {d['halo_time']:.3g} s in "
                          f"{d['halo_exchanges']} exchanges, reductions {d['reduce_time']:.3g} s in {d['reductions']})")
             bits.append(f"{d['time']:.3g} s{split}")
+            if d.get("bytes") and d["time"] > 0:
+                bits.append(f"stencil traffic {d['bytes'] / 1e9:.3g} GB = {d['bytes'] / d['time'] / 1e9:.3g} GB/s "
+                            "over the level's time")
             out.append(" ".join(bits[:1]) + " " + ", ".join(bits[1:]))
         return out
 
@@ -443,8 +446,10 @@ class MultigridInverse(InverseOperator):
                          lattice="x".join(map(str, op.geom.dims)), unknowns=3 * op.geom.volume,
                          applies=c.applies, flops=c.applies * op.flops_per_apply)
             else:
+                used = h.cycle.ops[l] if h.cycle is not None else op      # in the cycle's precision
                 d.update(operator=f"coarse {op.n}x{op.n} stencil", lattice="x".join(map(str, op.geom.dims)),
-                         unknowns=op.n * op.geom.volume, applies=c.applies, flops=c.applies * op.flops_per_apply)
+                         unknowns=op.n * op.geom.volume, applies=c.applies, flops=c.applies * op.flops_per_apply,
+                         bytes=c.applies * used.bytes_per_apply)
             s = self._lstats[l]
             for key in ("cycles", "krylov_iters", "solves", "direct_solves", "smoother_steps"):
                 d[key] = s[key]
