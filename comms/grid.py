@@ -13,6 +13,7 @@ partitioned dimension exchanges with itself through the whole pack/exchange/unpa
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -132,6 +133,9 @@ def grid_coords(g: int, dims) -> tuple:
     return tuple(c)
 
 
+_OWNERS = itertools.count(1)     # ProcessGrid.owner
+
+
 class ProcessGrid:
     """A 4D Cartesian grid of ranks (x, y, z, t), with halo exchanges over the partitioned dimensions.
 
@@ -147,6 +151,10 @@ class ProcessGrid:
 
     def __init__(self, dims=None, comm=None, *, lattice=None, partitioned=None, transport=None, config=None):
         explicit_comm = comm is not None
+        # what this grid's engines, windows and mappings are registered under for the teardown leak check: unique
+        # for the process's life (an id() is reused once a grid is collected, and a grid collected without close()
+        # left its entries behind: they were then reported against a new grid at the same address)
+        self.owner = next(_OWNERS)
         self.config = config if config is not None else RunConfig.from_environment()
         self.comm = comm if comm is not None else world()
         self.size = self.comm.size
@@ -417,6 +425,6 @@ class ProcessGrid:
         if self._ctx is not None and self._ctx.engine is not None:
             self._ctx.engine.free()
             self._ctx.engine = None
-        left = leaked(id(self))
+        left = leaked(self.owner)
         if left:
             raise CommsError(f"rank {self.rank}: comms teardown found leaked mappings/windows: {left}")

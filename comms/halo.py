@@ -195,7 +195,7 @@ class HaloEngine:
         self.links = {}
         self.profile = None              # a dict: seconds spent waiting accumulate in profile["wait"]
         self._resolve(request)
-        _LIVE[self._live_key] = (id(grid), f"halo engine {self._live_key} of rank {self.world_rank}")
+        _LIVE[self._live_key] = (grid.owner, f"halo engine {self._live_key} of rank {self.world_rank}")
 
     # transport resolution ---------------------------------------------------------------------------------
     def _agreed_config(self, request):

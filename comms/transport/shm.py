@@ -134,7 +134,7 @@ class ShmTransport(HostTransport):
     # set-up and lifecycle ------------------------------------------------------------------------------------
     def setup(self, engine):
         engine._shm_views = {}           # (node rank, offset, shape, dtype) -> typed view into a shared segment
-        engine.windows = _Windows(engine.node, MIN_CAPACITY, id(engine.grid))
+        engine.windows = _Windows(engine.node, MIN_CAPACITY, engine.grid.owner)
         engine.windows.zero_header()
         engine.node.Barrier()
 
@@ -171,7 +171,7 @@ class ShmTransport(HostTransport):
         engine._unmap_peers()
         engine.node.Barrier()
         engine.windows.free()
-        engine.windows = _Windows(engine.node, cap, id(engine.grid))
+        engine.windows = _Windows(engine.node, cap, engine.grid.owner)
         engine._map_peers()
         engine._reset_slots()
         return True

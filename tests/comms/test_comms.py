@@ -76,6 +76,26 @@ def test_choose_grid_and_errors():
     assert ProcessGrid((1, 1, 1, 1), partitioned="zt").partitioned == (False, False, True, True)
 
 
+def test_teardown_checks_only_what_this_grid_made():
+    """close() reports the engines, windows and mappings registered under this grid's own owner token: an entry left
+    by another grid (one collected without close(), whose id() a new grid may reuse) is not this grid's leak, and
+    every grid's token is new."""
+    from comms import ProcessGrid
+    from comms.base import _LIVE, leaked
+    from lattice import Geometry
+
+    geom = Geometry((4, 4, 4, 6), grid=ProcessGrid((1, 1, 1, 1), partitioned="xt"))
+    geom.halo(np.zeros(geom.shape + (3,)), 1)                      # an engine and its shm window
+    grid = geom.grid
+    assert leaked(grid.owner) and grid.owner != ProcessGrid((1, 1, 1, 1)).owner
+    _LIVE["stale"] = (id(grid), "window of a grid collected without close()")
+    try:
+        grid.close()
+        assert leaked(grid.owner) == [] and "window of a grid collected without close()" in leaked()
+    finally:
+        _LIVE.pop("stale", None)
+
+
 def test_transport_names():
     from comms import CommsError
     from comms.halo import check_transport_name

@@ -174,9 +174,9 @@ def case_split(out, reset="1"):
     sub_counters = grid.halo.counters()
     from comms.halo import leaked
 
-    live_pushed = leaked(id(grid))
+    live_pushed = leaked(grid.owner)
     grid.pop(reset=reset)
-    live_popped = leaked(id(grid))
+    live_popped = leaked(grid.owner)
     counters = eng.counters()
     world().Barrier()            # everyone has looked before anyone signals the next exchange
     zero = (counters["send"] == [[0, 0]] * 4 and counters["recv"] == [[0, 0]] * 4
@@ -192,7 +192,7 @@ def case_split(out, reset="1"):
                               "sub_exchanges": n_sub, "sub_send": sub_counters["send"], "sub_coords": sub_t})
     if reset:
         grid.close()
-        live_closed = leaked(id(grid))
+        live_closed = leaked(grid.owner)
         results = world().gather({"pushed": live_pushed, "popped": live_popped, "closed": live_closed})
         results = results and [dict(r, **l) for r, l in zip(before_close, results)]
     emit(out, "split.json", results)
