@@ -286,21 +286,24 @@ def test_partitioned_grid_gives_the_same_hierarchy(l8888, source8):
         part = Geometry((8, 8, 8, 8), grid=ProcessGrid(partitioned="xyzt"))
     except Exception as exc:            # no MPI library for the self-exchange
         pytest.skip(f"partitioned one-rank grid unavailable: {exc}")
-    D2 = StaggeredDslash(part, links.fat, links.long)
-    kw = dict(nv=8, setup_iters=20, maxiter=6, raise_on_fail=False, coarsest="gcr")
-    i1, i2 = multigrid(TOL, **kw)(D.matrix(0.01)), multigrid(TOL, **kw)(D2.matrix(0.01))
-    x1, s1 = i1.solve(source8)
-    x2, s2 = i2.solve(source8)
-    assert all(part.grid.partitioned)
-    Y1, Y2 = i1.hierarchy.ops[2].Y, i2.hierarchy.ops[2].Y
-    assert np.abs(Y1 - Y2).max() < 1e-12 * np.abs(Y1).max()
-    assert relative(part, x2, x1) < 1e-10 and abs(s1.residual - s2.residual) < 1e-6 * s1.residual
-    # per-level time split: the coarse stencil's shifts are halo exchanges only on the partitioned grid
-    assert s1.levels[2]["halo_exchanges"] == 0 and s2.levels[2]["halo_exchanges"] > 0
-    for d in s2.levels:
-        assert d["reductions"] > 0
-        assert abs(d["compute_time"] + d["halo_time"] + d["reduce_time"] - d["time"]) <= 1e-9 + 1e-6 * d["time"]
-    assert "halo" in s2.level_lines()[2] and "reductions" in s2.level_lines()[0]
+    try:
+        D2 = StaggeredDslash(part, links.fat, links.long)
+        kw = dict(nv=8, setup_iters=20, maxiter=6, raise_on_fail=False, coarsest="gcr")
+        i1, i2 = multigrid(TOL, **kw)(D.matrix(0.01)), multigrid(TOL, **kw)(D2.matrix(0.01))
+        x1, s1 = i1.solve(source8)
+        x2, s2 = i2.solve(source8)
+        assert all(part.grid.partitioned)
+        Y1, Y2 = i1.hierarchy.ops[2].Y, i2.hierarchy.ops[2].Y
+        assert np.abs(Y1 - Y2).max() < 1e-12 * np.abs(Y1).max()
+        assert relative(part, x2, x1) < 1e-10 and abs(s1.residual - s2.residual) < 1e-6 * s1.residual
+        # per-level time split: the coarse stencil's shifts are halo exchanges only on the partitioned grid
+        assert s1.levels[2]["halo_exchanges"] == 0 and s2.levels[2]["halo_exchanges"] > 0
+        for d in s2.levels:
+            assert d["reductions"] > 0
+            assert abs(d["compute_time"] + d["halo_time"] + d["reduce_time"] - d["time"]) <= 1e-9 + 1e-6 * d["time"]
+        assert "halo" in s2.level_lines()[2] and "reductions" in s2.level_lines()[0]
+    finally:
+        part.grid.close()                  # its engine and shm window (the teardown check)
 
 
 # ------------------------------------------------------------------------------------------------ bad input

@@ -250,5 +250,6 @@ def test_bitwise_on_a_partitioned_grid():
         (xs1, s1), (xs2, s2) = (make(StaggeredDslash(g, *links).even_odd(0.0).normal).solve(b) for g in (plain, part))
     finally:
         set_reductions(old)
+        part.grid.close()                  # its engine and shm window (the teardown check)
     assert s1.extra["reliable_updates"] == s2.extra["reliable_updates"] >= 1 and s1.iters == s2.iters
     assert all(u.dtype == v.dtype and np.array_equal(u, v) for u, v in zip(xs1, xs2))
