@@ -408,6 +408,7 @@ class EvenOddNormal(Operator):
         super().__init__(dslash.geom, dslash.dtype, dslash.hop_flops() + dslash.hop_flops(axpy=True),
                          dslash.geom.volume // 2)
         self.dslash, self.mass, self.parity = dslash, float(mass), int(parity)
+        self._converted = {}                 # dtype -> this operator in it (converted)
         self.name = f"4m^2 - D_{'eo' if self.parity == 0 else 'oe'} D_{'oe' if self.parity == 0 else 'eo'}" \
                     f"(m={self.mass:g})"
 
@@ -440,11 +441,9 @@ class EvenOddNormal(Operator):
         d = self.dslash.converted(dtype)
         if d is self.dslash:
             return self
-        cache = self.__dict__.setdefault("_converted", {})
-        op = cache.get(np.dtype(dtype))
-        if op is None or op.dslash is not d:
-            op = cache[np.dtype(dtype)] = EvenOddNormal(d, self.mass, self.parity)
-        return op
+        if np.dtype(dtype) not in self._converted:
+            self._converted[np.dtype(dtype)] = EvenOddNormal(d, self.mass, self.parity)
+        return self._converted[np.dtype(dtype)]
 
     def compact(self) -> "CompactNormal | None":
         """This operator on parity-compact vectors (:class:`CompactNormal`, made once), or None where the hop has

@@ -108,9 +108,9 @@ class HalfCoarseOperator(CoarseOperator):
         self._decoded = None
 
     @property
-    def bytes_per_apply(self) -> int:
-        """As :attr:`CoarseOperator.bytes_per_apply`, the stencil in its 16-bit storage with its scales."""
-        return int(self.Yq.nbytes) + int(self.scale.nbytes) + 2 * self.n * self.geom.volume * 8
+    def stencil_nbytes(self) -> int:
+        """The stencil's 16-bit storage with its scales (what an application reads)."""
+        return int(self.Yq.nbytes) + int(self.scale.nbytes)
 
     @property
     def Y(self):

@@ -248,10 +248,15 @@ class CoarseOperator:
             timing.use_device(cgeom.backend.synchronize, cgeom.config.mg_timing_sync)
 
     @property
+    def stencil_nbytes(self) -> int:
+        """The stencil's storage (9 blocks of n x n a site)."""
+        return int(self.Y.nbytes)
+
+    @property
     def bytes_per_apply(self) -> int:
-        """Bytes one application must move at the least: the stencil (9 blocks of n x n a site) read once, the
-        vector read and the result written (a level's traffic floor: ``hmc bench mg``'s per-level table)."""
-        return int(self.Y.nbytes) + 2 * self.n * self.geom.volume * np.dtype(self.dtype).itemsize
+        """Bytes one application must move at the least: the stencil read once, the vector read and the result
+        written (a level's traffic floor: ``hmc bench mg``'s per-level table)."""
+        return self.stencil_nbytes + 2 * self.n * self.geom.volume * np.dtype(self.dtype).itemsize
 
     def converted(self, dtype) -> "CoarseOperator":
         """The stencil Y in ``dtype`` (same lattice, counter and level)."""

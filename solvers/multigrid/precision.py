@@ -63,9 +63,9 @@ class DenseInverse:
     host and back and SuperLU's triangular solves per call (3.6 ms on 2^4 x 96 unknowns, 663 calls per 32^4 solve
     on the H200), the product ~10 us. The coarsest lattice is small (2^4 or 3^4 sites of 2 Nv unknowns), and its
     inverse is only a preconditioner's part, so the explicit inverse's extra rounding does not matter. With a CuPy
-    ``backend``, inside :func:`.lattice.kernel_products` (the graphs' warm-up and capture), the product is :func:`.lattice.batched_matmul`'s
-    (a stack of one), not cuBLAS's: CuPy refuses cuBLAS inside a graph capture, and the multigrid's captured
-    steps contain this solve (solvers/multigrid/graph.py).
+    ``backend``, inside :func:`.lattice.kernel_products` (the graphs' warm-up and capture), the product is
+    :func:`.lattice.batched_matmul`'s (a stack of one), not cuBLAS's: CuPy refuses cuBLAS inside a graph capture,
+    and the multigrid's captured steps contain this solve (solvers/multigrid/graph.py).
     """
 
     on_device = True
