@@ -256,21 +256,33 @@ def tight_reversibility(args, backend: str, out: Path, start: str | None) -> dic
     worst max|dU|, max|dP| and |dH| of the round trips, R and the trajectory count; None when a run failed. With
     the deck's MD residual (1e-5 in the production decks) the round trip measures the tolerance: a solve that
     stops one iteration earlier or later on the way back gives a solution up to the tolerance away."""
-    L, n, R = args.lattice, args.reversibility_trajectories, args.reversibility_resid
+    R = args.reversibility_resid
     found = {}
     for label, cgprec in (("reference", args.reference_cgprec), ("test", args.cgprec)):
-        deck = out / f"precision_{L}_reversibility_{label}.toml"
-        make_deck(ROOT / args.deck, deck, L, args.steps, n, list(cgprec), warmups=0)
-        edit_deck(deck, reversibility=True, md_resid=R)
-        log = deck.with_suffix(".log")
-        rc, wall = _run(backend, deck, n, log, start, not args.no_progress)
-        print(f"-- reversibility, {label} (cgprec {' '.join(map(str, cgprec))}, MD residual {R:g}): exit {rc}, "
-              f"{wall:.0f} s wall (log {log})", flush=True)
-        if rc != 0:
+        deck = setting_run(args, backend, out, f"reversibility_{label}", cgprec, args.reversibility_trajectories, 0,
+                           start, reversibility=True, md_resid=R)
+        if deck is None:
             return None
-        worst = worst_reversibility(reversibility_triples(log.read_text(errors="replace"))) or {}
-        found[label] = dict(worst, md_resid=R, cgprec=list(cgprec))
+        log_text = deck.with_suffix(".log").read_text(errors="replace")
+        found[label] = dict(worst_reversibility(reversibility_triples(log_text)) or {}, md_resid=R,
+                            cgprec=list(cgprec))
     return found
+
+
+def setting_run(args, backend: str, out: Path, name: str, cgprec, trajectories: int, warmups: int,
+                start: str | None, **edits) -> Path | None:
+    """One run of the deck in the solver setting ``cgprec``: its deck ``precision_L_NAME.toml`` (``edits`` as
+    :func:`edit_deck` takes them), ``hmc init`` from ``start`` and ``hmc run`` with a log beside it; prints the
+    run's line. The deck's path, or None when the run failed."""
+    deck = out / f"precision_{args.lattice}_{name}.toml"
+    make_deck(ROOT / args.deck, deck, args.lattice, args.steps, trajectories, list(cgprec), warmups=warmups)
+    edit_deck(deck, **edits)
+    log = deck.with_suffix(".log")
+    rc, wall = _run(backend, deck, trajectories, log, start, not args.no_progress)
+    what = f", MD residual {edits['md_resid']:g}" if edits.get("md_resid") is not None else ""
+    print(f"-- {name.replace('_', ', ')} (cgprec {' '.join(map(str, cgprec))}{what}): exit {rc}, {wall:.0f} s wall "
+          f"(log {log})", flush=True)
+    return deck if rc == 0 else None
 
 
 def bench_precision(args) -> int:
@@ -290,17 +302,12 @@ def bench_precision(args) -> int:
             return 1
     runs = {}
     for label, cgprec in (("reference", args.reference_cgprec), ("test", args.cgprec)):
-        deck = out / f"precision_{L}_{label}.toml"
-        make_deck(ROOT / args.deck, deck, L, args.steps, args.trajectories, list(cgprec), warmups=warmups)
-        edit_deck(deck, reversibility=label == "test")
-        log = deck.with_suffix(".log")
-        rc, wall = _run(backend, deck, args.trajectories, log, start, not args.no_progress)
-        print(f"-- {label} (cgprec {' '.join(map(str, cgprec))}): exit {rc}, {wall:.0f} s wall (log {log})",
-              flush=True)
-        if rc != 0:
+        deck = setting_run(args, backend, out, label, cgprec, args.trajectories, warmups, start,
+                           reversibility=label == "test")
+        if deck is None:
             return 1
         st = load(str(deck.with_suffix(".h5")))
-        runs[label] = (st.history, log.read_text(errors="replace"))
+        runs[label] = (st.history, deck.with_suffix(".log").read_text(errors="replace"))
     rev = reversibility_triples(runs["test"][1])
     result = compare(observables(runs["reference"][0], warmups), observables(runs["test"][0], warmups), rev)
     if args.reversibility_resid is not None:
