@@ -77,3 +77,21 @@ def test_signal_swallowed_in_gc_callback_stops_before_the_next_trajectory(monkey
     assert load(run).trajectory == AT and leftovers(str(tmp_path)) == []
     assert main(["run", run, "--no-progress"]) == 0
     assert fingerprint(run) == fingerprint(ref)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_during_interpreter_teardown_ends_with_the_works_status(tmp_path, sig):
+    """A Ctrl-C or SIGTERM that lands after the command's work, in the interpreter's teardown (atexit; CI saw one in
+    logging's shutdown): ``hmc`` exits at once with the work's status and prints no traceback."""
+    import subprocess
+    import sys
+    missing = str(tmp_path / "missing.h5")
+    # an atexit hook registered before hmc's own runs last, as a signal in the last moments of the teardown would
+    hook = (f"import atexit, os, runpy, sys, time; atexit.register(lambda: (os.kill(os.getpid(), {int(sig)}), "
+            f"time.sleep(2))); sys.argv = ['hmc', 'info', {missing!r}]; runpy.run_module('hmc', run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True, timeout=50,
+                       env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr
+    assert p.stderr.count("\n") == 1 and "hmc info: error" in p.stderr, p.stderr
