@@ -197,6 +197,8 @@ SETTINGS = {
                                                                            "all of HMC_SOLVER_GRAPH)"), 0,
                                     "iterations a solver graph holds; each host check launches it HMC_SOLVER_GRAPH / "
                                     "this times (0, or not an even divisor: one graph of HMC_SOLVER_GRAPH)"),
+    "solver_graph_log": Setting("HMC_SOLVER_GRAPH_LOG", _flag(False), False,
+                                "one stderr line per solver CUDA-graph capture: the loop and what changed in its key"),
     "multishift_reliable": Setting("HMC_MULTISHIFT_RELIABLE", _flag(False), False,
                                    "mixed-precision multishift: x_i in double, reliable updates of the base system"),
     "checks_dir": Setting("HMC_CHECKS_DIR", _optional(_text), None, "hmc check references (None: the package's hmc/checks)"),
@@ -269,6 +271,7 @@ class RunConfig:
     solver_sums: str = "fast"
     solver_graph: int = 8
     solver_graph_capture: int = 0
+    solver_graph_log: bool = False
     multishift_reliable: bool = False
     checks_dir: str | None = None
     fault_inject: str = ""

@@ -182,7 +182,7 @@ class GraphLoop:
 
     KEEP = 8
 
-    def __init__(self, geom, iters: int, nshift: int = 0, real=np.float64, exact=False):
+    def __init__(self, geom, iters: int, nshift: int = 0, real=np.float64, exact=False, kind: str = "cg"):
         from collections import OrderedDict
 
         import cupyx
@@ -190,7 +190,7 @@ class GraphLoop:
         from comms.cuda.graph import CapturedGraph
 
         cp = geom.xp
-        self.cp, self.geom, self.iters, self.n = cp, geom, int(iters), int(nshift)
+        self.cp, self.geom, self.iters, self.n, self.kind = cp, geom, int(iters), int(nshift), kind
         self.held = held_iterations(self.iters, int(getattr(geom.config, "solver_graph_capture", 0)))
         self.launches = self.iters // self.held        # per host check (module docstring)
         self._Graph = CapturedGraph
@@ -219,6 +219,11 @@ class GraphLoop:
         self.replays = 0
         self.capture_s = 0.0
         self.captures = 0
+        self.label = f"{nshift} shifts, {np.dtype(real).name}" if nshift else np.dtype(real).name
+        self.last_parts = None             # the key of the graph launched last (capture_reason)
+        self.held_elsewhere = False        # bind left the solve its own vectors (another solve holds the loop's)
+        self.reasons = {}                  # capture_reason -> captures for it
+        self.seen = set()                  # every key captured so far (a key seen again: its graph was dropped)
         _LOOPS.add(self)
 
     def upload(self, z=(), zp=(), rel=(), ptrs=(), **values) -> None:
@@ -247,7 +252,8 @@ class GraphLoop:
         kept across link updates, hmc.rhmc: about one capture per kind of solve in a run, not one per solve).
         While another solve that holds them is alive, ``run`` keeps its own vectors (and captures for them)."""
         holder = self.holder() if self.holder is not None else None
-        if holder is not None and holder is not run:
+        self.held_elsewhere = holder is not None and holder is not run
+        if self.held_elsewhere:
             return
         self.holder = weakref.ref(run)
         for name in names:
@@ -263,9 +269,10 @@ class GraphLoop:
 
     def capture(self, key, body) -> None:
         """The graph of ``held`` calls of ``body`` for ``key`` (:func:`held_iterations`): a kept one, else captured
-        now."""
+        now. ``key``: named parts, ((name, tuple), ...), what the graph bakes in (:func:`capture_reason`)."""
         graph = self.graphs.pop(key, None)
         if graph is None:
+            self._note_capture(key)
             self.sums.before_capture()
             t0 = time.perf_counter()
             graph = self._Graph(self.stream, lambda: [body() for _ in range(self.held)])
@@ -275,6 +282,19 @@ class GraphLoop:
                 self.graphs.popitem(last=False)[1].close()
         self.graphs[key] = graph
         self.graph = graph
+        self.last_parts = key
+
+    def _note_capture(self, key) -> None:
+        """Count the capture under its :func:`capture_reason`; with ``solver_graph_log`` one stderr line."""
+        why = ("dropped from the kept graphs (more than KEEP keys in turn)" if key in self.seen else
+               capture_reason(self.last_parts, key, self.held_elsewhere))
+        self.seen.add(key)
+        self.reasons[why] = self.reasons.get(why, 0) + 1
+        if getattr(self.geom.config, "solver_graph_log", False):
+            import sys
+
+            print(f"solver graph capture (rank {self.geom.grid.comm.rank}): {self.kind} loop ({self.label}), capture "
+                  f"{self.captures + 1}: {why}", file=sys.stderr, flush=True)
 
     def run(self) -> np.ndarray:
         """Replay until the state leaves RUNNING; returns the state and zetas (host copy). A replay that does not
@@ -303,6 +323,38 @@ class GraphLoop:
         return {"graph_replays": self.replays, "graph_captures": self.captures, "graph_capture_s": self.capture_s}
 
 
+def capture_reason(last, key, held_elsewhere: bool = False) -> str:
+    """Why a loop captures ``key`` ((name, tuple) parts) after launching ``last``: "first" (no graph yet), else the
+    parts that differ, with the positions inside them ("operator[7, 8]": e.g. the hop's segment address and
+    capacity, solvers.staggered_dist_cuda.DistHop.graph_key); "vectors (held by another solve)" where
+    :meth:`GraphLoop.bind` left the solve its own vectors."""
+    if last is None:
+        return "first"
+    old, new = dict(last), dict(key)
+    changed = []
+    for name, parts in new.items():
+        was = old.get(name)
+        if was == parts:
+            continue
+        if was is None or len(was) != len(parts):
+            changed.append(f"{name}[length {len(parts)}]")
+            continue
+        where = [i for i, (a, b) in enumerate(zip(was, parts)) if a != b]
+        held = " (held by another solve)" if name == "vectors" and held_elsewhere else ""
+        changed.append(f"{name}[{', '.join(map(str, where))}]{held}")
+    return ", ".join(changed) if changed else "the same key"
+
+
+def capture_reasons() -> dict:
+    """{"kind (label): reason": captures} over every loop of this process (:func:`capture_reason`)."""
+    out: dict = {}
+    for loop in list(_LOOPS):
+        for why, n in loop.reasons.items():
+            name = f"{loop.kind} ({loop.label}): {why}"
+            out[name] = out.get(name, 0) + n
+    return out
+
+
 def held_iterations(iters: int, capture: int) -> int:
     """The iterations one graph holds for ``iters`` per host check: ``capture`` where it divides ``iters`` and is
     even (the peer sums and the credit-free exchanges need an even count per graph; an odd ``iters`` takes rings and
@@ -327,7 +379,7 @@ def loop_for(geom, kind: str, iters: int, real=np.float64, nshift: int = 0, exac
     and reduction mode, made once per backend and process grid."""
     key = ("krylov_graph", kind, tuple(geom.local_dims), np.dtype(real).str, int(nshift), int(iters),
            sum(geom.offset) & 1, id(geom.grid), bool(exact))
-    return geom.backend.kernel(key, lambda: GraphLoop(geom, iters, nshift, real, exact))
+    return geom.backend.kernel(key, lambda: GraphLoop(geom, iters, nshift, real, exact, kind))
 
 
 def _ptrs(*arrays) -> tuple:
@@ -369,7 +421,8 @@ def cg_iterations(run, iters: int) -> None:
     k0, before = run.k, loop.counters()
     loop.upload(g=run.g, d=run.d, g_old=run.g_old, alpha_old=run.alpha_old, beta=run.beta, k=k0,
                 fresh=run.fresh, stop=run.stop, delta2=run.delta2, rmax2=run.rmax2, maxiter=run.inv.maxiter)
-    loop.capture(_ptrs(ps, ss, y, rs, ws) + A.graph_key() + (id(blas),), body)
+    loop.capture((("vectors", _ptrs(ps, ss, y, rs, ws)), ("operator", A.graph_key()), ("settings", (id(blas),))),
+                 body)
     out = loop.run()
     _counted(run.st, loop, before)
     S = SLOT
@@ -415,7 +468,8 @@ def multishift_iterations(run, iters: int) -> None:
     loop.upload(z=run.z, zp=run.z_prev, rel=run.rel, ptrs=ptrs, g=run.g, d=run.d, g_old=run.g_old,
                 alpha_old=run.alpha_prev, k=k0, stop=run.stop, maxiter=run.inv.maxiter, delta2=run.delta2,
                 rmax2=run.rmax2)
-    loop.capture(_ptrs(s, r, w) + (s0, mixed) + A.graph_key() + (id(blas),), body)
+    loop.capture((("vectors", _ptrs(s, r, w)), ("operator", A.graph_key()), ("settings", (s0, mixed, id(blas)))),
+                 body)
     out = loop.run()
     _counted(run.st, loop, before)
     S = SLOT

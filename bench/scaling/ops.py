@@ -380,13 +380,15 @@ def op_rhmc(ctx, res):
     res["answers"]["rhmc_H_end"] = float(tr.end.total)
     res["answers"]["rhmc_plaquette"] = float(sum(plaquette(v)))
     res["answers"]["rhmc_cg_iterations"] = sum(iters.values())
-    from solvers.krylov_graph import graph_totals
+    from solvers.krylov_graph import capture_reasons, graph_totals
 
-    g0 = graph_totals()
+    g0, why0 = graph_totals(), capture_reasons()
     samples, reps, _ = ctx.measure(trajectory, reps=1, warmup=False, phase_loop=False)
-    g1 = graph_totals()
+    g1, why1 = graph_totals(), capture_reasons()
     timed = runs[1:]
     graphs = ctx.comm.gather([(g1[k] - g0[k]) / max(1, len(timed)) for k in sorted(g0)], root=0)
+    # why the timed trajectories captured (solvers.krylov_graph.capture_reason), per rank: {loop: reason: count}
+    reasons = ctx.comm.gather({k: n - why0.get(k, 0) for k, n in why1.items() if n > why0.get(k, 0)}, root=0)
     mine = np.mean([rhmc_phases(t.timers, tot, gauge_names) for t, tot in timed], axis=0).tolist()
     phases = ctx.comm.gather(mine, root=0)
     same = all(sum(tot[f"cg_{ph}"] for ph in ("gr", "fa", "md")) == sum(iters.values()) for _, tot in timed)
@@ -396,7 +398,7 @@ def op_rhmc(ctx, res):
                           "solves": {ph: int(totals[f"solves_{ph}"]) for ph in ("gr", "fa", "md")},
                           "link_builds": int(totals["fermion_link_builds"]), "dH": float(tr.delta_h),
                           # per rank, per timed trajectory: CUDA-graph captures, their seconds, replays (solvers)
-                          "graphs": {"names": sorted(g0), "per_rank": graphs},
+                          "graphs": {"names": sorted(g0), "per_rank": graphs, "reasons": reasons},
                           "repeatable": bool(same),
                           "action": "HISQ 2+1+1 RHMC, ml/ms/mc 0.013/0.065/0.838, symanzik beta 5.8 (hisq loops), "
                                     "3g1f, metropolis off"}

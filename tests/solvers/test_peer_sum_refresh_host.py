@@ -72,7 +72,8 @@ def test_a_move_seen_only_inside_a_capture_is_refused(sums):
 def test_graph_loop_refreshes_the_sums_before_it_captures():
     order = []
     loop = types.SimpleNamespace(graphs=OrderedDict(), KEEP=8, held=2, capture_s=0.0, captures=0, stream=None,
-                                 sums=types.SimpleNamespace(before_capture=lambda: order.append("refresh")))
+                                 sums=types.SimpleNamespace(before_capture=lambda: order.append("refresh")),
+                                 _note_capture=lambda key: order.append("noted"))
 
     def graph(stream, fn):
         order.append("capture")
@@ -81,6 +82,6 @@ def test_graph_loop_refreshes_the_sums_before_it_captures():
 
     loop._Graph = graph
     GraphLoop.capture(loop, ("key",), lambda: order.append("body"))
-    assert order == ["refresh", "capture", "body", "body"]
+    assert order == ["noted", "refresh", "capture", "body", "body"]
     GraphLoop.capture(loop, ("key",), lambda: order.append("body"))   # a kept graph: no refresh, no capture
-    assert order == ["refresh", "capture", "body", "body"] and loop.captures == 1
+    assert order == ["noted", "refresh", "capture", "body", "body"] and loop.captures == 1

@@ -6,7 +6,8 @@
 # Steps (arguments; default all): pytest: the GPU tests of the change (the kept graphs replay after a link update, the
 # same bits as a fresh operator; also in gpu_suite.sh); rhmc: 16^4 RHMC trajectory on 1 / 2 / 4 ranks, event and
 # stream_gated (issue 17: 2 ranks <= 0.5 x event and <= 2 x one rank, 4 ranks <= 3 x one rank; captures per
-# trajectory in the study file's "graphs"); graph4: the same, stream_gated, with 4 iterations per host check
+# trajectory in the study file's "graphs", and why they were captured: the WHY lines, solvers.krylov_graph
+# capture_reason); graph4: the same, stream_gated, with 4 iterations per host check
 # (HMC_SOLVER_GRAPH=4: fewer frozen iterations at each solve's end, twice the checks); traj32: the 32^4 production
 # trajectory, 1 warm-up + TRAJ_N - 1 (issue 19; default TRAJ_N=2).
 export PYTHONPATH=. OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -71,4 +72,7 @@ for f in sorted(Path(sys.argv[1]).glob("rhmc*.h5")):
                 print(f"GRAPHS {f.stem} {name}: {a['median_s']:.3f} s/trajectory, per rank captures "
                       f"{[int(p['graph_captures']) for p in per]} ({max(p['graph_capture_s'] for p in per):.3f} s), "
                       f"replays {[int(p['graph_replays']) for p in per]}")
+                for rank, why in enumerate(gr.get("reasons") or []):      # what the timed trajectories captured for
+                    for k, n in sorted(why.items()):
+                        print(f"    WHY rank {rank}: {n} x {k}")
 PY
