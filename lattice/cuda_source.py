@@ -39,6 +39,7 @@ OPTIONS = {
     ("solvers.multigrid", "coarse_half.cu"): (CXX17,),
     ("solvers.multigrid", "small_lstsq.cu"): (CXX17,),
     ("solvers.multigrid", "dense_products.cu"): (CXX17,),
+    ("solvers.multigrid", "multi_dot.cu"): (CXX17,),
     ("force", "gauge_force.cu"): (CXX14,),
     ("force", "hisq.cu"): (CXX14,),
     ("force", "hisq_staged.cu"): (CXX17,),

@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from lattice import cuda_source
+from lattice.placement import switch_on
 
 from .lattice import global_sums
 
@@ -31,6 +32,59 @@ def _vdot_local(xp, a, b):
     other jobs a threaded BLAS reduction of a lattice field waits for its threads (measured 3 ms against 0.03 ms on
     8^4 fields on a loaded 2-core machine)."""
     return (a.conj() * b).sum()
+
+
+#: the launch shape of kernels/multi_dot.cu: threads a block (DOT_THREADS there), the most blocks, and its limits
+DOT_THREADS, DOT_BLOCKS, DOT_FIELDS, DOT_PAIRS = 128, 256, 9, 15
+
+
+def local_dots(geom, pairs):
+    """[sum conj(a) b for (a, b) in ``pairs``] on this rank, one array. On a GPU (the multigrid kernels on, fields of
+    one dtype, complex128 or complex64, contiguous) two launches of kernels/multi_dot.cu per at most
+    :data:`DOT_PAIRS` pairs over at most :data:`DOT_FIELDS` fields, summed in double, complex128 out (one chain of
+    product, sum and copy per pair before: the smoother's 14 products were 56 graph nodes); elsewhere each
+    :func:`_vdot_local`, :func:`gather`-ed."""
+    xp = geom.xp
+    fields = [f for ab in pairs for f in ab]
+    if not (switch_on("mg_kernels", geom.config) and geom.backend.is_gpu
+            and len({np.dtype(f.dtype) for f in fields}) == 1 and np.dtype(fields[0].dtype) in _DOT_KERNEL
+            and all(f.flags.c_contiguous and f.size == fields[0].size for f in fields)):
+        return gather(xp, [_vdot_local(xp, a, b) for a, b in pairs])
+    out = xp.empty(len(pairs), dtype=np.complex128)
+    n = int(fields[0].size)
+    blocks = int(min(DOT_BLOCKS, max(1, -(-n // DOT_THREADS))))
+    partial = xp.empty((blocks, DOT_PAIRS), dtype=np.complex128)
+    be = geom.backend
+    k_dot = cuda_source.function(be, "solvers.multigrid", "multi_dot.cu", _DOT_KERNEL[np.dtype(fields[0].dtype)])
+    k_sum = cuda_source.function(be, "solvers.multigrid", "multi_dot.cu", "mg_multi_dot_finish")
+    for start, chunk, vecs in _dot_chunks(pairs):
+        a = sum(vecs.index(id(x)) << (4 * p) for p, (x, _) in enumerate(chunk))
+        b = sum(vecs.index(id(y)) << (4 * p) for p, (_, y) in enumerate(chunk))
+        by_id = {id(f): f for ab in chunk for f in ab}
+        args = [by_id[i] for i in vecs] + [by_id[vecs[0]]] * (DOT_FIELDS - len(vecs))
+        k_dot((blocks,), (DOT_THREADS,), (*args, np.int64(a), np.int64(b), np.int32(len(chunk)), np.int64(n),
+                                          np.int32(blocks), partial))
+        k_sum((1,), (DOT_PAIRS,), (partial, np.int32(blocks), np.int32(len(chunk)), out[start:start + len(chunk)]))
+    return out
+
+
+_DOT_KERNEL = {np.dtype(np.complex128): "mg_multi_dot_double", np.dtype(np.complex64): "mg_multi_dot_float"}
+
+
+def _dot_chunks(pairs):
+    """(first index, pairs, distinct field ids) of consecutive runs of ``pairs`` that one launch takes: at most
+    :data:`DOT_PAIRS` pairs over at most :data:`DOT_FIELDS` distinct fields."""
+    out, start, chunk, vecs = [], 0, [], []
+    for i, (x, y) in enumerate(pairs):
+        new = [f for f in dict.fromkeys((id(x), id(y))) if f not in vecs]
+        if chunk and (len(chunk) == DOT_PAIRS or len(vecs) + len(new) > DOT_FIELDS):
+            out.append((start, chunk, vecs))
+            start, chunk, vecs, new = i, [], [], list(dict.fromkeys((id(x), id(y))))
+        chunk.append((x, y))
+        vecs += new
+    if chunk:
+        out.append((start, chunk, vecs))
+    return out
 
 
 def dots(geom, Q, v):
@@ -134,13 +188,8 @@ def gcr_smooth(op, f, x=None, steps: int = 2):
         if i < steps - 1:
             P.append(q)
     s = len(Q)
-    loc = []
-    for i in range(s):
-        for j in range(i, s):
-            loc.append(_vdot_local(xp, Q[i], Q[j]))
-    for i in range(s):
-        loc.append(_vdot_local(xp, Q[i], r))
-    sums = device_sums(geom, gather(xp, loc))
+    pairs = [(Q[i], Q[j]) for i in range(s) for j in range(i, s)] + [(Q[i], r) for i in range(s)]
+    sums = device_sums(geom, local_dots(geom, pairs))
     alpha = small_lstsq(geom, sums, s).astype(f.dtype)
     out = xp.zeros_like(f) if x is None else x.copy()
     for i, p in enumerate(P):
@@ -249,13 +298,13 @@ class GCRRun:
         z = self._keep(self.Z, j, z)
         q = self._keep(self.Q, j, self.apply(z))
         if j:
-            loc = gather(xp, [_vdot_local(xp, self.Q[i], q) for i in range(j)])
+            loc = local_dots(geom, [(self.Q[i], q) for i in range(j)])
             c = (device_sums(geom, loc) / self.QQ[:j]).astype(q.dtype)
             for i in range(j):
                 cf = _coef(c[i])
                 q -= cf * self.Q[i]
                 z -= cf * self.Z[i]
-        s = device_sums(geom, gather(xp, [_vdot_local(xp, q, q), _vdot_local(xp, q, self.r)]))
+        s = device_sums(geom, local_dots(geom, [(q, q), (q, self.r)]))
         qq = s[0].real
         ok = (qq > 0) & sx.isfinite(qq)
         safe = sx.where(ok, qq, 1.0)
@@ -265,7 +314,7 @@ class GCRRun:
         a = sx.abs(s[1])
         rr = sx.where(ok, sx.maximum(self.scal[0] - a * a / safe, 0.0), self.scal[0])
         if self.device:                 # below the recurrence's rounding floor: |r|^2 measured, chosen here
-            meas = device_sums(geom, gather(xp, [_vdot_local(xp, self.r, self.r)]))[0].real
+            meas = device_sums(geom, local_dots(geom, [(self.r, self.r)]))[0].real
             rr = xp.where(rr < _RECOMPUTE * self.rrs[0], meas, rr)
         self.scal[0] = rr
         self.scal[1] = qq

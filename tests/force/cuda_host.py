@@ -32,6 +32,8 @@ static Idx blockIdx = {0}, threadIdx = {0}, blockDim = {1};
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
+#define __shared__ static
+static inline void __syncthreads() {}
 """
 _CTYPES = {"double": ctypes.c_double, "float": ctypes.c_float, "int": ctypes.c_int, "long": ctypes.c_long}
 _BUILD = Path(tempfile.gettempdir()) / "hmc_cuda_host"

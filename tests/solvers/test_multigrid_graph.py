@@ -3,6 +3,7 @@ with every scalar in the array module gives bitwise the host-driven GCR of befor
 x); the smoother's least-squares kernel compiled for the host (tests/force/cuda_host.py) equals numpy.linalg.lstsq;
 a solve whose deepest K-cycle GCR steps are (emulated) graph replays is bitwise the host-driven solve with the same
 statistics. GPU (pytest -m gpu): the real capture against the host-driven steps, and the kernel against NumPy."""
+import dataclasses
 import math
 import types
 
@@ -113,6 +114,8 @@ class _OneDevice:
     def __init__(self, geom):
         self.xp, self.grid, self.shape = np, geom.grid, geom.shape
         self.backend = types.SimpleNamespace(is_gpu=True, to_numpy=np.asarray)
+        # the multigrid kernels off: the products are the array path's, as on the host branch (krylov.local_dots)
+        self.config = dataclasses.replace(geom.config, mg_kernels=False)
 
 
 def test_device_branch_of_the_gcr_step_equals_the_host_branch():
