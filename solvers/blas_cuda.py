@@ -68,7 +68,8 @@ MAX_BLOCKS = 1024     # grid-stride loops beyond: a fixed grid keeps the reducti
 NRED = 2              # numbers a reduction kernel returns
 SITE_SHAPE = (3,)     # the kernels' site: one colour vector (solvers/kernels/fused_blas.cu loops over 3 components)
 
-_KERNELS = ("cg_update", "xpay", "norm2_redot", "axpy2_norm2", "ms_update", "cg_update_dev", "ms_update_dev")
+_KERNELS = ("cg_update", "xpay", "norm2_redot", "axpy2_norm2", "ms_update", "cg_update_dev", "ms_update_dev",
+            "norm2_redot_dev")
 _MIXED = ("ms_update_mixed", "ms_update_dev_mixed")
 
 
@@ -288,10 +289,13 @@ class CudaBlas(_Layout):
         self._launch("ms_update_dev_mixed" if mixed else "ms_update_dev", f(s), f(r), f(w), table[0], table[1], coef,
                      np.int32(nshift), st)
 
-    def norm2_redot_into(self, a, w, shift, result):
-        """:meth:`norm2_redot` into the device pair ``result`` (this rank's sums; no host synchronisation)."""
-        self._launch("norm2_redot", self._f(a), self._f(w), self.real(shift), np.int32(shift != 0.0),
-                     self._partial, self._counter, result)
+    def norm2_redot_into(self, a, w, shift, result, st=None):
+        """:meth:`norm2_redot` into the device pair ``result`` (this rank's sums; no host synchronisation). ``st``:
+        the state vector of a device-resident solve (solvers/krylov_graph.py), whose stopped state skips it (no
+        w += shift a past the solve's end)."""
+        name, state = ("norm2_redot", ()) if st is None else ("norm2_redot_dev", (st,))
+        self._launch(name, self._f(a), self._f(w), self.real(shift), np.int32(shift != 0.0),
+                     self._partial, self._counter, result, *state)
 
     def _coefficients(self, coefs, real):
         """The shifts' (zeta, a, b, active) on the device, in ``real``: written into a pinned host buffer and copied

@@ -18,8 +18,10 @@ One iteration on the device, all on the loop's stream:
    rank's exact records (lattice/exact_sum_cuda.py) travel instead and are added as integers, so the sums are the
    same bits for any decomposition;
 5. a one-thread kernel takes the new residual, counts the iteration and applies the solver's stop test; once it
-   holds (or on a breakdown) the state is *frozen*: every later kernel of the graph returns at once, and the
-   operator recomputes the same A r, so replays past the end change nothing.
+   holds (or on a breakdown) the state is *frozen*: every later kernel of the graph returns at once (the update,
+   the hop kernels, which read the state's status slot, and the fused reduction), so replays past the end change
+   nothing and cost little more than their launches; on a distributed lattice the halo exchanges and rank sums of
+   those replays still run (every rank stops at the same iteration) and carry stale numbers that nothing reads.
 
 Each kind of solve captures once and replays thereafter, across solves and link updates: its loop owns the Krylov
 vectors (:meth:`GraphLoop.bind`), and the operators a graph bakes in keep their addresses when their links change
@@ -143,13 +145,14 @@ class DeviceSums:
             self.peers.refresh()
 
     def reduce(self, blas, a, w, shift) -> None:
-        """w += shift a (when shift != 0), then the global (|a|^2, Re<a, w>) into ``st[res:res + 2]``."""
+        """w += shift a (when shift != 0), then the global (|a|^2, Re<a, w>) into ``st[res:res + 2]``; nothing of
+        it past the solve's end (the state's status: the fused kernel returns, the rings carry what they hold)."""
         local = self.local if self.peers is None else self.peers.local()
         if not self.exact:
-            blas.norm2_redot_into(a, w, shift, local)
+            blas.norm2_redot_into(a, w, shift, local, st=self.st)
         else:
             if shift != 0.0:
-                blas.norm2_redot_into(a, w, shift, self.scratch)
+                blas.norm2_redot_into(a, w, shift, self.scratch, st=self.st)
             self.reducer.norm2_redot(a, w, local, None if self.rdims else self.result)
         if self.peers is not None:
             self.peers.total(self.result, self.exact)
@@ -204,6 +207,7 @@ class GraphLoop:
         self.dev = cp.zeros(size, dtype=np.float64)
         self.host = cupyx.empty_pinned((size,), dtype=np.float64)
         self.st = self.dev[:NSTATE]
+        self.status = self.st[SLOT["status"]:SLOT["status"] + 1]     # what the hop kernels test (frozen)
         self.z, self.zp = self.dev[NSTATE:NSTATE + n], self.dev[NSTATE + n:NSTATE + 2 * n]
         self.rel = self.dev[NSTATE + 2 * n:NSTATE + 3 * n]
         table = self.dev[NSTATE + 3 * n:].view(np.uint64)
@@ -410,11 +414,12 @@ def cg_iterations(run, iters: int) -> None:
     loop.bind(run, ("ps", "ss", "y", "rs", "ws"))
     ps, ss, y, rs, ws = run.ps, run.ss, run.y, run.rs, run.ws
     st, sums, kd, kc = loop.st, loop.sums, loop.k["cg_direction"], loop.k["cg_close"]
+    stopped = loop.status
 
     def body():
         kd((1,), (1,), (st,))
         blas.cg_update_dev(ps, ss, y, rs, ws, st)
-        A.apply_into(rs, ws)
+        A.apply_into(rs, ws, frozen=stopped)
         sums.reduce(blas, rs, ws, 0.0)
         kc((1,), (1,), (st,))
 
@@ -457,10 +462,12 @@ def multishift_iterations(run, iters: int) -> None:
     s, r, w, s0 = run.s, run.r, run.w, run.s0
     ptrs = tuple(blas._f(a).data.ptr for a in run.ps_i) + tuple(blas.x_address(a) for a in run.xs)
 
+    stopped = loop.status
+
     def body():
         kd((1,), (1,), (st, z, zp, rel, coef, np.int32(n)))
         blas.ms_update_dev(s, r, w, table, coef, n, st, mixed=mixed)
-        A.apply_into(r, w)
+        A.apply_into(r, w, frozen=stopped)
         sums.reduce(blas, r, w, s0)
         kc((1,), (1,), (st,))
 

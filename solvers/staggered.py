@@ -226,13 +226,16 @@ class StaggeredDslash(Operator):
             factory = lookup("staggered.hop", self.geom, dslash=self)
         return factory(self)
 
-    def hop(self, psi, parity: int, out=None, a: float = 0.0, x=None, b: float = 1.0, compact: bool = False):
+    def hop(self, psi, parity: int, out=None, a: float = 0.0, x=None, b: float = 1.0, compact: bool = False,
+            frozen=None):
         """On the sites of ``parity``: out = a*x + b*(D psi); the other sites of ``out`` are left as they are.
 
         D psi on a site of one parity reads psi only on sites of the other parity. ``out=None`` allocates a zero
         field; ``out`` must be C-contiguous. Returns ``out``. ``compact``: ``psi`` (on parity 1 - p), ``out`` and
         ``x`` (on parity p) are parity-compact fields (:attr:`compact_shape`), where the hop has that mode
-        (:attr:`has_compact`): the same numbers on the parity's sites.
+        (:attr:`has_compact`): the same numbers on the parity's sites. ``frozen``: the status slot of a
+        device-resident solve (solvers/krylov_graph.py); a GPU hop kernel returns at once while it is nonzero
+        (the solve has stopped), other hops ignore it.
         """
         shape = self.compact_shape if compact else self.field_shape
         if compact and not self.has_compact:
@@ -245,7 +248,10 @@ class StaggeredDslash(Operator):
         if x is not None:
             x = self._as_field(x, shape)
         args = (psi, parity, out, float(a), x, float(b) * self._sign)
-        self._hop_impl(*args, compact=True) if compact else self._hop_impl(*args)
+        kw = {"compact": True} if compact else {}
+        if frozen is not None and getattr(self._hop_impl, "skips_frozen", False):
+            kw["frozen"] = frozen
+        self._hop_impl(*args, **kw)
         return out
 
     @property
@@ -427,13 +433,14 @@ class EvenOddNormal(Operator):
         self.reserve_into()
         return (self.parity, self.mass, self.dslash._sign, self._scratch.data.ptr) + self.dslash._hop_impl.graph_key()
 
-    def apply_into(self, psi, out):
+    def apply_into(self, psi, out, frozen=None):
         """out = A psi on the sites of parity p, the same bits as ``A(psi)``; the other sites of ``out`` are left
-        as they are (zero for the solvers' fields). No allocation after :meth:`reserve_into`."""
+        as they are (zero for the solvers' fields). No allocation after :meth:`reserve_into`. ``frozen``: see
+        :meth:`StaggeredDslash.hop`."""
         d, p = self.dslash, self.parity
         self.reserve_into()
-        d.hop(psi, 1 - p, self._scratch)
-        d.hop(self._scratch, p, out, a=4 * self.mass ** 2, x=psi, b=-1.0)
+        d.hop(psi, 1 - p, self._scratch, frozen=frozen)
+        d.hop(self._scratch, p, out, a=4 * self.mass ** 2, x=psi, b=-1.0, frozen=frozen)
 
     def converted(self, dtype):
         """This operator in ``dtype``, made once per precision (its scratch field and compact form, which a solver's
@@ -481,12 +488,13 @@ class CompactNormal:
         return ("compact", self.parity, self.mass, self.dslash._sign,
                 self._scratch.data.ptr) + self.dslash._hop_impl.graph_key()
 
-    def apply_into(self, psi, out):
-        """out = A_m psi, both parity-compact; no allocation after :meth:`reserve_into`."""
+    def apply_into(self, psi, out, frozen=None):
+        """out = A_m psi, both parity-compact; no allocation after :meth:`reserve_into`; ``frozen``: see
+        :meth:`StaggeredDslash.hop`."""
         d, p = self.dslash, self.parity
         self.reserve_into()
-        d.hop(psi, 1 - p, self._scratch, compact=True)
-        d.hop(self._scratch, p, out, a=4 * self.mass ** 2, x=psi, b=-1.0, compact=True)
+        d.hop(psi, 1 - p, self._scratch, compact=True, frozen=frozen)
+        d.hop(self._scratch, p, out, a=4 * self.mass ** 2, x=psi, b=-1.0, compact=True, frozen=frozen)
 
     def __call__(self, psi):
         out = self.dslash.xp.empty(self.shape, dtype=self.dtype)

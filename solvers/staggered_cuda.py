@@ -158,7 +158,10 @@ class CudaHop:
     #: the kernel takes parity-compact psi, out and x (``compact=True``: :meth:`StaggeredDslash.hop`)
     compact = True
 
-    def __call__(self, psi, parity, out, a, x, b, compact=False):
+    #: the kernel takes the status slot of a device-resident solve and returns once it has stopped (``frozen``)
+    skips_frozen = True
+
+    def __call__(self, psi, parity, out, a, x, b, compact=False, frozen=None):
         geom = self.dslash.geom
         nx, ny, nz, nt = geom.local_dims
         links, clong, _ = self._entry(parity)
@@ -168,7 +171,7 @@ class CudaHop:
         self.kernel(((vh + BLOCK - 1) // BLOCK,), (BLOCK,),
                     (psi, links, out, xarg, self.real(a), self.real(b), np.int32(parity), np.int32(self.nhop),
                      np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), np.int32(bool(compact)),
-                     np.int32(clong)))
+                     np.int32(clong), 0 if frozen is None else frozen))
 
 
 def _even_x(geom, dslash) -> bool:

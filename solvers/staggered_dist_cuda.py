@@ -233,9 +233,10 @@ class DistHop(CudaHop):
             self._goff_ip = (goff, self.xp.asarray(goff))
         return np.uintp(base), self._goff_ip[1]
 
-    def compute(self, psi, parity, out, a, x, b, which, ghost=None):
+    def compute(self, psi, parity, out, a, x, b, which, ghost=None, frozen=None):
         """The hop on the interior (which=0) or exterior (1) sites of ``parity``; ``ghost``: (ghost, goff) kernel
-        arguments where the faces are read (default: this hop's ghost buffer)."""
+        arguments where the faces are read (default: this hop's ghost buffer); ``frozen``: as for
+        :class:`CudaHop` (the exchange still runs: every rank's solve stops at the same iteration)."""
         sites = self.sites[parity][which]
         n = int(sites.size)
         if n == 0:
@@ -249,9 +250,9 @@ class DistHop(CudaHop):
         self.k_hop(((n + BLOCK - 1) // BLOCK,), (BLOCK,),
                    (psi, links, out, xarg, self.real(a), self.real(b), np.int32(parity), np.int32(self.nhop),
                     np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), sites, np.int64(n), ghost,
-                    goff, np.int32(self.pmask), np.int32(self.depth), np.int32(clong)))
+                    goff, np.int32(self.pmask), np.int32(self.depth), np.int32(clong), 0 if frozen is None else frozen))
 
-    def __call__(self, psi, parity, out, a, x, b):
+    def __call__(self, psi, parity, out, a, x, b, frozen=None):
         xp = self.xp
         psi = xp.ascontiguousarray(psi)
         if x is not None and a != 0.0:
@@ -262,11 +263,11 @@ class DistHop(CudaHop):
         mark(1)
         ex = self.start()
         mark(2)
-        self.compute(psi, parity, out, a, x, b, 0)
+        self.compute(psi, parity, out, a, x, b, 0, frozen=frozen)
         mark(3)
         held = self.receive(ex)
         mark(4)
-        self.compute(psi, parity, out, a, x, b, 1, None if held is None else held[1])
+        self.compute(psi, parity, out, a, x, b, 1, None if held is None else held[1], frozen=frozen)
         if held is not None:
             held[0].release()                      # the credits, after the exterior kernel read the faces
         mark(5)

@@ -395,6 +395,12 @@ extern "C" __global__ void __launch_bounds__(BLOCK) norm2_redot_##SUF(const T *a
                                                                       RED, LAT) {                                  \
     norm2_redot<R>(a, w, shift, do_shift, REDA, LATA);                                                            \
 }                                                                                                                  \
+extern "C" __global__ void __launch_bounds__(BLOCK) norm2_redot_dev_##SUF(const T *a, T *w, R shift,           \
+                                                                          int do_shift, RED, const double *st,    \
+                                                                          LAT) {                                   \
+    if (FROZEN(st)) return;                                                                                        \
+    norm2_redot<R>(a, w, shift, do_shift, REDA, LATA);                                                            \
+}                                                                                                                  \
 extern "C" __global__ void __launch_bounds__(BLOCK) axpy2_norm2_##SUF(const T *p, const T *s, T *x, T *r,        \
                                                                       R alpha, RED, LAT) {                         \
     axpy2_norm2<R>(p, s, x, r, alpha, REDA, LATA);                                                                \

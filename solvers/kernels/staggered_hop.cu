@@ -1,6 +1,8 @@
 // The HISQ hop (one output parity, a x + b D psi epilogue), its distributed variant reading received faces, and the
 // face pack kernel. Drivers: solvers/staggered_cuda.py (CudaHop), solvers/staggered_dist_cuda.py (DistHop);
-// NumPy twin: solvers.staggered.StaggeredDslash._hop_numpy.
+// NumPy twin: solvers.staggered.StaggeredDslash._hop_numpy. ``frozen`` (null, or the status slot of a device-resident
+// solve's state vector, solvers/krylov_graph.py): when it is nonzero the solve has stopped and the replays past its
+// end recompute nothing, so the hops return at once (the solve's fields stay as they are).
 #include "hmc_common.cuh"
 
 template <typename R>
@@ -149,7 +151,9 @@ __device__ __forceinline__ void hop_site(const typename C2<R>::T *__restrict__ p
 template <typename R>
 __device__ void hop(const typename C2<R>::T *__restrict__ psi, const typename C2<R>::T *__restrict__ links,
                     typename C2<R>::T *__restrict__ out, const typename C2<R>::T *__restrict__ x,
-                    R a, R b, int parity, int nhop, int nx, int ny, int nz, int nt, int compact, int clong) {
+                    R a, R b, int parity, int nhop, int nx, int ny, int nz, int nt, int compact, int clong,
+                    const double *frozen) {
+    if (frozen != 0 && *frozen != 0.0) return;      // a device-resident solve that has stopped (module note)
     const long vh = (long)nx * ny * nz * nt / 2;
     const long j = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (j >= vh) return;
@@ -161,7 +165,8 @@ template <typename R>
 __device__ void hop_dist(const typename C2<R>::T *psi, const typename C2<R>::T *links, typename C2<R>::T *out,
                          const typename C2<R>::T *x, R a, R b, int parity, int nhop, int nx, int ny, int nz, int nt,
                          const int *sites, long nsites, const typename C2<R>::T *ghost, const long long *goff,
-                         int pmask, int depth, int clong) {
+                         int pmask, int depth, int clong, const double *frozen) {
+    if (frozen != 0 && *frozen != 0.0) return;
     const long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (i >= nsites) return;
     const long j = sites ? (long)sites[i] : i;
@@ -196,27 +201,29 @@ __device__ void pack(const T *__restrict__ psi, T *__restrict__ buf, const int *
 
 extern "C" __global__ void hop_double(const double2 *psi, const double2 *links, double2 *out, const double2 *x,
                                       double a, double b, int parity, int nhop, int nx, int ny, int nz, int nt,
-                                      int compact, int clong) {
-    hop<double>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact, clong);
+                                      int compact, int clong, const double *frozen) {
+    hop<double>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact, clong, frozen);
 }
 extern "C" __global__ void hop_single(const float2 *psi, const float2 *links, float2 *out, const float2 *x,
                                       float a, float b, int parity, int nhop, int nx, int ny, int nz, int nt,
-                                      int compact, int clong) {
-    hop<float>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact, clong);
+                                      int compact, int clong, const double *frozen) {
+    hop<float>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact, clong, frozen);
 }
 extern "C" __global__ void hop_dist_double(const double2 *psi, const double2 *links, double2 *out, const double2 *x,
                                            double a, double b, int parity, int nhop, int nx, int ny, int nz, int nt,
                                            const int *sites, long long nsites, const double2 *ghost,
-                                           const long long *goff, int pmask, int depth, int clong) {
+                                           const long long *goff, int pmask, int depth, int clong,
+                                           const double *frozen) {
     hop_dist<double>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, sites, nsites, ghost, goff, pmask, depth,
-                  clong);
+                  clong, frozen);
 }
 extern "C" __global__ void hop_dist_single(const float2 *psi, const float2 *links, float2 *out, const float2 *x,
                                            float a, float b, int parity, int nhop, int nx, int ny, int nz, int nt,
                                            const int *sites, long long nsites, const float2 *ghost,
-                                           const long long *goff, int pmask, int depth, int clong) {
+                                           const long long *goff, int pmask, int depth, int clong,
+                                           const double *frozen) {
     hop_dist<float>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, sites, nsites, ghost, goff, pmask, depth,
-                  clong);
+                  clong, frozen);
 }
 extern "C" __global__ void table_double(const double2 *blocks, double2 *table, double *err, int nhop, long long vh,
                                         int clong) {

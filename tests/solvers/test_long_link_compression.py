@@ -196,7 +196,7 @@ def test_distributed_kernel_reads_the_table_as_the_whole_lattice_one(compress):
             kernel(((vh + BLOCK - 1) // BLOCK,), (BLOCK,),
                    (psi, hop._links(p), out, 0, np.float64(0.0), np.float64(-1.0), np.int32(p), np.int32(hop.nhop),
                     np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), 0, np.int64(vh), 0, 0, np.int32(0),
-                    np.int32(3), hop._clong(p)))
+                    np.int32(3), hop._clong(p), 0))
             sites = parity_sites(cpu, p)
             want = np.asarray(d.hop(psi, p, b=-1.0)).reshape(-1, 3)[sites]
             assert np.array_equal(out.reshape(-1, 3)[sites], want)

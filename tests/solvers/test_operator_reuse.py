@@ -14,6 +14,7 @@ from lattice import Geometry
 from lattice.backend import Backend
 from solvers import StaggeredDslash
 from solvers.krylov_graph import GraphLoop
+from solvers.staggered import parity_sites
 from solvers.staggered_cuda import CudaHop
 from tests.force.cuda_host import FakeCuPy, needs_gxx
 
@@ -97,3 +98,26 @@ def test_bind_moves_the_vectors_into_the_loop_and_keeps_their_values():
     loop.bind(third, ("r", "w"))
     assert third.r is loop.vectors["r"] is not r0 and third.r.shape == (8,)      # another shape: new buffers
 
+
+
+@needs_gxx
+@pytest.mark.parametrize("compact", [False, True])
+def test_hop_kernels_return_at_once_past_a_solves_end(compact):
+    """The hop kernels (host build) read the status slot of a device-resident solve's state (solvers.krylov_graph
+    ``GraphLoop.status``): nonzero (the solve stopped) leaves ``out`` as it was, zero gives the hop's numbers; the
+    normal operator's ``apply_into`` passes it to both of its hops."""
+    host = Geometry(DIMS, Backend("cupy", FakeCuPy()))
+    d = StaggeredDslash(host, *_fields(7))
+    A = d.even_odd(0.05).normal
+    A = A.compact() if compact else A
+    psi = np.ascontiguousarray(random_field(Geometry(DIMS), np.random.default_rng(3)))
+    if compact:
+        psi = np.ascontiguousarray(psi.reshape(-1, 3)[parity_sites(Geometry(DIMS), A.parity)])
+    want = np.full_like(psi, 3.0)            # (the full-lattice form leaves the other parity's sites as they are)
+    A.apply_into(psi, want)
+    stopped, running = np.ones(1), np.zeros(1)
+    out = np.full_like(psi, 3.0)
+    A.apply_into(psi, out, frozen=stopped)
+    assert np.array_equal(out, np.full_like(psi, 3.0))
+    A.apply_into(psi, out, frozen=running)
+    assert np.array_equal(out, want)
