@@ -197,6 +197,10 @@ SETTINGS = {
                                                                            "all of HMC_SOLVER_GRAPH)"), 0,
                                     "iterations a solver graph holds; each host check launches it HMC_SOLVER_GRAPH / "
                                     "this times (0, or not an even divisor: one graph of HMC_SOLVER_GRAPH)"),
+    "solver_graph_while": Setting("HMC_SOLVER_GRAPH_WHILE", _int_in(0, None, "use a non-negative integer (0: "
+                                                                       "host checks)"), 0,
+                                  "one-rank GPU solves: the whole solve as one CUDA-graph launch, a while node whose "
+                                  "body holds this many iterations (0: a host check every HMC_SOLVER_GRAPH)"),
     "solver_graph_log": Setting("HMC_SOLVER_GRAPH_LOG", _flag(False), False,
                                 "one stderr line per solver CUDA-graph capture: the loop and what changed in its key"),
     "multishift_reliable": Setting("HMC_MULTISHIFT_RELIABLE", _flag(False), False,
@@ -272,6 +276,7 @@ class RunConfig:
     solver_graph: int = 8
     solver_graph_capture: int = 0
     solver_graph_log: bool = False
+    solver_graph_while: int = 0
     multishift_reliable: bool = False
     checks_dir: str | None = None
     fault_inject: str = ""

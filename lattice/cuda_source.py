@@ -34,6 +34,7 @@ OPTIONS = {
     ("lattice", "su3_taylor.cu"): (CXX17,),
     ("solvers", "staggered_hop.cu"): (CXX14,),
     ("solvers", "fused_blas.cu"): (CXX14, "--fmad=false"),
+    ("solvers", "graph_loop.cu"): (CXX17,),
     ("lattice", "exact_sum.cu"): (CXX17, "--fmad=false"),
     ("solvers.multigrid", "coarse.cu"): (CXX17,),
     ("solvers.multigrid", "coarse_half.cu"): (CXX17,),

@@ -33,7 +33,9 @@ launched ``solver_graph / c`` times back to back (a capture costs about as much 
 holds: shorter graphs are cheaper to make, the same iterates; with the graphs kept across solves they are rarely made);
 after the launches the state vector comes back to pinned host memory (one small copy and one event), where the host
 tests whether the solve stopped. A solve thus pays one host round trip per ``solver_graph`` iterations and at most
-``solver_graph - 1`` frozen iterations at its end. The true-residual checks, restarts and reliable updates stay on the host path.
+``solver_graph - 1`` frozen iterations at its end. With ``solver_graph_while`` k > 0 (one rank) the whole solve is
+one launch instead: a while node repeating k iterations until the state stops (:meth:`GraphLoop._while_graph`). The
+true-residual checks, restarts and reliable updates stay on the host path.
 
 Where it runs (:func:`graph_iterations`): the fused GPU kernels serve the solve, the operator has ``apply_into``,
 and either the whole lattice is on one GPU or every halo link of the distributed lattice can be captured
@@ -197,6 +199,8 @@ class GraphLoop:
         self.held = held_iterations(self.iters, int(getattr(geom.config, "solver_graph_capture", 0)))
         self.launches = self.iters // self.held        # per host check (module docstring)
         self._Graph = CapturedGraph
+        self.while_body = int(getattr(geom.config, "solver_graph_while", 0))   # (0 on a distributed lattice, below)
+        self.while_failed = None           # why the device-side loop could not be built (then host checks)
         be = geom.backend
         self.k = {name: cuda_source.function(be, "solvers", "fused_blas.cu", name)
                   for name in ("cg_direction", "cg_close", "ms_direction_double", "ms_direction_single", "ms_close",
@@ -215,6 +219,8 @@ class GraphLoop:
         self.coef = cp.zeros(4 * n, dtype=real)
         self.readback = NSTATE + 2 * n              # what comes back per replay: the state and the zetas
         self.sums = DeviceSums(geom, self.st, self.k["rank_sum"], exact, peers=self.iters % 2 == 0)
+        if self.sums.engine is not None:
+            self.while_body = 0            # a halo exchange's doorbells cannot be in a while node's body
         self.done = cp.cuda.Event(disable_timing=True)
         self.joined = cp.cuda.Event(disable_timing=True)
         self.graphs = OrderedDict()
@@ -279,7 +285,9 @@ class GraphLoop:
             self._note_capture(key)
             self.sums.before_capture()
             t0 = time.perf_counter()
-            graph = self._Graph(self.stream, lambda: [body() for _ in range(self.held)])
+            graph = self._while_graph(body) if self.while_body else None
+            if graph is None:
+                graph = self._Graph(self.stream, lambda: [body() for _ in range(self.held)])
             self.capture_s += time.perf_counter() - t0
             self.captures += 1
             while len(self.graphs) >= self.KEEP:
@@ -287,6 +295,25 @@ class GraphLoop:
         self.graphs[key] = graph
         self.graph = graph
         self.last_parts = key
+
+    def _while_graph(self, body):
+        """The whole solve as one launch (``solver_graph_while`` iterations a body, then the loop's condition from
+        the state: :class:`comms.cuda.graph.WhileGraph`), or None where the driver or compiler refuses it: the loop
+        then keeps host checks, says why once (:attr:`while_failed`, a warning) and does not try again."""
+        try:
+            from comms.cuda.graph import WhileGraph
+
+            k_while = while_kernel(self.geom.backend)
+            st, n = self.st, self.while_body
+            return WhileGraph(self.stream, lambda handle: [body() for _ in range(n)]
+                              + [k_while((1,), (1,), (st, np.uint64(handle)))])
+        except Exception as e:  # noqa: BLE001 - any refusal (nvrtc, driver, binding) falls back to host checks
+            import warnings
+
+            self.while_failed, self.while_body = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", 0
+            warnings.warn(f"device-side solver loop (HMC_SOLVER_GRAPH_WHILE) unavailable, host checks instead: "
+                          f"{self.while_failed}", RuntimeWarning, stacklevel=2)
+            return None
 
     def _note_capture(self, key) -> None:
         """Count the capture under its :func:`capture_reason`; with ``solver_graph_log`` one stderr line."""
@@ -307,10 +334,11 @@ class GraphLoop:
         status = SLOT["status"]
         nbytes = 8 * self.readback
         rt = self.cp.cuda.runtime
+        launches = 1 if self._is_while(self.graph) else self.launches
         while True:
-            for _ in range(self.launches):
+            for _ in range(launches):
                 self.graph.launch(self.stream)
-            self.replays += self.launches
+            self.replays += launches
             rt.memcpyAsync(self.host.ctypes.data, self.dev.data.ptr, nbytes, rt.memcpyDeviceToHost, self.stream.ptr)
             self.done.record(self.stream)
             deadline = time.perf_counter() + timeout
@@ -321,10 +349,36 @@ class GraphLoop:
                                        "that slow")
             if self.host[status] != RUNNING:
                 return self.host[:self.readback].copy()
+            if launches == 1 and self._is_while(self.graph):
+                raise RuntimeError("the device-side solver loop ended with its solve still running: its condition "
+                                   "kernel did not see the state (run with HMC_SOLVER_GRAPH_WHILE=0)")
+
+    @staticmethod
+    def _is_while(graph) -> bool:
+        return type(graph).__name__ == "WhileGraph"
 
     def counters(self) -> dict:
         """Replays and captures so far (and the seconds the captures took), for the solver statistics."""
         return {"graph_replays": self.replays, "graph_captures": self.captures, "graph_capture_s": self.capture_s}
+
+
+#: how graph_loop.cu makes cudaGraphSetConditional known to nvrtc, tried in turn (module comment there)
+WHILE_DECLARATIONS = (("own", 'extern "C" __device__ void cudaGraphSetConditional(unsigned long long handle, '
+                               'unsigned int value);'),
+                      ("header", "#include <cuda_device_runtime_api.h>"))
+
+
+def while_kernel(backend):
+    """The kernel that ends a device-side solve loop's body (solvers/kernels/graph_loop.cu), compiled with the first
+    declaration of :data:`WHILE_DECLARATIONS` nvrtc takes; the last refusal is raised."""
+    error = None
+    for tag, declare in WHILE_DECLARATIONS:
+        try:
+            return cuda_source.function(backend, "solvers", "graph_loop.cu", f"loop_while_running_{tag}",
+                                        {"DECLARE": declare, "V": tag})
+        except Exception as e:  # noqa: BLE001 - nvrtc's CompileException, a load error: try the next form
+            error = e
+    raise error
 
 
 def capture_reason(last, key, held_elsewhere: bool = False) -> str:

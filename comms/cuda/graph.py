@@ -70,3 +70,48 @@ class CapturedGraph:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+class WhileGraph(CapturedGraph):
+    """A graph of one while node: ``fn(handle)`` captured on the CuPy ``stream`` as the loop's body, which runs while
+    the loop's condition is nonzero (1 at each launch, ``CU_GRAPH_COND_ASSIGN_DEFAULT``): the body must end in a
+    kernel that sets it through ``handle`` (device-side ``cudaGraphSetConditional``; solvers/kernels/graph_loop.cu).
+    So a whole solve is one launch, with no host check between its iterations (conditional nodes, CUDA 12.4+). A
+    body holds only kernels, memsets and copies: no stream memory operations, so no halo exchange of the GPU
+    transports (their doorbells are such operations) can be inside one (docs/architecture.md, "Device-resident
+    solvers")."""
+
+    def __init__(self, stream, fn):
+        self.exec = None
+        self.credit_marks = []
+        self.graph = call(drv.cuGraphCreate, 0)
+        ctx = call(drv.cuCtxGetCurrent)
+        assign_default = int(getattr(drv, "CU_GRAPH_COND_ASSIGN_DEFAULT", 1))
+        handle = call(drv.cuGraphConditionalHandleCreate, self.graph, ctx, 1, assign_default)
+        params = drv.CUgraphNodeParams()
+        params.type = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+        params.conditional.handle = handle
+        params.conditional.type = drv.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE
+        params.conditional.size = 1
+        params.conditional.ctx = ctx
+        _add_node(self.graph, params)
+        body = params.conditional.phGraph_out[0]
+        if not int(body):
+            raise RuntimeError("cuGraphAddNode gave the while node no body graph")
+        call(drv.cuStreamBeginCaptureToGraph, stream.ptr, body, None, None, 0,
+             drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+        try:
+            with stream:
+                fn(int(handle))
+        finally:
+            call(drv.cuStreamEndCapture, stream.ptr)       # the body graph belongs to the node
+        self.exec = call(drv.cuGraphInstantiate, self.graph, 0)
+
+
+def _add_node(graph, params):
+    """cuGraphAddNode with no dependencies: the CUDA 13 bindings take (graph, deps, edge data, count, params), the
+    12.x ones (graph, deps, count, params)."""
+    try:
+        return call(drv.cuGraphAddNode, graph, None, None, 0, params)
+    except TypeError:
+        return call(drv.cuGraphAddNode, graph, None, 0, params)

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.gpu
 DIMS = (4, 4, 8, 8)
 
 
-def _dslash(iters, fat, long, capture=0):
-    cfg = RunConfig(backend="cupy", solver_graph=iters, solver_graph_capture=capture)
+def _dslash(iters, fat, long, capture=0, while_body=0):
+    cfg = RunConfig(backend="cupy", solver_graph=iters, solver_graph_capture=capture, solver_graph_while=while_body)
     geom = Geometry(DIMS, get_backend("cupy"), ProcessGrid((1, 1, 1, 1), config=cfg))
     xp = geom.xp
     return StaggeredDslash(geom, xp.asarray(fat), xp.asarray(long))
@@ -33,9 +33,9 @@ def fields():
     return fat, long, b
 
 
-def _solve(iters, fields, make, mass=0.05, dtype=np.complex128, capture=0):
+def _solve(iters, fields, make, mass=0.05, dtype=np.complex128, capture=0, while_body=0):
     fat, long, b = fields
-    d = _dslash(iters, fat, long, capture)
+    d = _dslash(iters, fat, long, capture, while_body)
     if dtype != np.complex128:
         d = d.converted(dtype)
     A = d.even_odd(mass).normal
@@ -74,6 +74,26 @@ def test_graph_iterates_equal_host_driven(fields, name, iters):
     assert (sg.iters, sg.milc_iters, sg.matvecs, sg.converged) == (sr.iters, sr.milc_iters, sr.matvecs, sr.converged)
     assert sg.residual == sr.residual and sg.true_residual == sr.true_residual
     assert _same(got, ref)
+
+
+@pytest.mark.parametrize("name", ["cg", "cg_single", "multishift", "multishift_single", "multishift_mixed"])
+@pytest.mark.parametrize("body", [1, 4])
+def test_device_side_loop_iterates_equal_host_driven(fields, name, body):
+    """``solver_graph_while``: the whole solve (up to a restart or reliable update) as one launch of a while node;
+    the host-driven iterates bitwise, and far fewer launches than host checks. A while graph the driver or nvrtc
+    refuses fails here with the reason (the runs would warn and keep host checks)."""
+    import warnings
+
+    make, dtype, mass = SOLVERS[name]
+    ref, sr = _solve(0, fields, make, mass, dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got, sg = _solve(8, fields, make, mass, dtype, while_body=body)
+    assert (sg.iters, sg.milc_iters, sg.matvecs, sg.converged) == (sr.iters, sr.milc_iters, sr.matvecs, sr.converged)
+    assert sg.residual == sr.residual and sg.true_residual == sr.true_residual
+    assert _same(got, ref)
+    if name != "multishift_mixed":             # (its reliable updates end a launch each)
+        assert 0 < sg.extra["graph_replays"] and 8 * sg.extra["graph_replays"] < sg.iters, sg.extra
 
 
 @pytest.mark.parametrize("name", ["cg", "multishift", "multishift_mixed"])

@@ -30,7 +30,8 @@ def _loop(log: bool, keep: int = 8):
     loop = types.SimpleNamespace(graphs=OrderedDict(), KEEP=keep, held=1, capture_s=0.0, captures=0, stream=None,
                                  sums=types.SimpleNamespace(before_capture=lambda: None), geom=geom, kind="multishift",
                                  label="9 shifts, float32", last_parts=None, held_elsewhere=False, reasons={},
-                                 seen=set(), _Graph=lambda stream, fn: types.SimpleNamespace(close=lambda: None))
+                                 seen=set(), while_body=0,
+                                 _Graph=lambda stream, fn: types.SimpleNamespace(close=lambda: None))
     loop._note_capture = lambda key: GraphLoop._note_capture(loop, key)
     return loop
 

@@ -72,6 +72,7 @@ def test_a_move_seen_only_inside_a_capture_is_refused(sums):
 def test_graph_loop_refreshes_the_sums_before_it_captures():
     order = []
     loop = types.SimpleNamespace(graphs=OrderedDict(), KEEP=8, held=2, capture_s=0.0, captures=0, stream=None,
+                                 while_body=0,
                                  sums=types.SimpleNamespace(before_capture=lambda: order.append("refresh")),
                                  _note_capture=lambda key: order.append("noted"))
 

@@ -1,0 +1,76 @@
+#!/bin/bash
+# while17 (issues 17, 19, 18; session 14, written without a GPU): run from the repository root on one H200,
+#   bash tools/device/verify_while17.sh [pytest] [time] [mg]      (all: ~250 s estimated; leaves while17.tgz in $OUT)
+# pytest: the GPU tests of session 14's changes: the frozen iterations' early return (the device-resident iterates
+#   bitwise the host-driven ones for 1, 3, 8 iterations a graph), the device-side while loop (HMC_SOLVER_GRAPH_WHILE:
+#   same iterates, far fewer launches; a refused while graph fails with its reason), the multigrid's batched inner
+#   products (kernels/multi_dot.cu against NumPy; the multigrid graph tests);
+# time: issue 17's "measure both": host checks every 8 iterations (HMC_SOLVER_GRAPH_WHILE=0) against the while loop
+#   with bodies of 1, 2 and 4 iterations, one rank: the production CG iteration at 16^4 and 32^4 (whole solves of
+#   200 iterations) and the 16^4 RHMC trajectory;
+# mg: verify_mgcap18.sh (level-3 time per application at 32^4 with the batched products; 0.42 ms before).
+export PYTHONPATH=. OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+O=/tmp/while17; rm -rf "$O"; mkdir -p "$O"
+T0=$(date +%s)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "while17, commit $(git rev-parse --short HEAD 2>/dev/null), $GPU"
+STEPS=" ${*:-pytest time mg} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
+
+if want pytest; then
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/solvers/test_gpu_krylov_graph.py \
+  tests/solvers/test_multigrid_multi_dot.py tests/solvers/test_operator_reuse.py \
+  tests/solvers/test_solver_graph_while.py tests/solvers/test_multigrid_graph.py tests/solvers/test_multigrid_kernels.py \
+  > "$O/pytest.log" 2>&1
+echo "pytest rc=$? ($(( $(date +%s) - T0 )) s): $(tail -1 "$O/pytest.log")"
+grep -E "^(FAILED|ERROR|E  )" "$O/pytest.log" | head -30
+fi
+
+if want time; then
+for W in 0 1 2 4; do
+  s=$(date +%s)
+  HMC_SOLVER_GRAPH_WHILE=$W timeout 60 python3 -m hmc --backend cupy scaling --lattice 16^4 --lattice 32^4 --ranks 1 \
+    --what cg --cg-iters 200 --halo-sizes --repeats 3 -o "$O/cg_w$W.h5" --force --report-dir "$O/cg_w$W" \
+    > "$O/cg_w$W.log" 2>&1
+  echo "cg HMC_SOLVER_GRAPH_WHILE=$W rc=$? ($(( $(date +%s) - s )) s)"; grep -iE "warn|error" "$O/cg_w$W.log" | head -3
+  grep -E "^\| *(cg|1) " "$O/cg_w$W/report.md" 2>/dev/null | head -6
+  s=$(date +%s)
+  HMC_SOLVER_GRAPH_WHILE=$W timeout 45 python3 -m hmc --backend cupy scaling --lattice 16^4 --ranks 1 --what rhmc \
+    --repeats 1 -o "$O/rhmc_w$W.h5" --force --report-dir "$O/rhmc_w$W" > "$O/rhmc_w$W.log" 2>&1
+  echo "rhmc HMC_SOLVER_GRAPH_WHILE=$W rc=$? ($(( $(date +%s) - s )) s)"
+  grep -E "^\| 1 \|" "$O/rhmc_w$W/report.md" 2>/dev/null | head -4
+done
+python3 - "$O" <<'PY'
+import json, sys
+from pathlib import Path
+try:
+    import h5py
+except ImportError:
+    sys.exit(0)
+for f in sorted(Path(sys.argv[1]).glob("*_w*.h5")):
+    with h5py.File(f, "r") as h:
+        for name, g in h["configs"].items():
+            for op in ("cg", "rhmc"):
+                if op in g:
+                    a = g[op].attrs
+                    extra = ""
+                    if "graphs" in a:
+                        gr = json.loads(a["graphs"])
+                        per = dict(zip(gr["names"], gr["per_rank"][0]))
+                        extra = f", graph launches {per.get('graph_replays')}, captures {per.get('graph_captures')}"
+                    print(f"WHILE {f.stem} {name} {op}: median {a['median_s'] * 1e6:.1f} us{extra}")
+PY
+fi
+
+if want mg; then
+s=$(date +%s)
+timeout 150 bash tools/device/verify_mgcap18.sh > "$O/mgcap18.log" 2>&1
+echo "verify_mgcap18 rc=$? ($(( $(date +%s) - s )) s)"
+grep -iE "level 3|level-3|solve|PASS|FAIL" "$O/mgcap18.log" | tail -20
+fi
+
+echo "while17 done in $(( $(date +%s) - T0 )) s"
+if [ -n "$OUT" ] && [ "$OUT" != "$O" ]; then
+  (cd "$O" && timeout 30 tar czf "$OUT/while17.tgz" . 2>/dev/null)
+  ls -la "$OUT"
+fi
