@@ -81,7 +81,8 @@ def make_fermion_monomial(deck: dict, pfs: list):
     terms = [PseudofermionTerm(pf, float(md), float(fa), float(gr), f["max_multicg"], tuple(prec))
              for pf, (md, fa, gr), prec in zip(pfs, f["cgresid_md_fa_gr"], precisions)]
     mono = FermionMonomial(terms, f["action"], float(f["u0"]) if f["action"] == "asqtad" else None, f["time_bc"],
-                           multishift=f["multishift"], unitarization_group=f["unitarization_group"])
+                           multishift=f["multishift"], unitarization_group=f["unitarization_group"],
+                           stop_converged_shifts=f["stop_converged_shifts"])
     mg = deck.get("multigrid")
     if mg and mg["light_shifts"]:                 # [multigrid] light_shifts: the smallest light shifts by multigrid
         from solvers.multigrid.shifts import MultigridShifts

@@ -121,6 +121,9 @@ SCHEMA = {
         # MILC's KS_MULTICG: "plain" (ks_multicg_offset) or "hybrid" (multishift on the first Naik group's links,
         # then a single-mass CG refinement of every shift; hmc/rhmc.py, solvers.multishift.hybrid_multishift_cg)
         "multishift": Key(str, "plain", None, "", ("plain", "hybrid")),
+        # QUDA's rule: a shift of a multishift solve stops once its residual is 0.1 x the tolerance (MILC 7 updates
+        # every shift until the base one converges: false, its decks' default; solvers.multishift.multishift_cg)
+        "stop_converged_shifts": Key(bool, False),
         # HISQ: the group of the projection between the smearing levels, MILC's hisq_u3_action.h ("u3") or
         # hisq_su3_action.h ("su3", the su3_rhmc_hisq_su3 build: W = Y det(Y)^(-1/3), force.hisq_links)
         "unitarization_group": Key(str, "u3", None, "", ("u3", "su3")),

@@ -196,7 +196,7 @@ class FermionMonomial:
 
     def __init__(self, terms: list[PseudofermionTerm], action: str = "hisq", u0: float | None = None,
                  time_bc: str = "antiperiodic", name: str = "fermion", force_filter: float | None = FORCE_FILTER,
-                 multishift: str = "plain", unitarization_group: str = "u3"):
+                 multishift: str = "plain", unitarization_group: str = "u3", stop_converged_shifts: bool = False):
         if action not in ACTIONS:
             raise ValueError(f"fermion action {action!r}: use one of {', '.join(ACTIONS)}")
         if not terms:
@@ -205,6 +205,7 @@ class FermionMonomial:
         if multishift not in MULTISHIFT:
             raise ValueError(f"multishift solver {multishift!r}: use one of {', '.join(MULTISHIFT)}")
         self.multishift = multishift
+        self.stop_converged_shifts = bool(stop_converged_shifts)   # QUDA's rule (solvers.multishift_cg)
         if unitarization_group not in ("u3", "su3"):
             raise ValueError(f"unitarization group {unitarization_group!r}: use u3 or su3")
         if unitarization_group != "u3" and action != "hisq":
@@ -318,7 +319,8 @@ class FermionMonomial:
         if self.multigrid is not None and phase in ("GR", "FA") and k in self.multigrid_terms:
             return self.multigrid.inverter(ls.ops[term.naik_epsilon][0], poles, tol, term.maxiter,
                                            key=term.naik_epsilon)
-        plain = multishift_cg(poles, tol, term.maxiter, raise_on_fail=False, check_residual=False)
+        plain = multishift_cg(poles, tol, term.maxiter, raise_on_fail=False, check_residual=False,
+                              stop_converged=self.stop_converged_shifts)
         if term.single_precision(phase):
             return mixed_precision(plain)
         if self.multishift == "hybrid":

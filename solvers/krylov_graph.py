@@ -54,7 +54,7 @@ from lattice import cuda_source
 
 #: offsets in the state vector (the S_* names of solvers/kernels/fused_blas.cu)
 SLOT = {"g": 0, "d": 1, "g_old": 2, "alpha_old": 3, "beta": 4, "alpha": 5, "k": 6, "fresh": 7, "step_fresh": 8,
-        "stop": 9, "delta2": 10, "rmax2": 11, "maxiter": 12, "status": 13, "pap": 14, "res": 16}
+        "stop": 9, "delta2": 10, "rmax2": 11, "maxiter": 12, "status": 13, "pap": 14, "res": 16, "shift_stop": 18}
 NSTATE = 24
 RUNNING, DONE, BREAKDOWN, NONFINITE = 0, 1, 2, 3
 
@@ -207,17 +207,18 @@ class GraphLoop:
                                "rank_sum")}
         self.stream = cp.cuda.Stream(non_blocking=True)
         n = self.n
-        size = NSTATE + 5 * n                        # state, zeta, zeta_prev, relative shifts, p_i / x_i addresses
+        size = NSTATE + 7 * n         # state, zeta, zeta_prev, stopped shifts, relative shifts, p_i / x_i addresses
         self.dev = cp.zeros(size, dtype=np.float64)
         self.host = cupyx.empty_pinned((size,), dtype=np.float64)
         self.st = self.dev[:NSTATE]
         self.status = self.st[SLOT["status"]:SLOT["status"] + 1]     # what the hop kernels test (frozen)
         self.z, self.zp = self.dev[NSTATE:NSTATE + n], self.dev[NSTATE + n:NSTATE + 2 * n]
-        self.rel = self.dev[NSTATE + 2 * n:NSTATE + 3 * n]
-        table = self.dev[NSTATE + 3 * n:].view(np.uint64)
+        self.fin = self.dev[NSTATE + 2 * n:NSTATE + 4 * n]        # (|r_i|^2, iteration) of each stopped shift
+        self.rel = self.dev[NSTATE + 4 * n:NSTATE + 5 * n]
+        table = self.dev[NSTATE + 5 * n:].view(np.uint64)
         self.table = (table[:n], table[n:])
         self.coef = cp.zeros(4 * n, dtype=real)
-        self.readback = NSTATE + 2 * n              # what comes back per replay: the state and the zetas
+        self.readback = NSTATE + 4 * n   # what comes back per replay: the state, the zetas, the stopped shifts
         self.sums = DeviceSums(geom, self.st, self.k["rank_sum"], exact, peers=self.iters % 2 == 0)
         if self.sums.engine is not None:
             self.while_body = 0            # a halo exchange's doorbells cannot be in a while node's body
@@ -248,8 +249,9 @@ class GraphLoop:
             host[SLOT[name]] = float(v)
         if n:
             host[NSTATE:NSTATE + n], host[NSTATE + n:NSTATE + 2 * n] = z, zp
-            host[NSTATE + 2 * n:NSTATE + 3 * n] = rel
-            host[NSTATE + 3 * n:].view(np.uint64)[...] = ptrs
+            host[NSTATE + 2 * n:NSTATE + 4 * n] = 0.0
+            host[NSTATE + 4 * n:NSTATE + 5 * n] = rel
+            host[NSTATE + 5 * n:].view(np.uint64)[...] = ptrs
         self.joined.record(self.cp.cuda.get_current_stream())
         self.stream.wait_event(self.joined)
         self.cp.cuda.runtime.memcpyAsync(self.dev.data.ptr, self.host.ctypes.data, self.dev.nbytes,
@@ -500,7 +502,7 @@ def cg_iterations(run, iters: int) -> None:
 
 
 def multishift_iterations(run, iters: int) -> None:
-    """Every iteration of ``run`` (a :class:`solvers.multishift._MultishiftRun` on the fused GPU path, after
+    """Every iteration of ``run`` (a :class:`solvers.multishift_run._MultishiftRun` on the fused GPU path, after
     ``start``) on the device until the base shift converges, ``maxiter``, or (``run.delta2`` > 0) a reliable update
     is due; its scalars, zetas and counters are left as the host-driven iterations leave them. Solutions in double
     with single Krylov vectors (the mixed-precision multishift) take the ``ms_update_dev_mixed`` kernel and double
@@ -510,8 +512,8 @@ def multishift_iterations(run, iters: int) -> None:
     real = np.float64 if mixed else blas.real
     loop = loop_for(run.geom, "multishift_mixed" if mixed else "multishift", iters, real, n, exact=blas.exact)
     kd = loop.k["ms_direction_single" if real == np.float32 else "ms_direction_double"]
-    kc, st, sums, z, zp, rel, coef, table = (loop.k["ms_close"], loop.st, loop.sums, loop.z, loop.zp, loop.rel,
-                                            loop.coef, loop.table)
+    kc, st, sums, z, zp, rel, coef, table, fin = (loop.k["ms_close"], loop.st, loop.sums, loop.z, loop.zp, loop.rel,
+                                                 loop.coef, loop.table, loop.fin)
     loop.bind(run, ("s", "r", "w"))
     s, r, w, s0 = run.s, run.r, run.w, run.s0
     ptrs = tuple(blas._f(a).data.ptr for a in run.ps_i) + tuple(blas.x_address(a) for a in run.xs)
@@ -519,7 +521,7 @@ def multishift_iterations(run, iters: int) -> None:
     stopped = loop.status
 
     def body():
-        kd((1,), (1,), (st, z, zp, rel, coef, np.int32(n)))
+        kd((1,), (1,), (st, z, zp, rel, coef, fin, np.int32(n)))
         blas.ms_update_dev(s, r, w, table, coef, n, st, mixed=mixed)
         A.apply_into(r, w, frozen=stopped)
         sums.reduce(blas, r, w, s0)
@@ -528,7 +530,7 @@ def multishift_iterations(run, iters: int) -> None:
     k0, before = run.k, loop.counters()
     loop.upload(z=run.z, zp=run.z_prev, rel=run.rel, ptrs=ptrs, g=run.g, d=run.d, g_old=run.g_old,
                 alpha_old=run.alpha_prev, k=k0, stop=run.stop, maxiter=run.inv.maxiter, delta2=run.delta2,
-                rmax2=run.rmax2)
+                rmax2=run.rmax2, shift_stop=run.shift_stop)
     loop.capture((("vectors", _ptrs(s, r, w)), ("operator", A.graph_key()), ("settings", (s0, mixed, id(blas)))),
                  body)
     out = loop.run()
@@ -540,6 +542,9 @@ def multishift_iterations(run, iters: int) -> None:
     run.rmax2 = float(out[S["rmax2"]])
     run.z = [float(v) for v in out[NSTATE:NSTATE + n]]
     run.z_prev = [float(v) for v in out[NSTATE + n:NSTATE + 2 * n]]
+    for i in range(n):                          # the shifts the device stopped (shift_stop), as the host records them
+        if out[NSTATE + 2 * n + 2 * i] > 0.0:
+            run.finished[i] = (float(out[NSTATE + 2 * n + 2 * i]), int(out[NSTATE + 2 * n + 2 * i + 1]))
     status = int(out[S["status"]])
     if status == BREAKDOWN:
         run.breakdown(run.k, run.g, float(out[S["pap"]]))

@@ -276,6 +276,7 @@ __device__ void ms_update(typename C2<R>::T *s, typename C2<R>::T *r, const type
 #define S_STATUS 13      // 0 iterating; 1 stop condition met; 2 breakdown (p^dag A p); 3 non-finite residual
 #define S_PAP 14
 #define S_RES 16         // 16, 17: the reduction's (|r|^2, Re<r, A r>): the global sum lands here
+#define S_SHIFT_STOP 18  // multishift: a shift stops once zeta_i^2 |r|^2 <= this (0: never; _MultishiftRun.shift_stop)
 
 #define FROZEN(st) ((st)[S_STATUS] != 0.0)
 
@@ -317,9 +318,10 @@ extern "C" __global__ void cg_close(double *st) {
 
 /* multishift: the base system's beta, pAp, alpha and Jegerlehner's zeta_{k+1}, alpha_i, beta_i of every shift
    (_MultishiftRun.iterate and _shift_updates); coef[4 i ..]: (zeta_i, alpha_i, beta_i, active) in the field
-   precision, as the host path rounds them into its coefficient buffer */
+   precision, as the host path rounds them into its coefficient buffer; a shift whose zeta_i^2 |r|^2 is at most
+   st[S_SHIFT_STOP] stops (zeta 0, inactive) with (|r_i|^2, iteration) in fin[2 i ..] */
 template <typename R>
-__device__ void ms_direction(double *st, double *z, double *zp, const double *rel, R *coef, int n) {
+__device__ void ms_direction(double *st, double *z, double *zp, const double *rel, R *coef, double *fin, int n) {
     if (FROZEN(st)) return;
     const double g = st[S_G];
     const int k = (int)st[S_K];
@@ -333,8 +335,15 @@ __device__ void ms_direction(double *st, double *z, double *zp, const double *re
     const double alpha = g / pap, aprev = st[S_ALPHA_OLD];
     st[S_ALPHA] = alpha;
     st[S_BETA] = beta;
+    const double shift_stop = st[S_SHIFT_STOP];
     for (int i = 0; i < n; ++i) {
-        const double zi = z[i], zpi = zp[i];
+        double zi = z[i];
+        const double zpi = zp[i];
+        if (zi != 0.0 && zi * zi * g <= shift_stop) {      /* (never the base shift: there g > stop) */
+            fin[2 * i] = zi * zi * g;
+            fin[2 * i + 1] = (double)k;
+            zi = 0.0;
+        }
         if (zi == 0.0) {
             zp[i] = 0.0; z[i] = 0.0;
             coef[4 * i] = coef[4 * i + 1] = coef[4 * i + 2] = coef[4 * i + 3] = (R)0;
@@ -352,12 +361,12 @@ __device__ void ms_direction(double *st, double *z, double *zp, const double *re
 }
 
 extern "C" __global__ void ms_direction_double(double *st, double *z, double *zp, const double *rel, double *coef,
-                                               int n) {
-    ms_direction<double>(st, z, zp, rel, coef, n);
+                                               double *fin, int n) {
+    ms_direction<double>(st, z, zp, rel, coef, fin, n);
 }
 extern "C" __global__ void ms_direction_single(double *st, double *z, double *zp, const double *rel, float *coef,
-                                               int n) {
-    ms_direction<float>(st, z, zp, rel, coef, n);
+                                               double *fin, int n) {
+    ms_direction<float>(st, z, zp, rel, coef, fin, n);
 }
 
 /* after the reduction: the next g, d; the loop test of MultishiftInverse._solve (g > stop and k < maxiter) and the

@@ -105,6 +105,33 @@ def test_operators_are_kept_across_link_updates():
     assert m.action(v) == fresh.action(v)
 
 
+def test_stopped_shifts_keep_the_force_and_the_action():
+    """``stop_converged_shifts`` (the deck's key; QUDA's rule): the MD solves stop their heavy shifts early (fewer
+    shift updates, the same base iterations) and the force and action move by no more than the solves' tolerance."""
+    geom = Geometry((4, 4, 4, 4))
+    u = smooth_field(geom, CounterRNG(11))
+    out = {}
+    for stop in (False, True):
+        rng = CounterRNG(12)
+        m = monomial(f211_rationals(), [0, 4], tol=1e-8, stop_converged_shifts=stop)
+        m.refresh(u, rng)
+        out[stop] = m.force(u), m.action(u), m.stats.records("MD")
+    (f0, a0, md0), (f1, a1, md1) = out[False], out[True]
+    assert [r.stats.iters for r in md1] == [r.stats.iters for r in md0]
+    saved = [len(r.stats.shifts) * r.stats.iters - r.stats.extra["shift_updates"] for r in md1]
+    assert min(saved) >= 0 and max(saved) > 0                       # (the charm solve's heavy shifts stop)
+    assert np.abs(f1 - f0).max() <= 1e-6 * np.abs(f0).max() and abs(a1 - a0) <= 1e-8 * abs(a0)
+
+
+def test_the_deck_key_reaches_the_monomial(tmp_path):
+    from hmc.assemble import make_fermion_monomial
+
+    rat = fixture_path("rationals.sample.su3_rhmc_hisq_f211")
+    for value in (False, True):
+        d = deckmod.loads(small_deck(rat, extra=f"stop_converged_shifts = {str(value).lower()}"))
+        assert make_fermion_monomial(d, read_rationals(rat)).stop_converged_shifts is value
+
+
 def test_philox_pseudofermion_sources():
     geom = Geometry((4, 4, 4, 4))
     g = pseudofermion_sources(geom, CounterRNG(5), 3)

@@ -9,7 +9,7 @@ from lattice import Geometry, get_backend
 from lattice.backend import Backend
 from solvers import StaggeredDslash, project
 from solvers.blas_cuda import BlasTwin
-import solvers.multishift as ms
+import solvers.multishift_run as ms
 from solvers.multishift import RELIABLE_DELTA, MultishiftCG
 from solvers.staggered import parity_sites
 from tests.force.cuda_host import FakeCuPy, needs_gxx
@@ -81,10 +81,11 @@ def _twin(layout_compact):
     return fused
 
 
-@pytest.mark.parametrize("inner", [None, np.complex64])
-def test_multishift_same_bits_in_either_layout(monkeypatch, inner):
+@pytest.mark.parametrize("inner,stop", [(None, False), (np.complex64, False), (None, True), (np.complex64, True)])
+def test_multishift_same_bits_in_either_layout(monkeypatch, inner, stop):
     """The multishift on the fused twin: parity-compact vectors against full-lattice ones (the solutions scattered
-    back), the same iterations, residuals and bits; ``inner``: single Krylov vectors, double x_i, reliable updates."""
+    back), the same iterations, residuals and bits; ``inner``: single Krylov vectors, double x_i, reliable updates;
+    ``stop``: the converged shifts stopped (their updates left out of the fused kernel: inactive coefficients)."""
     cpu = Geometry(DIMS)
     a = StaggeredDslash(cpu, *random_links(cpu, 5)).even_odd(0.0).normal
     b = project(random_field(cpu, np.random.default_rng(5)), cpu, 0)
@@ -92,7 +93,7 @@ def test_multishift_same_bits_in_either_layout(monkeypatch, inner):
     out = {}
     for compact in (False, True):
         monkeypatch.setattr(ms, "fused_blas", _twin(compact))
-        xs, st = MultishiftCG(SHIFTS, 1e-8, 1000, False, True, inner, delta)(a).solve(b)
+        xs, st = MultishiftCG(SHIFTS, 1e-8, 1000, False, True, inner, delta, stop_converged=stop)(a).solve(b)
         assert st.extra["fused"] and st.extra["compact"] is compact and (st.converged or inner is not None)
         out[compact] = xs, st
     (x0, s0), (x1, s1) = out[False], out[True]
@@ -100,6 +101,9 @@ def test_multishift_same_bits_in_either_layout(monkeypatch, inner):
     assert s1.extra.get("reliable_updates") == s0.extra.get("reliable_updates")
     if inner is not None:
         assert s0.extra["reliable_updates"] >= 1
+    if stop:
+        assert s1.extra["stopped_shifts"] == s0.extra["stopped_shifts"] >= 1
+        assert s1.extra["shift_updates"] == s0.extra["shift_updates"] < len(SHIFTS) * s0.iters
     for u, v in zip(x0, x1):
         assert u.shape == v.shape == b.shape and u.dtype == v.dtype
         assert np.array_equal(u, v)

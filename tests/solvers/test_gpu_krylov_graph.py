@@ -56,6 +56,11 @@ SOLVERS = {
     "mixed_one_reduction": (lambda A: mixed_cg(1e-10, 3000, single_reduction=True)(A), np.complex128, 0.05),
     "multishift": (lambda A: multishift_cg([0.0, 0.01, 0.3, 2.0], 1e-10, 3000)(A), np.complex128, 0.0),
     "multishift_single": (lambda A: multishift_cg([0.001, 0.02, 0.5], 1e-5, 3000)(A), np.complex64, 0.0),
+    # the converged shifts stopped (stop_converged): the same shifts stop at the same iteration on the device
+    "multishift_stop": (lambda A: multishift_cg([0.0, 0.01, 0.3, 2.0], 1e-10, 3000, stop_converged=True)(A),
+                        np.complex128, 0.0),
+    "multishift_single_stop": (lambda A: multishift_cg([0.001, 0.02, 0.5], 1e-5, 3000, stop_converged=True)(A),
+                               np.complex64, 0.0),
     # the mixed-precision first stage (multishift_reliable): single Krylov vectors, double x_i of the light shifts,
     # reliable updates (the device loop stops for each, the host restarts), the final true-residual check
     "multishift_mixed": (lambda A: MultishiftCG((0.0005, 0.01, 0.3, 2.0), 1e-7, 3000, True, True, np.complex64,
@@ -73,6 +78,7 @@ def test_graph_iterates_equal_host_driven(fields, name, iters):
     assert sg.extra.get("graph_replays", 0) > 0
     assert (sg.iters, sg.milc_iters, sg.matvecs, sg.converged) == (sr.iters, sr.milc_iters, sr.matvecs, sr.converged)
     assert sg.residual == sr.residual and sg.true_residual == sr.true_residual
+    assert sg.residuals == sr.residuals and sg.extra.get("shift_updates") == sr.extra.get("shift_updates")
     assert _same(got, ref)
 
 

@@ -84,27 +84,33 @@ def test_cg_breakdown_and_frozen_state(kernels):
 
 @pytest.mark.parametrize("single", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_multishift_coefficients_equal_the_host(kernels, single, seed):
+@pytest.mark.parametrize("stopping", [False, True])
+def test_multishift_coefficients_equal_the_host(kernels, single, seed, stopping):
+    """Every step's zetas and coefficients bitwise the host's; with a shift stop (``stop_converged``) the same
+    shifts stop at the same iteration with the same residual."""
     rng = np.random.default_rng(100 + seed)
     n = 5
     real = np.float32 if single else np.float64
+    shift_stop = 1e-12 if stopping else 0.0      # (below the base shift's g: the solver's stop is above it)
     host = types.SimpleNamespace(z=[1.0] * n, z_prev=[1.0] * n, k=0, r=None, n=n, alpha_prev=1.0,
-                                 rel=sorted(rng.uniform(0, 3, n)), blas=True)
+                                 rel=sorted(rng.uniform(0, 3, n)), blas=True, g=1.0, shift_stop=shift_stop, finished={})
     host.rel[0] = 0.0
-    z, zp = np.ones(n), np.ones(n)
+    z, zp, fin = np.ones(n), np.ones(n), np.zeros(2 * n)
     rel = np.asarray(host.rel)
     coef = np.zeros(4 * n, dtype=real)
-    st = _state(alpha_old=1.0, g=1.0, d=1.3)
+    st = _state(alpha_old=1.0, g=1.0, d=1.3, shift_stop=shift_stop)
     g_old = 1.0
     for k in range(60):          # (60 steps: enough to meet a q where pow(q, 2) != q * q)
         g, d = st[S["g"]], st[S["d"]]
         beta = 0.0 if k == 0 else g / g_old
         pap = d if k == 0 else d - beta * g / host.alpha_prev
         alpha = g / pap
+        host.g = g
         want = _MultishiftRun._shift_updates(host, alpha, beta)
-        _call(kernels, "ms_direction_single" if single else "ms_direction_double", st, z, zp, rel, coef, n)
+        _call(kernels, "ms_direction_single" if single else "ms_direction_double", st, z, zp, rel, coef, fin, n)
         assert st[S["status"]] == 0 and st[S["alpha"]] == alpha and st[S["beta"]] == beta
         assert list(z) == host.z and list(zp) == host.z_prev
+        assert {i: (fin[2 * i], int(fin[2 * i + 1])) for i in range(n) if fin[2 * i] > 0} == host.finished
         for i, co in enumerate(want):
             assert tuple(coef[4 * i:4 * i + 4]) == ((*map(real, co), real(1)) if co else (0, 0, 0, 0))
         host.k, host.alpha_prev, g_old = k + 1, alpha, g
@@ -112,12 +118,14 @@ def test_multishift_coefficients_equal_the_host(kernels, single, seed):
         st[S["stop"]], st[S["maxiter"]] = 1e-30, 100
         _call(kernels, "ms_close", st)
         assert st[S["k"]] == k + 1 and st[S["alpha_old"]] == alpha and st[S["g_old"]] == g
+    if stopping:
+        assert 0 < len(host.finished) < n                # some heavy shifts stopped, never the base one
 
 
 def test_multishift_stops_like_the_host_loop(kernels):
     st = _state(g=1.0, d=2.0, alpha_old=1.0, stop=0.5, maxiter=3)
     z, zp, rel, coef = np.ones(1), np.ones(1), np.zeros(1), np.zeros(4)
-    _call(kernels, "ms_direction_double", st, z, zp, rel, coef, 1)
+    _call(kernels, "ms_direction_double", st, z, zp, rel, coef, np.zeros(2), 1)
     st[S["res"]], st[S["res"] + 1] = 0.5, 1.0
     _call(kernels, "ms_close", st)
     assert st[S["status"]] == 1          # g = stop: the host loop's g > stop fails

@@ -63,3 +63,29 @@ def test_loose_tolerance_costs_no_refinement():
     refine = st.extra["refine"]
     assert sum(r.iters for r in refine) <= 0.2 * st.iters
     assert all(r.iters == 0 for r in refine[2:])
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("tol", [1e-10, 1e-5])
+def test_stopping_converged_shifts_keeps_every_tolerance(mixed, tol):
+    """``stop_converged`` (QUDA's rule): the heavy shifts stop once their iterated residual is 0.1 x tol, every
+    shift's true residual still meets tol, the base system runs the same iterations, the updates made are fewer,
+    and each reported residual is the stopped shift's own."""
+    from solvers import mixed_precision
+    from solvers.multishift import SINGLE_PRECISION_FLOOR
+    from solvers.multishift_run import SHIFT_STOP_MARGIN
+
+    geom, a, b = _system()
+    make = multishift_cg(SHIFTS, tol, 5000, stop_converged=True)
+    xs, st = (mixed_precision(make) if mixed else make)(a).solve(b)
+    full = multishift_cg(SHIFTS, tol, 5000)
+    ref, sr = (mixed_precision(full) if mixed else full)(a).solve(b)
+    assert st.converged and st.iters == sr.iters
+    assert max(_true_residuals(geom, a, b, xs)) <= tol
+    assert st.extra["stopped_shifts"] == len(SHIFTS) - 1                 # all but the base (smallest) shift
+    assert st.extra["shift_updates"] < 0.8 * len(SHIFTS) * st.iters
+    first_tol = max(tol, SINGLE_PRECISION_FLOOR) if mixed else tol     # (the reported residuals: the first stage's)
+    assert all(r <= SHIFT_STOP_MARGIN * first_tol * (1 + 1e-12) for r in st.residuals[1:])
+    for x, y in zip(xs, ref):
+        assert np.linalg.norm(x - y) / np.linalg.norm(y) < 10 * tol
+    assert np.array_equal(xs[0], ref[0])                 # the base shift's solve is the same, bit for bit

@@ -13,6 +13,7 @@ from solvers import multishift_cg
 from solvers.blas_cuda import BlasTwin
 from solvers.krylov_graph import NSTATE, SLOT
 import solvers.multishift as ms
+import solvers.multishift_run as msrun
 from solvers.multishift import MultishiftCG, _MultishiftRun
 from tests.force.cuda_host import RawModule, needs_gxx
 from test_multishift import SHIFTS, _system, _true_residuals
@@ -44,7 +45,7 @@ def _accumulation_error(x, steps, i):
 def test_solutions_accumulate_in_double(monkeypatch):
     """After 40 iterations every x_i (all light at tol 1e-12 with SINGLE_X_ROUNDING 0.1) is sum_k alpha_i,k p_i,k
     to double rounding (1e-12), where the all-single first stage is off by single rounding."""
-    monkeypatch.setattr(ms, "SINGLE_X_ROUNDING", 0.1)
+    monkeypatch.setattr(msrun, "SINGLE_X_ROUNDING", 0.1)
     geom, a, b = _system()
     steps = _recorded(monkeypatch)
     xs, st = MultishiftCG(tuple(SHIFTS), 1e-12, 40, False, False, np.complex64)(a).solve(b)
@@ -64,7 +65,7 @@ def test_heavy_shifts_keep_single_solutions(monkeypatch):
     shifts = (2e-4, 0.05, 1.5, 40.0)
     xs, _ = MultishiftCG(shifts, 1e-5, 3, False, False, np.complex64)(a).solve(b)
     assert [x.dtype for x in xs] == [np.complex128] + [np.complex64] * 3
-    monkeypatch.setattr(ms, "SINGLE_X_ROUNDING", 0.1)
+    monkeypatch.setattr(msrun, "SINGLE_X_ROUNDING", 0.1)
     xs, st = MultishiftCG(shifts, 1e-5, 3, False, True, np.complex64)(a).solve(b)      # (true residuals too)
     assert [x.dtype for x in xs] == [np.complex128, np.complex128, np.complex64, np.complex64]
     xs, st = MultishiftCG((40.0, 1.5), 1e-5, 3, False, False, np.complex64)(a).solve(b)

@@ -1,6 +1,6 @@
 #!/bin/bash
 # while17 (issues 17, 19, 18; session 14, written without a GPU): run from the repository root on one H200,
-#   bash tools/device/verify_while17.sh [pytest] [time] [mg]      (all: ~250 s estimated; leaves while17.tgz in $OUT)
+#   bash tools/device/verify_while17.sh [pytest] [time] [shifts] [mg]   (all: ~300 s estimated; while17.tgz in $OUT)
 # pytest: the GPU tests of session 14's changes: the frozen iterations' early return (the device-resident iterates
 #   bitwise the host-driven ones for 1, 3, 8 iterations a graph), the device-side while loop (HMC_SOLVER_GRAPH_WHILE:
 #   same iterates, far fewer launches; a refused while graph fails with its reason), the multigrid's batched inner
@@ -8,13 +8,15 @@
 # time: issue 17's "measure both": host checks every 8 iterations (HMC_SOLVER_GRAPH_WHILE=0) against the while loop
 #   with bodies of 1, 2 and 4 iterations, one rank: the production CG iteration at 16^4 and 32^4 (whole solves of
 #   200 iterations) and the 16^4 RHMC trajectory;
+# shifts: tools/shift_stop_study.py 32 (issue 19: the light MD solve with and without the converged shifts stopped,
+#   the production decks' new stop_converged_shifts; 8^4 CPU: 28 % of the shift updates left);
 # mg: verify_mgcap18.sh (level-3 time per application at 32^4 with the batched products; 0.42 ms before).
 export PYTHONPATH=. OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 O=/tmp/while17; rm -rf "$O"; mkdir -p "$O"
 T0=$(date +%s)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "while17, commit $(git rev-parse --short HEAD 2>/dev/null), $GPU"
-STEPS=" ${*:-pytest time mg} "
+STEPS=" ${*:-pytest time shifts mg} "
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 
 if want pytest; then
@@ -60,6 +62,12 @@ for f in sorted(Path(sys.argv[1]).glob("*_w*.h5")):
                         extra = f", graph launches {per.get('graph_replays')}, captures {per.get('graph_captures')}"
                     print(f"WHILE {f.stem} {name} {op}: median {a['median_s'] * 1e6:.1f} us{extra}")
 PY
+fi
+
+if want shifts; then
+s=$(date +%s)
+timeout 120 python3 tools/shift_stop_study.py 32 --backend cupy > "$O/shift_stop_32.log" 2>&1
+echo "shift_stop_study 32 rc=$? ($(( $(date +%s) - s )) s)"; cat "$O/shift_stop_32.log" | tail -6
 fi
 
 if want mg; then
