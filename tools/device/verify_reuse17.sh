@@ -55,24 +55,4 @@ if [ -n "$OUT" ] && [ "$OUT" != "$O" ]; then
   (cd "$O" && timeout 30 tar czf "$OUT/reuse17.tgz" --exclude='traj32/*.h5' . 2>/dev/null)
   ls -la "$OUT"
 fi
-python3 - "$O" <<'PY'
-import json, sys
-from pathlib import Path
-try:
-    import h5py
-except ImportError:
-    sys.exit(0)
-for f in sorted(Path(sys.argv[1]).glob("rhmc*.h5")):
-    with h5py.File(f, "r") as h:
-        for name, g in h["configs"].items():
-            if "rhmc" in g:
-                a = g["rhmc"].attrs
-                gr = json.loads(a["graphs"])
-                per = [dict(zip(gr["names"], r)) for r in gr["per_rank"]]
-                print(f"GRAPHS {f.stem} {name}: {a['median_s']:.3f} s/trajectory, per rank captures "
-                      f"{[int(p['graph_captures']) for p in per]} ({max(p['graph_capture_s'] for p in per):.3f} s), "
-                      f"replays {[int(p['graph_replays']) for p in per]}")
-                for rank, why in enumerate(gr.get("reasons") or []):      # what the timed trajectories captured for
-                    for k, n in sorted(why.items()):
-                        print(f"    WHY rank {rank}: {n} x {k}")
-PY
+python3 tools/device/study_lines.py "$O" 'rhmc*.h5' rhmc

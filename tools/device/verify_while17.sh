@@ -42,26 +42,7 @@ for W in 0 1 2 4; do
   echo "rhmc HMC_SOLVER_GRAPH_WHILE=$W rc=$? ($(( $(date +%s) - s )) s)"
   grep -E "^\| 1 \|" "$O/rhmc_w$W/report.md" 2>/dev/null | head -4
 done
-python3 - "$O" <<'PY'
-import json, sys
-from pathlib import Path
-try:
-    import h5py
-except ImportError:
-    sys.exit(0)
-for f in sorted(Path(sys.argv[1]).glob("*_w*.h5")):
-    with h5py.File(f, "r") as h:
-        for name, g in h["configs"].items():
-            for op in ("cg", "rhmc"):
-                if op in g:
-                    a = g[op].attrs
-                    extra = ""
-                    if "graphs" in a:
-                        gr = json.loads(a["graphs"])
-                        per = dict(zip(gr["names"], gr["per_rank"][0]))
-                        extra = f", graph launches {per.get('graph_replays')}, captures {per.get('graph_captures')}"
-                    print(f"WHILE {f.stem} {name} {op}: median {a['median_s'] * 1e6:.1f} us{extra}")
-PY
+python3 tools/device/study_lines.py "$O" '*_w*.h5' cg rhmc
 fi
 
 if want shifts; then
