@@ -305,6 +305,8 @@ class GraphLoop:
         try:
             from comms.cuda.graph import WhileGraph
 
+            from .krylov_while import while_kernel
+
             k_while = while_kernel(self.geom.backend)
             st, n = self.st, self.while_body
             return WhileGraph(self.stream, lambda handle: [body() for _ in range(n)]
@@ -362,25 +364,6 @@ class GraphLoop:
     def counters(self) -> dict:
         """Replays and captures so far (and the seconds the captures took), for the solver statistics."""
         return {"graph_replays": self.replays, "graph_captures": self.captures, "graph_capture_s": self.capture_s}
-
-
-#: how graph_loop.cu makes cudaGraphSetConditional known to nvrtc, tried in turn (module comment there)
-WHILE_DECLARATIONS = (("own", 'extern "C" __device__ void cudaGraphSetConditional(unsigned long long handle, '
-                               'unsigned int value);'),
-                      ("header", "#include <cuda_device_runtime_api.h>"))
-
-
-def while_kernel(backend):
-    """The kernel that ends a device-side solve loop's body (solvers/kernels/graph_loop.cu), compiled with the first
-    declaration of :data:`WHILE_DECLARATIONS` nvrtc takes; the last refusal is raised."""
-    error = None
-    for tag, declare in WHILE_DECLARATIONS:
-        try:
-            return cuda_source.function(backend, "solvers", "graph_loop.cu", f"loop_while_running_{tag}",
-                                        {"DECLARE": declare, "V": tag})
-        except Exception as e:  # noqa: BLE001 - nvrtc's CompileException, a load error: try the next form
-            error = e
-    raise error
 
 
 def capture_reason(last, key, held_elsewhere: bool = False) -> str:
