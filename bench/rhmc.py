@@ -154,6 +154,10 @@ def _trajectory_lines(r, t_op) -> list:
         frac = iters * t_op / solver if solver > 0 else float("nan")
         line += f"; Dslash share of solver time ~ {100 * frac:.0f}% ({iters} x {1e3 * t_op:.3f} ms)"
     lines = [head, line]
+    slots, made = int(r.get("shift_slots_md", -1)), int(r.get("shift_updates_md", -1))
+    if slots > 0 and 0 <= made < slots:                 # (-1: not recorded; equal: every shift updated to the end)
+        lines.append(f"        MD shift updates: {made} of {slots} ({100 * made / slots:.1f} %: the converged shifts "
+                     "stopped)")
     if int(r.get("graph_captures", 0)) > 0 or int(r.get("graph_replays", 0)) > 0:     # (-1: not recorded)
         lines.append(f"        solver CUDA graphs: {int(r['graph_captures'])} captured "
                      f"({g('time_fermion_graph_capture'):.3f} s of host time, inside the solver times), "

@@ -133,7 +133,9 @@ class RHMCStats:
 
     def totals(self) -> dict:
         """The history row's fermion columns (always the same keys): MILC's multishift iterations and the number of
-        solves per phase (``cg_gr``, ``solves_gr``, ...), link builds, the solvers' CUDA graphs captured and
+        solves per phase (``cg_gr``, ``solves_gr``, ...), link builds, the MD solves' shift updates made
+        (``shift_updates_md``) against shifts x iterations (``shift_slots_md``: equal unless converged shifts stop,
+        ``stop_converged_shifts``), the solvers' CUDA graphs captured and
         replayed since the reset (``graph_captures``, ``graph_replays``, ``time_fermion_graph_capture``: every graph
         loop of the process, solvers.krylov_graph.graph_totals), and the seconds per phase
         (``time_fermion_links``, ``time_fermion_solver_MD``, ``time_fermion_outer``, ``time_fermion_force_chain``...)."""
@@ -142,6 +144,9 @@ class RHMCStats:
             out[f"cg_{ph.lower()}"] = self.iterations(ph)
             out[f"solves_{ph.lower()}"] = len(self.records(ph))
         out["fermion_link_builds"] = self.link_builds
+        md = [r.stats for r in self.records("MD")]
+        out["shift_slots_md"] = sum(len(st.shifts or ()) * st.iters for st in md)
+        out["shift_updates_md"] = sum(st.extra.get("shift_updates", len(st.shifts or ()) * st.iters) for st in md)
         now, was = graph_totals(), self.graphs_before       # (zero off the GPU)
         out["graph_captures"] = int(now["graph_captures"] - was["graph_captures"])
         out["graph_replays"] = int(now["graph_replays"] - was["graph_replays"])

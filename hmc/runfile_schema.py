@@ -109,6 +109,11 @@ def history_column(name: str) -> tuple[str, str, str]:
         return "i8", "1", f"{what} of the {_PHASES[m.group(2)]} phase, all pseudofermions"
     if name == "fermion_link_builds":
         return "i8", "1", "HISQ/asqtad link smearings computed in the trajectory"
+    if name == "shift_slots_md":
+        return "i8", "1", "shifts x iterations of the trajectory's MD multishift solves"
+    if name == "shift_updates_md":
+        return "i8", "1", ("shift updates the MD multishift solves made (shift_slots_md unless converged shifts stop: "
+                           "[fermions] stop_converged_shifts)")
     if name in _GRAPHS:
         return _GRAPHS[name]
     if name in _MG:

@@ -126,9 +126,9 @@ def test_every_history_column_is_described():
         dtype, units, description = history_column(n)
         assert "not described" not in description and units, n
         assert dtype == ("i8" if n in ("traj", "warmup", "accepted", "fermion_link_builds", "pbp1_iters")
-                         or n.startswith(("cg_", "solves_", "graph_")) else "f8"), n
+                         or n.startswith(("cg_", "solves_", "graph_", "shift_")) else "f8"), n
     for n in ("traj", "dH", "f_start", "plaq_ss", "time_total", "fermion_link_builds", "time_momenta", "time_refresh",
-              "graph_captures", "graph_replays"):
+              "graph_captures", "graph_replays", "shift_updates_md", "shift_slots_md"):
         assert f"`{n}`" in doc
 
 
