@@ -149,3 +149,17 @@ def test_report_line_of_the_solver_graphs():
                       "293 launches")
     assert not any("CUDA graphs" in x for x in _trajectory_lines(dict(row, graph_captures=-1, graph_replays=-1),
                                                                 None))
+
+
+def test_report_line_of_the_stopped_shifts():
+    """A trajectory whose MD solves stopped converged shifts ([fermions] stop_converged_shifts) gets the line of the
+    shift updates made against shifts x iterations; one that updated every shift, or an older file (-1), none."""
+    from bench.rhmc import _trajectory_lines
+
+    row = {"traj": 2, "cg_gr": 10, "cg_fa": 10, "cg_md": 40, "dH": 0.1, "plaq_ss": 1.5, "plaq_st": 1.5,
+           "time_total": 2.0, "time_fermion_solver_MD": 1.0, "fermion_link_builds": 5}
+    got = _trajectory_lines(dict(row, shift_slots_md=360, shift_updates_md=102), None)
+    assert got[2] == "        MD shift updates: 102 of 360 (28.3 %: the converged shifts stopped)"
+    for slots, made in ((360, 360), (-1, -1)):
+        assert not any("shift updates" in x for x in _trajectory_lines(dict(row, shift_slots_md=slots,
+                                                                               shift_updates_md=made), None))
