@@ -19,6 +19,7 @@ communicator is pushed or popped (split grid) or when shared buffers grow. Every
 """
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -113,6 +114,9 @@ def _read_config(request, config):
 
 # --------------------------------------------------------------------------------------------------------------
 
+_ENGINE_SERIALS = itertools.count(1)     # HaloEngine.serial
+
+
 class ProtocolState:
     """Counters, buffer index and credits: process-wide, shared by every communicator context, reset together."""
 
@@ -191,7 +195,10 @@ class HaloEngine:
         self._routes = {}                # (dim, dir) -> _Route
         self.windows = None              # the shm transport's shared windows, where some rank's links use shm
         self.kinds = []                  # the transport objects this engine set up (every rank the same)
-        self._live_key = f"engine {id(self):x}"
+        # a serial, not id(self): the address of an engine collected without free() comes back for a new one, whose
+        # teardown check would then see the old engine's leftovers (the same trap as ProcessGrid.owner)
+        self.serial = next(_ENGINE_SERIALS)
+        self._live_key = f"engine {self.serial}"
         self.links = {}
         self.profile = None              # a dict: seconds spent waiting accumulate in profile["wait"]
         self._resolve(request)

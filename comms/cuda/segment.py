@@ -119,19 +119,19 @@ class SegmentMixin:
     def _allocate(self, size: int, what: str):
         """This rank's exportable memory of the engine's allocation kind (registered under the engine)."""
         if self.alloc_kind == "legacy":
-            return ipc.IpcAllocation(size, self.dev.ordinal, owner=id(self), what=what)
-        return vmm.Allocation(size, self.dev.ordinal, self.handle_type, owner=id(self), what=what)
+            return ipc.IpcAllocation(size, self.dev.ordinal, owner=self.serial, what=what)
+        return vmm.Allocation(size, self.dev.ordinal, self.handle_type, owner=self.serial, what=what)
 
     def _import(self, shared, size: int, what: str):
         """A peer's allocation mapped here from what :meth:`_share` returned for it (registered under the engine)."""
         if self.alloc_kind == "legacy":
-            return ipc.IpcMapping(shared, size, owner=id(self), what=what)
-        return vmm.PeerMapping(shared, self.handle_type, size, self.dev.ordinal, owner=id(self), what=what)
+            return ipc.IpcMapping(shared, size, owner=self.serial, what=what)
+        return vmm.PeerMapping(shared, self.handle_type, size, self.dev.ordinal, owner=self.serial, what=what)
 
     def _try_import(self, shared, size: int, what: str):
         if self.alloc_kind == "legacy":
-            return ipc.try_open(shared, size, owner=id(self), what=what)
-        return vmm.try_import(shared, self.handle_type, size, self.dev.ordinal, owner=id(self), what=what)
+            return ipc.try_open(shared, size, owner=self.serial, what=what)
+        return vmm.try_import(shared, self.handle_type, size, self.dev.ordinal, owner=self.serial, what=what)
 
     def _try_flush_wait(self):
         """Ask the driver for a FLUSH wait on a satisfied local slot: (accepted, one-line answer)."""

@@ -362,7 +362,7 @@ class GpuHaloEngine(SegmentMixin, HaloEngine):
         if self.broker is not None:
             self.broker.close()
             self.broker = None
-        left = vmm.leaked(id(self))
+        left = vmm.leaked(self.serial)
         self.node.Free()
         self.comm.Free()
         _LIVE.pop(self._live_key, None)

@@ -48,7 +48,7 @@ class Event(GpuTransport):
                     link.ev_data[b] = call(drv.cuEventCreate, flags)
                     link.ev_done[b] = call(drv.cuEventCreate, flags)
                     engine._owned_events += [link.ev_data[b], link.ev_done[b]]
-            engine._ipc_keys.append(vmm.register(id(engine), f"{len(engine._owned_events)} interprocess events of "
+            engine._ipc_keys.append(vmm.register(engine.serial, f"{len(engine._owned_events)} interprocess events of "
                                                              f"rank {engine.world_rank}"))
         mine = {}
         for (dim, d), link in engine.links.items():
@@ -75,7 +75,7 @@ class Event(GpuTransport):
                     getattr(link, attr)[b] = ev
                     engine._opened_events.append(ev)
         if engine._opened_events:
-            engine._ipc_keys.append(vmm.register(id(engine), f"{len(engine._opened_events)} opened peer events of "
+            engine._ipc_keys.append(vmm.register(engine.serial, f"{len(engine._opened_events)} opened peer events of "
                                                              f"rank {engine.world_rank}"))
 
     def post_recv(self, engine, link, dim, side, d, b):

@@ -275,6 +275,7 @@ def engine(vmm_attr=1, others=None):
     e.comm = Comm(2, others)
     e.node = Comm(2)
     e.rank = e.world_rank = 0
+    e.serial = 1                                 # HaloEngine.serial: the owner of its registered buffers
     e.dev = types.SimpleNamespace(vmm=vmm_attr, ordinal=0)
     e.notices, e.broker, e.timeout = [], None, 5.0
     e.ctx = types.SimpleNamespace(neighbours=[[0, 0], [0, 0], [0, 0], [1, 1]])
@@ -294,12 +295,12 @@ if case == "legacy":
     allow = [[(False, "not partitioned")] * 2 for _ in range(3)] + [[(True, "same node")] * 2]
     out["probe"] = e._probe(allow)
     out["allow_t"] = allow[3]
-    out["after_probe"] = vmm.leaked(id(e))
+    out["after_probe"] = vmm.leaked(e.serial)
     e._new_segment(1 << 16)
     for d in (0, 1):
         e.links[(3, d)] = GpuLink(3, d, 1, 1, "stream_gated", "legacy CUDA IPC open")
     e._map_peers()
-    out["mapped"] = vmm.leaked(id(e))
+    out["mapped"] = vmm.leaked(e.serial)
     out["peer_ptr_is_mapping"] = all(l.peer_ptr == e.peer_maps[1].ptr for l in e.links.values())
     out["peer_maps"] = sorted(e.peer_maps)
     out["open_targets"] = [v[1] == e.seg.ptr for v in drv.OPEN.values()]
@@ -309,7 +310,7 @@ if case == "legacy":
     e._unmap_peers()
     e.seg.free()
     e.seg.free()                                         # twice: a no-op
-    out["left"] = vmm.leaked(id(e))
+    out["left"] = vmm.leaked(e.serial)
     out["allocs_left"], out["open_left"] = len(drv.ALLOCS), len(drv.OPEN)
     out["calls"] = [c[0] for c in drv.CALLS]
     out["sizes"] = [c[1] for c in drv.CALLS if c[0] == "cuMemAlloc"]
@@ -319,7 +320,7 @@ elif case == "probe_unreachable":
     allow = [[(False, "not partitioned")] * 2 for _ in range(3)] + [[(True, "same node")] * 2]
     out["probe"] = e._probe(allow)
     out["allow_t"] = allow[3]
-    out["left"] = vmm.leaked(id(e))
+    out["left"] = vmm.leaked(e.serial)
     out["allocs_left"] = len(drv.ALLOCS)
 elif case == "open_error":
     try:

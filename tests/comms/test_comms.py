@@ -96,6 +96,27 @@ def test_teardown_checks_only_what_this_grid_made():
         _LIVE.pop("stale", None)
 
 
+def test_every_halo_engine_has_its_own_serial():
+    """An engine's registry key and the owner of its GPU buffers (comms.cuda: vmm.leaked(engine.serial)) are a serial,
+    not id(engine): a new engine at the address of one collected without free() must not see its leftovers."""
+    from comms import ProcessGrid
+    from comms.base import _LIVE
+    from lattice import Geometry
+
+    engines = []
+    for _ in range(2):
+        geom = Geometry((4, 4, 4, 6), grid=ProcessGrid((1, 1, 1, 1), partitioned="t"))
+        geom.halo(np.zeros(geom.shape + (3,)), 1)
+        engines.append((geom.grid, geom.grid.halo))
+    try:
+        (_, a), (_, b) = engines
+        assert a.serial != b.serial and a._live_key != b._live_key
+        assert a._live_key in _LIVE and b._live_key in _LIVE and str(a.serial) in a._live_key
+    finally:
+        for grid, _ in engines:
+            grid.close()
+
+
 def test_transport_names():
     from comms import CommsError
     from comms.halo import check_transport_name

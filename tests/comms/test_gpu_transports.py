@@ -277,7 +277,7 @@ def _legacy(out):
             raise SystemExit(f"rank {grid.rank}: {tr}: allocation {eng.alloc_kind}, segment {type(eng.seg).__name__}")
         if not eng.peer_maps or not all(isinstance(m, ipc.IpcMapping) for m in eng.peer_maps.values()):
             raise SystemExit(f"rank {grid.rank}: {tr}: peer mappings {eng.peer_maps}")
-        live = vmm.leaked(id(eng))
+        live = vmm.leaked(eng.serial)
         if not any("own cuMemAlloc allocation" in t for t in live) or not any("IPC mapping" in t for t in live):
             raise SystemExit(f"rank {grid.rank}: {tr}: registry while alive: {live}")
         down, up = grid.neighbours[3]
