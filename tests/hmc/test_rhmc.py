@@ -144,11 +144,11 @@ def test_philox_pseudofermion_sources():
     assert all(abs(s - n) < 5 * np.sqrt(n) for s in sums)
 
 
-def _rhmc_setup(steps=4, tau=0.5):
+def _rhmc_setup(steps=4, tau=0.5, **kw):
     geom = Geometry((4, 4, 4, 4))
     rng = CounterRNG(11)
     u = smooth_field(geom, rng)
-    f = monomial(f211_rationals(), [0, 4], tol=1e-10)
+    f = monomial(f211_rationals(), [0, 4], tol=1e-10, **kw)
     g = GaugeMonomial(SymanzikAction(6.7, 0.89, 4, "hisq"))
     f.refresh(u, rng)
     p = random_momenta(geom, rng)
@@ -159,8 +159,10 @@ def _schedule(steps, tau=0.5):
     return build_schedule([Level("3g1f", steps, ["fermion"]), Level("leapfrog", 1, ["gauge"])], tau)
 
 
-def test_rhmc_trajectory_is_reversible():
-    u, p, mons = _rhmc_setup()
+@pytest.mark.parametrize("stop", [False, True])
+def test_rhmc_trajectory_is_reversible(stop):
+    """Forward and back to the start; also with the converged shifts stopped (stop_converged_shifts)."""
+    u, p, mons = _rhmc_setup(stop_converged_shifts=stop)
     rev = reversibility_check(u, p, mons, _schedule(4))
     assert rev["links"] < 1e-10 and rev["momenta"] < 1e-10
     assert abs(rev["dH"]) < 1e-8
