@@ -6,7 +6,8 @@ graph, with every scalar in device memory and no host synchronisation inside an 
 One iteration on the device, all on the loop's stream:
 
 1. a one-thread kernel computes the step's scalars from the state vector (beta, p^dag A p, alpha; for the
-   multishift, Jegerlehner's zeta_{k+1}, alpha_i, beta_i of every shift) with the host code's operations in its
+   multishift, Jegerlehner's zeta_{k+1}, alpha_i, beta_i of every shift, and with ``stop_converged`` which shifts
+   stop, reported in the loop's ``fin`` block) with the host code's operations in its
    order (solvers/kernels/fused_blas.cu, compiled without contraction), so the iterates are bitwise those of the
    host-driven fused path on one rank;
 2. the vector update kernel reads its coefficients from device memory;
