@@ -86,12 +86,14 @@ def test_signal_during_interpreter_teardown_ends_with_the_works_status(tmp_path,
     logging's shutdown): ``hmc`` exits at once with the work's status and prints no traceback."""
     import subprocess
     import sys
+
+    from tests.conftest import ROOT
     missing = str(tmp_path / "missing.h5")
     # an atexit hook registered before hmc's own runs last, as a signal in the last moments of the teardown would
     hook = (f"import atexit, os, runpy, sys, time; atexit.register(lambda: (os.kill(os.getpid(), {int(sig)}), "
             f"time.sleep(2))); sys.argv = ['hmc', 'info', {missing!r}]; runpy.run_module('hmc', run_name='__main__')")
     p = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True, timeout=50,
-                       env={**os.environ, "PYTHONPATH": os.getcwd()})
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=str(ROOT))
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr
     assert p.stderr.count("\n") == 1 and "hmc info: error" in p.stderr, p.stderr
