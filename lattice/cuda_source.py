@@ -112,6 +112,24 @@ def module(backend, package: str, name: str, params: dict | None = None):
                                                             options=options(package, name)))
 
 
+def ptx_function(backend, ptx: str, kernel: str):
+    """The kernel ``kernel`` of the PTX text ``ptx``, loaded by the driver's JIT compiler (a CuPy RawModule of a
+    temporary .ptx file), once per backend: for the few kernels that call driver builtins nvrtc's front end may not
+    declare (solvers/krylov_while.py: ``cudaGraphSetConditional``)."""
+    import os
+    import tempfile
+
+    def build():
+        fd, path = tempfile.mkstemp(suffix=".ptx")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(ptx)
+            return backend.xp.RawModule(path=path).get_function(kernel)
+        finally:
+            os.unlink(path)
+    return backend.kernel(("cuda_ptx_function", kernel, hash(ptx)), build)
+
+
 def function(backend, package: str, name: str, kernel: str, params: dict | None = None):
     """The kernel ``kernel`` of :func:`module`, looked up once per backend. Drivers call this per launch, so a hit
     is one dictionary lookup keyed by the kernel's name; a templated file's kernel names must therefore differ

@@ -8,9 +8,6 @@ toolkit's header; the first that compiles and loads serves (checked on the devic
 tests/solvers/test_gpu_krylov_graph.py ``test_device_side_loop_iterates_equal_host_driven``)."""
 from __future__ import annotations
 
-import os
-import tempfile
-
 from lattice import cuda_source
 
 #: the variants of graph_loop.cu: (tag, how cudaGraphSetConditional is declared to nvrtc)
@@ -46,19 +43,6 @@ WHILE_PTX = """.version 6.0
 """
 
 
-def _ptx_kernel(backend):
-    """loop_while_running_ptx through the driver's JIT (a CuPy RawModule of the PTX file), made once per backend."""
-    def build():
-        fd, path = tempfile.mkstemp(suffix=".ptx")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(WHILE_PTX)
-            return backend.xp.RawModule(path=path).get_function("loop_while_running_ptx")
-        finally:
-            os.unlink(path)
-    return backend.kernel(("krylov_while", "ptx"), build)
-
-
 def while_kernel(backend):
     """The condition kernel, (st, handle) -> None: the first variant that compiles and loads (module docstring);
     the last refusal is raised."""
@@ -66,7 +50,7 @@ def while_kernel(backend):
     tries = [lambda tag=tag, declare=declare: cuda_source.function(
         backend, "solvers", "graph_loop.cu", f"loop_while_running_{tag}", {"DECLARE": declare, "V": tag})
         for tag, declare in WHILE_DECLARATIONS]
-    tries.insert(1, lambda: _ptx_kernel(backend))
+    tries.insert(1, lambda: cuda_source.ptx_function(backend, WHILE_PTX, "loop_while_running_ptx"))
     for attempt in tries:
         try:
             return attempt()
