@@ -18,7 +18,9 @@ row (iterations, solves, link builds) and the integrator schedule (gauge-force c
   shift), the reductions |r|^2 and <r, w> folded into the kernels that write their operands. The history holds the
   total per phase only, so the pseudofermion whose iteration costs least (fewest poles; single precision where the
   deck's cgprec_md_fa_gr asks for it) stands for all: a floor. Hybrid and mixed-precision refinements are left out
-  (their iterations are not in N_P), which keeps it a floor.
+  (their iterations are not in N_P), which keeps it a floor. Where converged shifts stop (``stop_converged_shifts``)
+  the MD floor counts the shift updates made instead (history ``shift_updates_md``): N_MD [h(c) + 5 x 3c/2] V +
+  U x 4 x 3c/2 V, with that term's c.
 * link smearing, per build: M V (16 + 8 n_g): read U (4 M a site), write the level-1 fat7 link V and its U(3)
   projection W (8 M, kept for the force), read W back (4 M: level 2 walks its neighbours), write the fat and long
   links of every epsilon group (8 M each).
@@ -72,6 +74,8 @@ class Model:
     gauge_flops: int
     gauge_name: str
     gauge_scratch_bytes: int = 0
+    md_iteration_bytes: int = 0      # the cheapest MD term's A and base-system update (5 vectors), per iteration
+    md_shift_bytes: int = 0          # and its 4 vectors per shift update (for runs whose converged shifts stop)
 
 
 def solver_iteration_bytes(volume: int, poles: int, single: bool) -> int:
@@ -106,13 +110,17 @@ def model(deck: dict, files: dict) -> Model:
     volume = int(np.prod(deck["lattice"]["dims"]))
     per_iteration = {ph: min(solver_iteration_bytes(volume, len(t.approximation(ph).poles), t.single_precision(ph))
                              for t in fermion.terms) for ph in PHASES}
+    cheapest = min(fermion.terms, key=lambda t: solver_iteration_bytes(volume, len(t.approximation("MD").poles),
+                                                                       t.single_precision("MD")))
+    md_base = solver_iteration_bytes(volume, 0, cheapest.single_precision("MD"))
+    md_shift = solver_iteration_bytes(volume, 1, cheapest.single_precision("MD")) - md_base
     md_poles = sum(len(t.approximation("MD").poles) for t in fermion.terms)
     groups = len(fermion.groups)
     outer = md_poles * (hop_bytes(np.complex128) // 2 + 48) * volume + 8 * MATRIX * groups * volume
     calls = sum(1 for op in make_schedule(deck, monomials) if op[0] == "P" and gauge.name in op[1])
     return Model(volume, groups, len(fermion.terms), per_iteration, outer, calls,
                  gauge_flops_per_call(gauge.gauge_action, volume), gauge.name,
-                 gauge_scratch_bytes(gauge.gauge_action, volume))
+                 gauge_scratch_bytes(gauge.gauge_action, volume), md_base, md_shift)
 
 
 @dataclass(frozen=True)
@@ -137,6 +145,12 @@ def rows(m: Model, r: dict, bandwidth: float) -> list[Row]:
         n = int(r[f"cg_{ph.lower()}"])
         out.append(Row(f"solvers {ph}", t(f"time_fermion_solver_{ph}"), n * m.solver_iteration_bytes[ph] / bandwidth,
                        f"{n} iterations x {m.solver_iteration_bytes[ph] / m.volume:.0f} B/site"))
+    made, slots = int(r.get("shift_updates_md", -1)), int(r.get("shift_slots_md", -1))
+    if m.md_shift_bytes and 0 <= made < slots:      # converged shifts stopped: the updates made, not n x poles
+        n = int(r["cg_md"])
+        out[-1] = Row("solvers MD", t("time_fermion_solver_MD"), (n * m.md_iteration_bytes + made * m.md_shift_bytes)
+                      / bandwidth, f"{n} iterations x {m.md_iteration_bytes / m.volume:.0f} B/site + {made} shift "
+                      f"updates x {m.md_shift_bytes / m.volume:.0f} B/site")
     builds = int(r["fermion_link_builds"])
     smear = MATRIX * (16 + 8 * m.groups) * m.volume
     out.append(Row("link smearing", t("time_fermion_links"), builds * smear / bandwidth,

@@ -61,8 +61,10 @@ def test_one_trajectory_and_its_report(one_trajectory):
 
 # bytes a site of each floor on the 4^4 run of runs/hisq211_8.toml (bench/rhmc_floors.py's formulas, by hand): the
 # deck's pseudofermions have 9/11/11 (MD/GR/FA) poles, then four of 7/9/9; two Naik-epsilon groups; all in double
+# The deck stops converged shifts (stop_converged_shifts): the MD floor is its iterations x (A + the base
+# system's 5 vectors) plus the shift updates made x 4 vectors
 FLOOR_BYTES = {"solvers GR": 2864 + (5 + 4 * 9) * 24, "solvers FA": 2864 + (5 + 4 * 9) * 24,
-               "solvers MD": 2864 + (5 + 4 * 7) * 24, "link smearing": 144 * (16 + 8 * 2),
+               "solvers MD": 2864 + 5 * 24, "link smearing": 144 * (16 + 8 * 2),
                "fermion force: outer products": (9 + 4 * 7) * (1560 + 48) + 8 * 144 * 2,
                "fermion force: chain rule": 144 * (16 + 8 * 2), "gauge force": 12 * 144}
 
@@ -78,13 +80,17 @@ def test_each_phase_has_its_floor_and_the_fraction_reached(one_trajectory):
     head = next(i for i, line in enumerate(lines) if "floors at copy bandwidth" in line)
     assert "outside the molecular dynamics: momenta" in lines[head - 1]     # the trajectory's own timers
     bw = float(re.search(r"floors at copy bandwidth ([\d.]+) GB/s", lines[head]).group(1))
-    got = {}
+    got, shift_updates = {}, None
     for line in lines[head + 1:head + 8]:
         m = re.match(r"^ {8}(.+?) +([\d.e+-]+) +([\d.e+-]+) +([\d.]+)%  (\d+) "
                      r"(?:iterations|builds|evaluations|calls) x (\d+) B/site", line)
         assert m, line
         got[m.group(1)] = [float(m.group(i)) for i in (2, 3, 4)] + [int(m.group(5)), int(m.group(6))]
+        if m.group(1) == "solvers MD":
+            shift_updates = re.search(r"\+ (\d+) shift updates x (\d+) B/site", line)
     assert {k: v[4] for k, v in got.items()} == FLOOR_BYTES
+    assert shift_updates and int(shift_updates.group(2)) == 4 * 24          # x_i and p_i read and written
+    extra = {"solvers MD": int(shift_updates.group(1)) * 4 * 24}
     data = json.loads((tmp_path / "floors_4_numpy.json").read_text())
     (traj,) = data["trajectories"]
     assert traj["copy_GBps"] == pytest.approx(bw, abs=0.05) and data["lattice"] == [4, 4, 4, 4]
@@ -92,7 +98,8 @@ def test_each_phase_has_its_floor_and_the_fraction_reached(one_trajectory):
     assert set(rows) == set(FLOOR_BYTES)
     for name, (t, floor, pct, count, per_site) in got.items():
         p = rows[name]
-        assert p["floor_s"] == pytest.approx(count * per_site * 4 ** 4 / (traj["copy_GBps"] * 1e9), rel=1e-12)
+        assert p["floor_s"] == pytest.approx((count * per_site + extra.get(name, 0)) * 4 ** 4
+                                             / (traj["copy_GBps"] * 1e9), rel=1e-12)
         assert p["fraction"] == pytest.approx(p["floor_s"] / p["time_s"], rel=1e-12) and 0 < p["fraction"] < 1
         assert (t, floor) == pytest.approx((p["time_s"], p["floor_s"]), rel=1e-3) and pct == pytest.approx(
             100 * p["fraction"], abs=6e-3)
