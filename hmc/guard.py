@@ -332,11 +332,27 @@ def terminate_as_exception():
     sys.unraisablehook = hook
     try:
         yield
+    except Exception as e:
+        stop = signal_exception()
+        if stop is None:
+            raise
+        raise stop from e
     finally:
         for s, h in old.items():
             signal.signal(s, h)
         sys.unraisablehook = old_hook
         _received.clear()
+
+
+def signal_exception():
+    """The exception of the stop signal received (Terminated for SIGTERM, KeyboardInterrupt for SIGINT), or None.
+    What to raise when another error ends the work after a signal came: a handler's exception raised inside a C
+    extension's callback can come out as a different error (h5py's attribute iteration: "SystemError: <cyfunction
+    FastRLock.__exit__> returned a result with an exception set", seen in CI's kill suite), and the signal, not
+    that error, is what ended the run."""
+    if not _received:
+        return None
+    return Terminated() if _received[0] == signal.SIGTERM else KeyboardInterrupt()
 
 
 @contextmanager

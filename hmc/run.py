@@ -224,15 +224,21 @@ def _run_locked(path, trajectories, backend, show_progress, log, settings) -> ru
     pending = {}                             # "snapshot": the last complete trajectory not yet in the file
     try:
         _trajectories(path, state, u, rng, geom, monomials, fermions, schedule, expm, remaining, bar, log, pending)
-    except (IntegratorError, KeyboardInterrupt, guard.Terminated) as e:
-        # a trajectory that cannot be integrated (e.g. a solver that did not converge), SIGTERM or Ctrl-C: the
-        # trajectory under way is abandoned; the last complete one is written if it is not in the file yet
+    except BaseException as e:
+        # a trajectory that cannot be integrated (e.g. a solver that did not converge), SIGTERM or Ctrl-C (also when
+        # its exception came out of a C callback as another error: guard.signal_exception): the trajectory under
+        # way is abandoned; the last complete one is written if it is not in the file yet
+        stop = e if isinstance(e, (IntegratorError, KeyboardInterrupt, guard.Terminated)) else guard.signal_exception()
+        if stop is None:
+            raise
         with guard.signals_deferred():
             if "snapshot" in pending:
                 _checkpoint(path, state, pending, root)
             guard.discard_own_temporary(path)
         if root and isinstance(e, IntegratorError):
             log(f"STOPPED in trajectory {state.trajectory + 1}: {e}; {path} keeps trajectory {state.trajectory}")
+        if stop is not e:
+            raise stop from e
         raise
     if root:
         tested = [r["accepted"] for r in state.history[-remaining:] if not r["warmup"]]

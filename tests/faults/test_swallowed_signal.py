@@ -79,6 +79,53 @@ def test_signal_swallowed_in_gc_callback_stops_before_the_next_trajectory(monkey
     assert fingerprint(run) == fingerprint(ref)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+def test_signal_turned_into_another_error_by_a_c_callback_still_ends_as_the_signal(monkeypatch, tmp_path, capsys, sig,
+                                                                                   code, word):
+    """The handler's exception raised inside a C extension's callback can come out as another error (CI's kill suite:
+    h5py's attribute iteration, "SystemError: <cyfunction FastRLock.__exit__> returned a result with an exception
+    set"). hmc.guard.signal_exception turns it back into the signal's: exit 143 (130) in one line, the complete
+    trajectories written, nothing left behind, the resumed run bitwise the uninterrupted one."""
+    import hmc.guard as guard
+
+    deck = tiny_deck(str(tmp_path), trajectories=TRAJ)
+    ref, run = str(tmp_path / "ref.h5"), str(tmp_path / "run.h5")
+    assert main(["init", deck, "-o", ref]) == 0 and main(["init", deck, "-o", run]) == 0
+    assert main(["run", ref, "--no-progress"]) == 0
+    real, calls = hmc.run.hmc_trajectory, []
+
+    def trajectory(*a, **k):
+        calls.append(1)
+        if len(calls) == AT + 1:              # the signal lands in a C callback during this trajectory
+            guard._received.append(sig)
+            raise SystemError("<cyfunction FastRLock.__exit__> returned a result with an exception set")
+        return real(*a, **k)
+
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        m.setattr(hmc.run, "hmc_trajectory", trajectory)
+        rc = main(["run", run, "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == code, err
+    assert word in one_line(err) and "Traceback" not in err and "SystemError" not in err
+    assert load(run).trajectory == AT and leftovers(str(tmp_path)) == []
+    assert main(["run", run, "--no-progress"]) == 0
+    assert fingerprint(run) == fingerprint(ref)
+
+
+def test_an_error_without_a_signal_is_not_taken_for_one():
+    import hmc.guard as guard
+
+    with pytest.raises(SystemError):
+        with guard.terminate_as_exception():
+            raise SystemError("a real bug")
+    with pytest.raises(Terminated):
+        with guard.terminate_as_exception():
+            guard._received.append(signal.SIGTERM)
+            raise SystemError("the signal's exception, turned into another inside a C callback")
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_during_interpreter_teardown_ends_with_the_works_status(tmp_path, sig):
