@@ -270,17 +270,17 @@ print(json.dumps(out))
 '''
 
 
-def run_scenario(tmp, scenario: str, *argv) -> dict:
+def run_scenario(tmp, scenario: str, *argv, calls: str = STREAM_CALLS) -> dict:
     """``scenario`` (Python source) run in a fresh process under the stand-in ``cuda.bindings.driver`` (FAKE_DRIVER
-    with the recorded stream calls), in folder ``tmp``, without the caller's HMC_/MPI environment; the JSON object
-    its last output line prints."""
+    with ``calls``: by default the recorded stream calls), in folder ``tmp``, without the caller's HMC_/MPI
+    environment; the JSON object its last output line prints."""
     from tests.conftest import ROOT
 
     pkg = tmp / "fake" / "cuda" / "bindings"
     pkg.mkdir(parents=True)
     (tmp / "fake" / "cuda" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "driver.py").write_text(FAKE_DRIVER + STREAM_CALLS)
+    (pkg / "driver.py").write_text(FAKE_DRIVER + calls)
     (tmp / "scenario.py").write_text(scenario)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HMC_", "OMPI_", "PMI"))}
     env.update({"PYTHONPATH": f"{tmp / 'fake'}:{ROOT}", "OPENBLAS_NUM_THREADS": "1"})

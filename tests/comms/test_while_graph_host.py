@@ -7,12 +7,7 @@ passed to the body, the graph instantiated; launch and close. The real driver's 
 (tests/solvers/test_gpu_krylov_graph.py)."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from tests.comms.test_alloc_policy import FAKE_DRIVER
-from tests.conftest import ROOT
+from tests.comms.test_capture_nodes_host import run_scenario
 
 GRAPH_CALLS = r'''
 CUgraphNodeType = _Enum(0, CU_GRAPH_NODE_TYPE_CONDITIONAL=13)
@@ -91,18 +86,7 @@ print(json.dumps({"calls": drv.CALLS, "handles": seen}))
 
 
 def test_while_graph_calls_against_a_stand_in_driver(tmp_path):
-    pkg = tmp_path / "fake" / "cuda" / "bindings"
-    pkg.mkdir(parents=True)
-    (tmp_path / "fake" / "cuda" / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "driver.py").write_text(FAKE_DRIVER + GRAPH_CALLS)
-    (tmp_path / "scenario.py").write_text(SCENARIO)
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("HMC_", "OMPI_", "PMI"))}
-    env["PYTHONPATH"] = f"{tmp_path / 'fake'}:{ROOT}"
-    r = subprocess.run([sys.executable, str(tmp_path / "scenario.py")], capture_output=True, text=True, env=env,
-                       cwd=tmp_path, timeout=60)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_scenario(tmp_path, SCENARIO, calls=GRAPH_CALLS)
     calls = [tuple(c) for c in out["calls"]]
     graph = calls[0]
     assert graph == ("cuGraphCreate", 0)
