@@ -339,7 +339,8 @@ class GraphLoop:
         status = SLOT["status"]
         nbytes = 8 * self.readback
         rt = self.cp.cuda.runtime
-        launches = 1 if self._is_while(self.graph) else self.launches
+        whole = self.graph.loops_on_device            # a while graph: the whole solve in one launch
+        launches = 1 if whole else self.launches
         while True:
             for _ in range(launches):
                 self.graph.launch(self.stream)
@@ -354,13 +355,9 @@ class GraphLoop:
                                        "that slow")
             if self.host[status] != RUNNING:
                 return self.host[:self.readback].copy()
-            if launches == 1 and self._is_while(self.graph):
+            if whole:
                 raise RuntimeError("the device-side solver loop ended with its solve still running: its condition "
                                    "kernel did not see the state (run with HMC_SOLVER_GRAPH_WHILE=0)")
-
-    @staticmethod
-    def _is_while(graph) -> bool:
-        return type(graph).__name__ == "WhileGraph"
 
     def counters(self) -> dict:
         """Replays and captures so far (and the seconds the captures took), for the solver statistics."""

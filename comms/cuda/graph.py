@@ -19,6 +19,9 @@ class CapturedGraph:
     """``fn()`` captured on the CuPy ``stream`` and instantiated; :meth:`launch` replays it on a stream. ``graph``
     is the CUgraph (its nodes can be listed), ``exec`` the executable graph."""
 
+    #: whether one launch runs the whole loop on the device (:class:`WhileGraph`), not a fixed number of steps
+    loops_on_device = False
+
     def __init__(self, stream, fn):
         self.exec = None
         marks = creditfree.capture_marks()
@@ -80,6 +83,8 @@ class WhileGraph(CapturedGraph):
     body holds only kernels, memsets and copies: no stream memory operations, so no halo exchange of the GPU
     transports (their doorbells are such operations) can be inside one (docs/architecture.md, "Device-resident
     solvers")."""
+
+    loops_on_device = True
 
     def __init__(self, stream, fn):
         self.exec = None
