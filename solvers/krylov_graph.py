@@ -323,7 +323,7 @@ class GraphLoop:
     def _note_capture(self, key) -> None:
         """Count the capture under its :func:`capture_reason`; with ``solver_graph_log`` one stderr line."""
         why = ("dropped from the kept graphs (more than KEEP keys in turn)" if key in self.seen else
-               capture_reason(self.last_parts, key, self.held_elsewhere))
+               capture_reason(nearest_key(self.seen, key, self.last_parts), key, self.held_elsewhere))
         self.seen.add(key)
         self.reasons[why] = self.reasons.get(why, 0) + 1
         if getattr(self.geom.config, "solver_graph_log", False):
@@ -365,8 +365,8 @@ class GraphLoop:
 
 
 def capture_reason(last, key, held_elsewhere: bool = False) -> str:
-    """Why a loop captures ``key`` ((name, tuple) parts) after launching ``last``: "first" (no graph yet), else the
-    parts that differ, with the positions inside them ("operator[7, 8]": e.g. the hop's segment address and
+    """Why a loop captures ``key`` ((name, tuple) parts) against ``last`` (:func:`nearest_key`: the nearest key it
+    captured before): "first" (no graph yet), else the parts that differ, with the positions inside them ("operator[7, 8]": e.g. the hop's segment address and
     capacity, solvers.staggered_dist_cuda.DistHop.graph_key); "vectors (held by another solve)" where
     :meth:`GraphLoop.bind` left the solve its own vectors."""
     if last is None:
@@ -384,6 +384,28 @@ def capture_reason(last, key, held_elsewhere: bool = False) -> str:
         held = " (held by another solve)" if name == "vectors" and held_elsewhere else ""
         changed.append(f"{name}[{', '.join(map(str, where))}]{held}")
     return ", ".join(changed) if changed else "the same key"
+
+
+def _differences(a, b) -> int:
+    """How many positions of two keys ((name, tuple) parts) differ; a part of another length counts whole."""
+    old, n = dict(a), 0
+    for name, parts in b:
+        was = old.get(name)
+        n += (sum(x != y for x, y in zip(was, parts)) if was is not None and len(was) == len(parts)
+              else len(parts) + 1)
+    return n
+
+
+def nearest_key(seen, key, last=None):
+    """The key captured before (``seen``) that differs from ``key`` in the fewest positions (``last``, the key
+    launched last, where it is as near): what a new key is compared with, so that a reason names what is new rather
+    than what differs from the other operator the loop served just before; None where nothing was seen."""
+    best, fewest = last, _differences(last, key) if last is not None else None
+    for old in seen:
+        n = _differences(old, key)
+        if fewest is None or n < fewest:
+            best, fewest = old, n
+    return best
 
 
 def capture_reasons() -> dict:

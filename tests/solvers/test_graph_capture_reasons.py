@@ -53,3 +53,13 @@ def test_no_line_without_the_setting(capsys):
     loop = _loop(log=False)
     GraphLoop.capture(loop, _key(), lambda: None)
     assert loop.reasons == {"first": 1} and capsys.readouterr().err == ""
+
+
+def test_a_new_key_is_compared_with_the_nearest_key_seen_not_the_last_launched():
+    """A loop serving two operators in turn: the third operator's key differs from the last launched (operator B)
+    everywhere, but from operator A (seen earlier) in one position; the reason names that one."""
+    loop = _loop(log=False)
+    a, b, a2 = _key(operator=(10, 11, 12)), _key(operator=(20, 21, 22)), _key(operator=(10, 11, 99))
+    for key in (a, b, a2):
+        GraphLoop.capture(loop, key, lambda: None)
+    assert loop.reasons == {"first": 1, "operator[0, 1, 2]": 1, "operator[2]": 1}
