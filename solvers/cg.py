@@ -204,9 +204,18 @@ class CGInverse(InverseOperator):
     def adjoint(self):
         return self
 
-    def _solve(self, b, x0):
+    def solve_from_residual(self, b, x0, r0):
+        """:meth:`solve` from ``x0`` (in the operator's precision, used in place) whose true residual b - A x0 is
+        ``r0``, computed by the caller with the same arithmetic (the refinement's batched residuals,
+        :class:`solvers.multishift.RefinedShiftInverse`): the same solve and statistics, one product fewer here."""
+        x, stats = self._solve(b, x0, r0)
+        self.stats = stats
+        self.history.append(stats)
+        return x, stats
+
+    def _solve(self, b, x0, r0=None):
         run = _CGRun(self, b)
-        if run.trivial() or run.start(x0):
+        if run.trivial() or run.start(x0, r0):
             return run.x, run.finish_trivial()
         iters = graph_iterations(run.Ak, run.blas) if run.one else 0
         run.st.extra["graph_iterations"] = iters
@@ -273,8 +282,9 @@ class _CGRun:
             raise SolverBreakdownError(f"{self.inv.name}: the source has a non-finite norm ({self.bb})", self.st)
         return False
 
-    def start(self, x0) -> bool:
-        """The initial residual and the first reduction; True when the start already meets the tolerance."""
+    def start(self, x0, r0=None) -> bool:
+        """The initial residual (``r0``: given, b - A x0 with x0 in the operator's precision) and the first
+        reduction; True when the start already meets the tolerance."""
         A, Ai, st, xp = self.A, self.Ai, self.st, self.xp
         self.stop = self.inv.tol * self.inv.tol * self.bb
         if x0 is None:
@@ -282,8 +292,8 @@ class _CGRun:
             r = self.b.copy()
             self.rr = self.bb
         else:
-            self.x = xp.asarray(x0).astype(A.dtype, copy=True)
-            r = self.b - A(self.x)
+            self.x = xp.asarray(x0).astype(A.dtype, copy=r0 is None)
+            r = self.b - A(self.x) if r0 is None else r0
             st.matvecs += 1
             self.flops += A.flops + (_FL_AXPY + _FL_NORM) * self.numbers
             self.rr = norm2(self.geom, r)

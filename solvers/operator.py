@@ -180,6 +180,11 @@ class Operator:
     def _apply(self, psi):  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def apply_many(self, psis) -> list:
+        """[self(psi) for psi in psis]; operators with a batched form (the even-odd normal operator) override it
+        with the same numbers in fewer passes over their links."""
+        return [self(psi) for psi in psis]
+
     def adjoint(self) -> "Operator":
         if self.hermitian:
             return self

@@ -106,6 +106,9 @@ class DistHop(CudaHop):
 
     compact = False
 
+    #: no batched hop across ranks (its faces would need buffers for n fields): StaggeredDslash.hop_many loops
+    many = None
+
     def __init__(self, dslash, twin: bool = False):
         self.dslash = dslash
         geom = dslash.geom
