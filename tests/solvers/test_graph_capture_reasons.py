@@ -18,7 +18,9 @@ def _key(vectors=(1, 2, 3), operator=(10, 11, 12), settings=(0.5, False, 7)):
 def test_reasons_name_the_changed_parts_and_positions():
     assert capture_reason(None, _key()) == "first"
     assert capture_reason(_key(), _key(operator=(10, 99, 98))) == "operator[1, 2]"
-    assert capture_reason(_key(), _key(vectors=(1, 5, 3), settings=(0.25, False, 7))) == "vectors[1], settings[0]"
+    assert capture_reason(_key(), _key(vectors=(1, 5, 3), settings=(0.25, False, 7))) == \
+        "vectors[1], settings[0] (0.5 -> 0.25)"
+    assert capture_reason(_key(), _key(settings=(0.5, False, 8))) == "settings[2]"
     assert capture_reason(_key(), _key(vectors=(4, 5, 6)), held_elsewhere=True) == \
         "vectors[0, 1, 2] (held by another solve)"
     assert capture_reason(_key(), _key(operator=(10, 11))) == "operator[length 2]"
