@@ -141,6 +141,20 @@ class Geometry(SiteLattice):
         """Where this lattice lives and so which kernels serve it (:func:`lattice.placement.placement_of`)."""
         return placement_of(self)
 
+    def kept(self, name, make):
+        """The site field ``make()`` known by ``name`` (hashable: what it is, e.g. ("phases", "naik", bc)), made
+        once per backend for this local box: for fields that are a function of the global extents, the local shape
+        and its offset alone (the staggered phases, eps(x)), which the force asks for at every evaluation.
+        Read-only where the array library has the flag (NumPy): callers multiply by it, never write into it."""
+        key = ("kept site field", name, tuple(self.dims), tuple(self.shape), tuple(self.offset))
+
+        def build():
+            a = make()
+            if isinstance(a, np.ndarray):
+                a.flags.writeable = False
+            return a
+        return self.backend.kernel(key, build)
+
     def parity(self):
         """0 on even sites (x+y+z+t even), 1 on odd ones."""
         x, y, z, t = self.coordinates()

@@ -83,8 +83,10 @@ def parity_sites(geom, parity: int):
 
 
 def epsilon(geom, dtype=np.float64):
-    """eps(x) = +1 on even sites, -1 on odd ones, shape (nt, nz, ny, nx, 1), ready to multiply a field."""
-    return (1 - 2 * geom.parity()).astype(dtype)[..., None]
+    """eps(x) = +1 on even sites, -1 on odd ones, shape (nt, nz, ny, nx, 1), ready to multiply a field (made once:
+    :meth:`lattice.geometry.SiteLattice.kept`)."""
+    dtype = np.dtype(dtype)
+    return geom.kept(("epsilon", dtype.str), lambda: (1 - 2 * geom.parity()).astype(dtype)[..., None])
 
 
 def project(psi, geom, parity: int):

@@ -28,8 +28,9 @@ fi
 
 if want rhmc; then
 s=$(date +%s)
-timeout 110 python3 -m hmc --backend cupy scaling --lattice 16^4 --ranks 1 2 4 --transports event stream_gated --mps \
-  --what rhmc --repeats 1 -o "$O/rhmc.h5" --force --report-dir "$O/rhmc" > "$O/rhmc.log" 2>&1
+# 3 repeats (the median): one-trajectory times varied by 15 % between calls on 2026-12-03 (runs/scaling/gpu_session15_2026-12-03)
+timeout 160 python3 -m hmc --backend cupy scaling --lattice 16^4 --ranks 1 2 4 --transports event stream_gated --mps \
+  --what rhmc --repeats ${RHMC_REPEATS:-3} -o "$O/rhmc.h5" --force --report-dir "$O/rhmc" > "$O/rhmc.log" 2>&1
 echo "rhmc scaling rc=$? ($(( $(date +%s) - s )) s)"
 grep -iE "graph|traj|stream_gated|event|serial" "$O/rhmc.log" | tail -30
 grep -E "^\| [124] \|" "$O/rhmc/report.md" 2>/dev/null | head -12
