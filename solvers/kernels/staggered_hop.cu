@@ -204,7 +204,11 @@ __device__ void hop_many(const unsigned long long *psis, const typename C2<R>::T
     for (int c0 = 0; c0 < nvec; c0 += MANY) {
         const int kc = nvec - c0 < MANY ? nvec - c0 : MANY;
         T acc[MANY][3];
-        for (int k = 0; k < MANY; ++k) for (int e = 0; e < 3; ++e) { acc[k][e].x = 0; acc[k][e].y = 0; }
+        #pragma unroll
+        for (int k = 0; k < MANY; ++k) {
+            #pragma unroll
+            for (int e = 0; e < 3; ++e) { acc[k][e].x = 0; acc[k][e].y = 0; }
+        }
         for (int h = 0; h < nhop; ++h) {
             const int per = nhop / 4;
             const int mu = h / per;
@@ -234,14 +238,19 @@ __device__ void hop_many(const unsigned long long *psis, const typename C2<R>::T
                 madd<R>(acc[k][2], l6, v0); madd<R>(acc[k][2], l7, v1); madd<R>(acc[k][2], l8, v2);
             }
         }
-        for (int k = 0; k < kc; ++k) {
+        #pragma unroll
+        for (int k = 0; k < MANY; ++k) {      // unrolled with static indices: acc stays in registers
+            if (k >= kc) break;
             T *out = (T *)outs[c0 + k];
             T r[3];
+            #pragma unroll
             for (int e = 0; e < 3; ++e) { r[e].x = b * acc[k][e].x; r[e].y = b * acc[k][e].y; }
             if (xs != 0) {
                 const T *x = (const T *)xs[c0 + k];
+                #pragma unroll
                 for (int e = 0; e < 3; ++e) { r[e].x += a * x[o + e].x; r[e].y += a * x[o + e].y; }
             }
+            #pragma unroll
             for (int e = 0; e < 3; ++e) out[o + e] = r[e];
         }
     }
