@@ -173,32 +173,32 @@ class CudaHop:
                      np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), np.int32(bool(compact)),
                      np.int32(clong), 0 if frozen is None else frozen))
 
-
     def many(self, psis, parity, outs, a, xs, b, compact=False):
         """``self(psi_k, parity, out_k, a, x_k, b)`` for every k in one launch (``hop_many``: each hop's links loaded
-        once for up to 4 fields): the same numbers. ``xs``: None (no a x term) or one field per psi."""
+        once for up to 4 fields): the same numbers. ``xs``: None (no a x term) or one field per psi. The fields'
+        addresses go to the device in one table (psis, outs, then xs), one copy a call."""
         geom = self.dslash.geom
         nx, ny, nz, nt = geom.local_dims
         links, clong, _ = self._entry(parity)
         vh = links.shape[1]
-        cp = self.cp
+        cp, n = self.cp, len(psis)
         psis = [cp.ascontiguousarray(p) for p in psis]
         use_x = xs is not None and a != 0.0
-        xs = [cp.ascontiguousarray(x) for x in xs] if use_x else None
-        tables = [cp.asarray(np.array([_address(f) for f in fields], dtype=np.uint64))
-                  for fields in (psis, outs) + ((xs,) if use_x else ())]
+        fields = psis + list(outs) + ([cp.ascontiguousarray(x) for x in xs] if use_x else [])
+        table = cp.asarray(np.array([_address(f) for f in fields], dtype=np.uint64))
         kernel = cuda_source.function(geom.backend, "solvers", "staggered_hop.cu",
                                       "hop_many_single" if self.real == np.float32 else "hop_many_double")
         kernel(((vh + BLOCK - 1) // BLOCK,), (BLOCK,),
-               (tables[0], links, tables[1], tables[2] if use_x else 0, np.int32(len(psis)), self.real(a),
-                self.real(b), np.int32(parity), np.int32(self.nhop), np.int32(nx), np.int32(ny), np.int32(nz),
-                np.int32(nt), np.int32(bool(compact)), np.int32(clong)))
+               (table, links, table[n:], table[2 * n:] if use_x else 0, np.int32(n), self.real(a), self.real(b),
+                np.int32(parity), np.int32(self.nhop), np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt),
+                np.int32(bool(compact)), np.int32(clong)))
 
 
 def _address(a) -> int:
     """A field's device address for a kernel's pointer table (a NumPy array's own address on the host build of the
     kernels, tests/force/cuda_host.py)."""
     return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
+
 
 def _even_x(geom, dslash) -> bool:
     """The checkerboard index arithmetic of the kernel needs an even local x extent (else the array body)."""
