@@ -398,11 +398,7 @@ class FermionMonomial:
                 xs, _ = self._solve(ls, k, "MD", call, self.phi[k])
                 t0 = time.perf_counter()
                 zs = [x.copy() for x in xs]                   # X_l on even sites
-                if geom.config.batched_hops:
-                    d.hop_many(xs, 1, zs)                     # Y_l = D_oe X_l on odd sites, the hops batched
-                else:
-                    for x, z in zip(xs, zs):
-                        d.hop(x, 1, z)
+                d.hop_many(xs, 1, zs)                         # Y_l = D_oe X_l on odd sites (batched_hops: batched)
                 add_outer_products(geom, zs, 2.0 * approx.residues, f_acc, l_acc)   # one kernel on a GPU
                 geom.backend.synchronize()
                 self.stats.add_time("outer", time.perf_counter() - t0)

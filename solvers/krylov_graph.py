@@ -382,12 +382,11 @@ def capture_reason(last, key, held_elsewhere: bool = False) -> str:
             continue
         where = [i for i, (a, b) in enumerate(zip(was, parts)) if a != b]
         held = " (held by another solve)" if name == "vectors" and held_elsewhere else ""
-        values = ""
-        if name == "settings":            # small numbers (the base shift, the precision flag): say which
-            values = " (" + ", ".join(f"{was[i]!r} -> {parts[i]!r}" for i in where
-                                      if isinstance(parts[i], (float, bool))) + ")"
-            values = "" if values == " ()" else values
-        changed.append(f"{name}[{', '.join(map(str, where))}]{held}{values}")
+        # the settings' small numbers (the base shift, the precision flag): say which
+        values = [f"{was[i]!r} -> {parts[i]!r}" for i in where
+                  if name == "settings" and isinstance(parts[i], (float, bool))]
+        shown = f" ({', '.join(values)})" if values else ""
+        changed.append(f"{name}[{', '.join(map(str, where))}]{held}{shown}")
     return ", ".join(changed) if changed else "the same key"
 
 

@@ -26,7 +26,7 @@ from .cg import (InverseOperator, SolverConvergenceError, SolverStats, _fail_mes
                  mixed_precision)
 from .krylov_graph import graph_iterations, multishift_iterations
 from .multishift_run import _MultishiftRun
-from .operator import Operator
+from .operator import Operator, add_shift
 
 
 class ShiftInverse:
@@ -218,18 +218,14 @@ class ShiftByShift(ShiftInverse):
 
 
 def true_residuals(op, b, xs, shifts) -> tuple[list, list]:
-    """(x_i in ``op``'s precision, r_i = b - (op + s_i) x_i): the refinement's starting residuals, with the products
-    of all shifts batched (:meth:`solvers.operator.Operator.apply_many`: on one GPU each hop's links read once for up
-    to 4 fields) and the same arithmetic as one :class:`solvers.operator.ShiftedOperator` product each (op x, then
-    + s x, then b minus it), so the refinement's solves are those of the unbatched path."""
+    """(x_i in ``op``'s precision, r_i = b - (op + s_i) x_i): the refinement's starting residuals, the products of all
+    shifts made together (:meth:`solvers.operator.Operator.apply_many`: with ``batched_hops`` on one GPU, each hop's
+    links read once for up to 4 fields) and shifted as :class:`solvers.operator.ShiftedOperator` shifts
+    (:func:`solvers.operator.add_shift`), so each shift's CG starts where it would from x_i alone."""
     xp = op.xp
     bd = xp.asarray(b).astype(op.dtype, copy=False)
     xds = [xp.asarray(x).astype(op.dtype, copy=True) for x in xs]
-    rs = []
-    for out, x, s in zip(op.apply_many(xds), xds, shifts):
-        out += float(s) * x
-        rs.append(bd - out)
-    return xds, rs
+    return xds, [bd - add_shift(out, x, s) for out, x, s in zip(op.apply_many(xds), xds, shifts)]
 
 
 @dataclass(frozen=True)
@@ -273,11 +269,8 @@ class RefinedShiftInverse(ShiftInverse):
         st.solver = self.name
         refine = []
         if st.converged:
-            if self.op.geom.config.batched_hops:
-                xs, rs = true_residuals(self.op, b, xs, self.shifts)
-                xs, rst = self.refine.solve_from_residuals(b, xs, rs)
-            else:
-                xs, rst = self.refine.solve(b, xs, check=False)
+            xs, rs = true_residuals(self.op, b, xs, self.shifts)
+            xs, rst = self.refine.solve_from_residuals(b, xs, rs)
             refine = rst.extra["solves"]
             st.converged = all(r.converged for r in refine)
             st.true_residuals = [r.true_residual for r in refine]

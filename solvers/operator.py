@@ -256,6 +256,13 @@ class ProductOperator(Operator):
         return ProductOperator(self.a.converted(dtype), self.b.converted(dtype))
 
 
+def add_shift(out, psi, sigma: float):
+    """out += sigma psi, in place, returned: the shift of (A + sigma) psi = A psi + sigma psi, in the one order
+    that :class:`ShiftedOperator` and the refinement's batched residuals (solvers.multishift.true_residuals) share."""
+    out += float(sigma) * psi
+    return out
+
+
 class ShiftedOperator(Operator):
     """A + sigma with a real shift sigma; Hermitian when A is."""
 
@@ -266,9 +273,7 @@ class ShiftedOperator(Operator):
         self.name = f"{op.name} + {self.sigma:g}"
 
     def _apply(self, psi):
-        out = self.op(psi)
-        out += self.sigma * psi
-        return out
+        return add_shift(self.op(psi), psi, self.sigma)
 
     def _space_parity(self):
         return self.op.space.parity

@@ -84,7 +84,7 @@ def parity_sites(geom, parity: int):
 
 def epsilon(geom, dtype=np.float64):
     """eps(x) = +1 on even sites, -1 on odd ones, shape (nt, nz, ny, nx, 1), ready to multiply a field (made once:
-    :meth:`lattice.geometry.SiteLattice.kept`)."""
+    :meth:`lattice.geometry.Geometry.kept`)."""
     dtype = np.dtype(dtype)
     return geom.kept(("epsilon", dtype.str), lambda: (1 - 2 * geom.parity()).astype(dtype)[..., None])
 
@@ -257,9 +257,9 @@ class StaggeredDslash(Operator):
         return out
 
     def hop_many(self, psis, parity: int, outs=None, a: float = 0.0, xs=None, b: float = 1.0) -> list:
-        """[hop(psi_k, parity, out_k, a=a, x=x_k, b=b) for each k] on full-lattice fields, the same numbers: one
-        launch of the one-GPU kernel (``CudaHop.many``: each hop's links read once for up to 4 fields), else one
-        hop each. ``outs``: None (zero fields) or C-contiguous fields, whose other parity is left as it is;
+        """[hop(psi_k, parity, out_k, a=a, x=x_k, b=b) for each k] on full-lattice fields, the same numbers: with the
+        run configuration's ``batched_hops``, one launch of the one-GPU kernel (``CudaHop.many``: each hop's links
+        read once for up to 4 fields), else (or on hops without it) one hop each. ``outs``: None (zero fields) or C-contiguous fields, whose other parity is left as it is;
         ``xs``: None or one field per psi."""
         shape = self.field_shape
         psis = [self._as_field(p, shape) for p in psis]
@@ -268,7 +268,7 @@ class StaggeredDslash(Operator):
         elif any(not o.flags.c_contiguous or o.dtype != self.dtype or tuple(o.shape) != shape for o in outs):
             raise ValueError(f"hop_many: outs must be C-contiguous {self.dtype} arrays of shape {shape}")
         xs = None if xs is None else [self._as_field(x, shape) for x in xs]
-        many = getattr(self._hop_impl, "many", None)
+        many = getattr(self._hop_impl, "many", None) if self.geom.config.batched_hops else None
         if many is None or len(psis) < 2:
             for k, (psi, out) in enumerate(zip(psis, outs)):
                 self.hop(psi, parity, out, a=a, x=None if xs is None else xs[k], b=b)

@@ -21,6 +21,10 @@ DIMS = (4, 4, 4, 6)
 SHIFTS = (2e-3, 1e-2, 0.05, 0.3, 1.5)
 
 
+def _batched(on: bool) -> RunConfig:
+    return RunConfig.resolve(cli={"batched_hops": on}, env={})
+
+
 def _links(seed=5):
     fat, long = random_links(Geometry(DIMS), seed=seed)
     return np.asarray(fat), np.asarray(long)
@@ -37,7 +41,7 @@ def _fields(n, dtype, seed=1):
 def test_hop_many_is_one_hop_each_bitwise(dtype, nvec):
     """Both parities, with and without the a x term, across the kernel's chunks of 4 fields (5 and 9 fields: a
     partial last chunk), compressed Naik links (the default) included."""
-    host = Geometry(DIMS, Backend("cupy", FakeCuPy()))
+    host = Geometry(DIMS, Backend("cupy", FakeCuPy()), config=_batched(True))
     d = StaggeredDslash(host, *_links()).converted(dtype)
     assert isinstance(d._hop_impl, CudaHop) and d.links_compressed
     psis, xs = _fields(nvec, dtype, 2), _fields(nvec, dtype, 3)
@@ -51,14 +55,14 @@ def test_hop_many_is_one_hop_each_bitwise(dtype, nvec):
 @pytest.mark.parametrize("backend", ["numpy", pytest.param("host", marks=needs_gxx)])
 def test_apply_many_is_the_operator_on_each_field(backend):
     be = Backend("cupy", FakeCuPy()) if backend == "host" else Backend("numpy", np)
-    A = StaggeredDslash(Geometry(DIMS, be), *_links()).even_odd(0.0).normal
+    A = StaggeredDslash(Geometry(DIMS, be, config=_batched(True)), *_links()).even_odd(0.0).normal
     psis = _fields(5, np.complex128, 4)
     got = A.apply_many(psis)
     assert all(np.array_equal(g, A(p)) for g, p in zip(got, psis))
 
 
 def _refined(batched: bool, backend):
-    geom = Geometry(DIMS, backend, config=RunConfig.resolve(cli={"batched_hops": batched}, env={}))
+    geom = Geometry(DIMS, backend, config=_batched(batched))
     A = StaggeredDslash(geom, *_links(7)).even_odd(0.0).normal
     b = A(_fields(1, np.complex128, 8)[0])           # a source on the operator's parity (zero elsewhere)
     inv = multishift_cg(SHIFTS, 1e-8, 4000).mixed_precision()(A)
@@ -90,6 +94,26 @@ def test_true_residuals_are_the_shifted_operators():
         assert np.array_equal(r, b - A.shifted(s)(xd))
 
 
+def test_the_refinement_from_given_residuals_is_the_refinement():
+    """ShiftByShift from the batched residuals (what RefinedShiftInverse runs) against each CG making its own
+    starting residual from x_i: the same solutions bitwise and the same counts."""
+    from solvers import cg, mixed_precision
+    from solvers.multishift import ShiftByShift
+
+    geom = Geometry(DIMS)
+    A = StaggeredDslash(geom, *_links(7)).even_odd(0.0).normal
+    b = A(_fields(1, np.complex128, 8)[0])
+    xs, _ = multishift_cg(SHIFTS, 1e-4, 4000)(A.converted(np.complex64)).solve(b.astype(np.complex64))
+    refine = ShiftByShift(A, SHIFTS, mixed_precision(cg(1e-8, 4000, raise_on_fail=False)), raise_on_fail=False)
+    own, s_own = refine.solve(b, xs, check=False)
+    given, s_given = refine.solve_from_residuals(b, *true_residuals(A, b, xs, SHIFTS))
+    assert all(np.array_equal(a, c) for a, c in zip(own, given))
+    for r0, r1 in zip(s_own.extra["solves"], s_given.extra["solves"]):
+        assert (r0.iters, r0.matvecs, r0.milc_iters, r0.true_residual) == (r1.iters, r1.matvecs, r1.milc_iters,
+                                                                           r1.true_residual)
+    assert sum(r.iters for r in s_own.extra["solves"]) > 0
+
+
 def test_off_by_default():
     assert RunConfig().batched_hops is False
 
@@ -102,7 +126,7 @@ def test_gpu_hop_many_is_one_hop_each(dtype):
     """The CUDA build: the batched hop equals one hop each bitwise (the same sums in the same order)."""
     from lattice import get_backend
 
-    gpu = Geometry(DIMS, get_backend("cupy"))
+    gpu = Geometry(DIMS, get_backend("cupy"), config=_batched(True))
     d = StaggeredDslash(gpu, *_links()).converted(dtype)
     cp = gpu.xp
     psis, xs = [cp.asarray(f) for f in _fields(6, dtype, 2)], [cp.asarray(f) for f in _fields(6, dtype, 3)]
@@ -125,7 +149,7 @@ def test_gpu_batched_residuals_give_the_same_refinement():
 @needs_gxx
 def test_hop_many_into_given_fields_leaves_their_other_parity():
     """The outer products' form (hmc/rhmc.py): z_l = X_l copied, then D_oe X_l written on the odd sites only."""
-    host = Geometry(DIMS, Backend("cupy", FakeCuPy()))
+    host = Geometry(DIMS, Backend("cupy", FakeCuPy()), config=_batched(True))
     d = StaggeredDslash(host, *_links())
     xs = _fields(5, np.complex128, 6)
     zs = [x.copy() for x in xs]
@@ -148,7 +172,7 @@ def test_outer_products_with_batched_hops_are_the_same(monkeypatch):
     pfs = read_rationals(fixture_path("rationals.sample.su3_rhmc_hisq_f211"))
     out = []
     for on in (False, True):
-        geom = Geometry((4, 4, 4, 4), config=RunConfig.resolve(cli={"batched_hops": on}, env={}))
+        geom = Geometry((4, 4, 4, 4), config=_batched(on))
         u = GaugeField(geom, su3.expm_su3(0.3 * random_momenta(geom, CounterRNG(5), "smooth"))
                        @ GaugeField.unit(geom).links)
         m = FermionMonomial([PseudofermionTerm(p, 1e-10, 1e-10, 1e-10, 10000) for p in pfs[:2]])
