@@ -46,7 +46,7 @@ def _eta_at(xp, mu: int, x, y, z, t, dims, time_bc: str):
 
 def staggered_phases(geom, time_bc: str = "antiperiodic"):
     """eta_mu(x) for mu = 0..3 (x, y, z, t), BC sign included: a float array (4,) + geom.shape of +-1 (made once:
-    :meth:`lattice.geometry.SiteLattice.kept`)."""
+    :meth:`lattice.geometry.Geometry.kept`)."""
     check_time_bc(time_bc)
     return geom.kept(("phases", "eta", time_bc), lambda: _staggered_phases(geom, time_bc))
 
@@ -59,7 +59,7 @@ def _staggered_phases(geom, time_bc):
 
 def naik_phases(geom, time_bc: str = "antiperiodic"):
     """eta_mu(x) eta_mu(x+mu) eta_mu(x+2mu), BC signs included: the sign of the Naik path x -> x+3mu (made once:
-    :meth:`lattice.geometry.SiteLattice.kept`)."""
+    :meth:`lattice.geometry.Geometry.kept`)."""
     check_time_bc(time_bc)
     return geom.kept(("phases", "naik", time_bc), lambda: _naik_phases(geom, time_bc))
 

@@ -1,4 +1,4 @@
-"""The staggered phases and eps(x) are made once per backend and local box (lattice.geometry ``SiteLattice.kept``):
+"""The staggered phases and eps(x) are made once per backend and local box (lattice.geometry ``Geometry.kept``):
 the same array on every call, the same numbers as built afresh, read-only on NumPy, and per box (the key holds the
 global extents, the local shape and the block's offset): another lattice gets its own. No GPU."""
 from __future__ import annotations
