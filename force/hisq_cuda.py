@@ -52,7 +52,7 @@ import numpy as np
 from comms.config import RunConfig
 from lattice import cuda_source
 from lattice.backend import backend_of
-from lattice.padded import PaddedLinks, pad_links, pad_offset
+from lattice.padded import PaddedLinks, pad_links, pad_offset, padded_face_bytes
 from lattice.placement import Placement, holds_whole_lattice, implements, pads_on_gpu, placement_of, set_switch, \
     switch_on
 
@@ -467,6 +467,27 @@ def outer_acc(geom, zs, coeffs, f_acc, l_acc):
         offset = pad_offset(geom, OUTER_DEPTH)
     n, ext = PaddedLinks(z, geom.local_dims, offset).region(0)
     _fn(geom.backend, "outer_acc")(_grid(4 * n), (BLOCK,), (z, c, f_acc, l_acc, np.int32(len(zs))) + ext)
+
+
+def force_halo_bytes(geom, n_vectors: int) -> int:
+    """The largest face (bytes) of the padded exchanges of one HISQ link build and force on ``geom``: the smearing's
+    links (4 matrices a site at the depth of both levels; fat_depth is at most 2), the chain rule's links with their
+    incoming derivative (8 matrices at :data:`VJP_DEPTH` and at the Naik depth) and :func:`outer_acc`'s
+    ``n_vectors`` colour vectors (the largest number of poles of one pseudofermion's MD function) at
+    :data:`OUTER_DEPTH`; complex128 throughout."""
+    matrix, vector = 9 * 16, 3 * 16
+    needs = [(max(2, naik_depth()), 4 * matrix), (VJP_DEPTH, 8 * matrix), (naik_depth(), 8 * matrix),
+             (OUTER_DEPTH, int(n_vectors) * vector)]
+    return max(padded_face_bytes(geom, depth, site) for depth, site in needs)
+
+
+def reserve_force_halos(geom, n_vectors: int) -> None:
+    """Grow the halo engine's buffers now to :func:`force_halo_bytes` (collective), on a geometry whose force runs
+    on padded links: a growth later moves the engine's segment, whose addresses the solvers' CUDA graphs bake in,
+    so every solve after it would capture its graphs again (on 2 ranks: the heat-bath solves of the second
+    trajectory, issue 17)."""
+    if pads_on_gpu(geom, 1):
+        geom.grid.halo.reserve(force_halo_bytes(geom, n_vectors))
 
 
 # --- the implementations lattice.placement chooses from (the array twins register in force.smearing,

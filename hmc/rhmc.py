@@ -35,6 +35,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from force.hisq_cuda import reserve_force_halos
 from force.hisq_force import add_outer_products, asqtad_force, hisq_force
 from force.hisq_links import asqtad_links, hisq_links_multi
 from force.phases import check_time_bc
@@ -266,6 +267,9 @@ class FermionMonomial:
         c = self._cache = None
         t0 = time.perf_counter()
         if self.action_name == "hisq":
+            if not any(d.geom is u.geom for d, _ in self._ops.values()):
+                # before the first solve: the force's padded exchanges must not grow the halo buffers later
+                reserve_force_halos(u.geom, max(len(t.approximation("MD").residues) for t in self.terms))
             fl = dict(zip(self.epsilons, hisq_links_multi(u, self.epsilons, self.time_bc, self.unitarization_group)))
         else:
             fl = {0.0: asqtad_links(u, self.u0, self.time_bc)}

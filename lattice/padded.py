@@ -65,3 +65,17 @@ def pad_offset(geom, depth: int) -> tuple:
     """Where the local lattice starts in a box padded by ``depth`` (:meth:`lattice.Geometry.padded`): the depth on
     partitioned dimensions, 0 elsewhere (x first)."""
     return tuple(depth if geom.grid.partitioned[mu] else 0 for mu in range(4))
+
+
+def padded_face_bytes(geom, depth: int, site_bytes: int) -> int:
+    """The largest face one exchange of :meth:`lattice.Geometry.padded` at ``depth`` sends, in bytes, for fields
+    of ``site_bytes`` a site: along each partitioned dimension mu in increasing order, ``depth`` slabs of the box
+    padded so far (the earlier partitioned dimensions carry their pads, the later ones only their interior;
+    comms/stencil.py). 0 when nothing is partitioned."""
+    ext, largest = list(geom.local_dims), 0
+    for mu in range(4):
+        if geom.grid.partitioned[mu]:
+            slab = int(np.prod([ext[nu] for nu in range(4) if nu != mu]))
+            largest = max(largest, depth * slab * int(site_bytes))
+            ext[mu] += 2 * depth
+    return largest

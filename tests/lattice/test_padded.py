@@ -184,3 +184,25 @@ def _worker(kind, out, grid_text):
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] in ("cpu", "gpu"):
         _worker(sys.argv[1], sys.argv[2], sys.argv[3])
+
+
+@pytest.mark.parametrize("partition", ["t", "zt", "xyzt"])
+def test_padded_face_bytes_is_the_largest_face_sent(partition):
+    """lattice.padded.padded_face_bytes (what the force reserves the halo buffers by) equals the largest face the
+    exchanges of Geometry.padded hand the engine, for matrices and colour vectors at depths 1 to 3."""
+    from comms import ProcessGrid
+    from lattice import Geometry, get_backend
+    from lattice.padded import padded_face_bytes
+
+    geom = Geometry((4, 6, 4, 8), get_backend("numpy"), ProcessGrid((1, 1, 1, 1), partitioned=partition))
+    engine, asked = geom.grid.halo, []
+    reserve = engine.reserve
+    engine.reserve = lambda nbytes: asked.append(nbytes) or reserve(nbytes)
+    try:
+        for depth in (1, 2, 3):
+            for site in ((4, 3, 3), (7, 3)):
+                asked.clear()
+                geom.padded(np.zeros(geom.shape + site, dtype=np.complex128), depth)
+                assert max(asked) == padded_face_bytes(geom, depth, 16 * int(np.prod(site)))
+    finally:
+        geom.grid.close()

@@ -63,8 +63,9 @@ def test_apply_many_is_the_operator_on_each_field(backend):
 
 def _refined(batched: bool, backend):
     geom = Geometry(DIMS, backend, config=_batched(batched))
-    A = StaggeredDslash(geom, *_links(7)).even_odd(0.0).normal
-    b = A(_fields(1, np.complex128, 8)[0])           # a source on the operator's parity (zero elsewhere)
+    xp = geom.xp
+    A = StaggeredDslash(geom, *(xp.asarray(u) for u in _links(7))).even_odd(0.0).normal
+    b = A(xp.asarray(_fields(1, np.complex128, 8)[0]))  # a source on the operator's parity (zero elsewhere)
     inv = multishift_cg(SHIFTS, 1e-8, 4000).mixed_precision()(A)
     return inv.solve(b)
 
@@ -127,8 +128,8 @@ def test_gpu_hop_many_is_one_hop_each(dtype):
     from lattice import get_backend
 
     gpu = Geometry(DIMS, get_backend("cupy"), config=_batched(True))
-    d = StaggeredDslash(gpu, *_links()).converted(dtype)
     cp = gpu.xp
+    d = StaggeredDslash(gpu, *(cp.asarray(u) for u in _links())).converted(dtype)
     psis, xs = [cp.asarray(f) for f in _fields(6, dtype, 2)], [cp.asarray(f) for f in _fields(6, dtype, 3)]
     for parity in (0, 1):
         got = d.hop_many(psis, parity, a=0.37, xs=xs, b=-1.0)
