@@ -203,7 +203,7 @@ SETTINGS = {
                                   "body holds this many iterations (0: a host check every HMC_SOLVER_GRAPH)"),
     "solver_graph_log": Setting("HMC_SOLVER_GRAPH_LOG", _flag(False), False,
                                 "one stderr line per solver CUDA-graph capture: the loop and what changed in its key"),
-    "batched_hops": Setting("HMC_BATCHED_HOPS", _flag(False), False,
+    "batched_hops": Setting("HMC_BATCHED_HOPS", _flag(True), True,
                             "batched hops over several fields (one pass over the links for up to 4 on one GPU): the "
                             "refinement's starting true residuals, the fermion force's outer-product hops"),
     "multishift_reliable": Setting("HMC_MULTISHIFT_RELIABLE", _flag(False), False,
@@ -281,7 +281,7 @@ class RunConfig:
     solver_graph_log: bool = False
     solver_graph_while: int = 0
     multishift_reliable: bool = False
-    batched_hops: bool = False
+    batched_hops: bool = True
     checks_dir: str | None = None
     fault_inject: str = ""
     mpiexec: str | None = None

@@ -115,8 +115,9 @@ def test_the_refinement_from_given_residuals_is_the_refinement():
     assert sum(r.iters for r in s_own.extra["solves"]) > 0
 
 
-def test_off_by_default():
-    assert RunConfig().batched_hops is False
+def test_on_by_default():
+    assert RunConfig().batched_hops is True
+    assert RunConfig.resolve(cli={}, env={"HMC_BATCHED_HOPS": "0"}).batched_hops is False
 
 
 # --- on the device (pytest -m gpu) --------------------------------------------------------------------------------
