@@ -11,6 +11,8 @@ refinement (seconds, iterations). The synchronizations cost a little; the totals
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import re
 import sys
 import tempfile
@@ -82,7 +84,8 @@ def _patch_refinement() -> None:
 
 def _patch_methods() -> None:
     """The monomials' phases, the link updates and the chain rule as named frames of the stack."""
-    from force import hisq_force as hf
+    from force import hisq_force as hf, hisq_links, phases
+    from solvers import staggered
     from hmc import monomials, rhmc, trajectory
     from lattice import gauge, su3
 
@@ -92,7 +95,11 @@ def _patch_methods() -> None:
                                (rhmc.FermionMonomial, "links", "fermion links (smearing, cached)"),
                                (monomials.GaugeMonomial, "force", "gauge force"),
                                (gauge.GaugeField, "reunitarize", "reunitarize"),
-                               (hf, "hisq_level2_vjp", "chain rule level 2 (with phases, sums)")):
+                               (hf, "hisq_level2_vjp", "chain rule level 2 (with phases, sums)"),
+                               (hisq_links, "hisq_level1", "level 1 (fat7, unitarization)"),
+                               (hisq_links, "smear", "level 2 (smear)"),
+                               (phases, "apply_phases", "phases applied"),
+                               (staggered.StaggeredDslash, "set_links", "operator's links set (tables)")):
         setattr(owner, attr, _named(label, getattr(owner, attr)))
     rhmc.hisq_force = _named("chain rule (hisq_force)", rhmc.hisq_force)
     trajectory.su3.exp_update = _named("link update (exp_update)", su3.exp_update)
@@ -109,12 +116,23 @@ def _named(label, fn):
     return run
 
 
-def _patch_trajectory() -> None:
+def _patch_trajectory(cprofile: str | None) -> None:
+    """Each trajectory starts the tables afresh (the last one is printed); with ``cprofile``, each runs under
+    cProfile, its host-side table written to that file (the last trajectory's stays)."""
     original = hmc_run.hmc_trajectory
 
     def traj(*a, **k):
         TOTALS.clear()
-        return _timed("trajectory", original)(*a, **k)
+        if cprofile is None:
+            return _timed("trajectory", original)(*a, **k)
+        prof = cProfile.Profile()
+        out = prof.runcall(original, *a, **k)
+        SYNC[0]()
+        with open(cprofile, "w") as f:
+            stats = pstats.Stats(prof, stream=f)
+            stats.sort_stats("tottime").print_stats(45)
+            stats.sort_stats("cumulative").print_stats(70)
+        return out
     hmc_run.hmc_trajectory = traj
 
 
@@ -126,6 +144,8 @@ def main(argv=None) -> int:
     p.add_argument("--trajectories", type=int, default=2)
     p.add_argument("--steps", type=int, default=36)
     p.add_argument("--cgprec", nargs=3, type=int, default=[1, 2, 2])
+    p.add_argument("--cprofile", metavar="FILE", help="instead of the timers: cProfile each trajectory (host time, "
+                                                       "no synchronizations added), the last one's tables to FILE")
     args = p.parse_args(argv)
     if args.backend == "cupy":
         import cupy as cp
@@ -135,11 +155,14 @@ def main(argv=None) -> int:
     make_deck(Path(args.deck), deck, args.L, args.steps, args.trajectories, args.cgprec)
     if cli.main(["--backend", args.backend, "init", str(deck), "-o", str(runfile), "--force"]) != 0:
         return 1
-    _patch_lookups()
-    _patch_refinement()
-    _patch_methods()
-    _patch_trajectory()
+    if args.cprofile is None:
+        _patch_lookups()
+        _patch_refinement()
+        _patch_methods()
+    _patch_trajectory(args.cprofile)
     rc = cli.main(["--backend", args.backend, "run", str(runfile), "--no-progress"])
+    if args.cprofile is not None:
+        return rc
     print(f"\nthe last trajectory, {args.L}^4 {args.backend}, operation by operation (inclusive seconds; the "
           "pseudofermions' solves summed):")
     summed = defaultdict(lambda: [0, 0.0])
