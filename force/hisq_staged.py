@@ -30,6 +30,12 @@ staged_fat     U (4 M), inner (12 M)   F (4 M)     20 M
 :func:`force.hisq_cuda.fat_link` (runs/rhmc/README.md, "Link smearing and the fermion-force chain rule"). The
 intermediates A and inner take 2 x 12 link fields (3.6 GB at 32^4).
 
+Layout (:func:`element_major`): the kernels read U, A and inner element-major, element i of the matrix at site x
+at ``[i, x]`` of its field ((4, 9, V) and (12, 9, V)): the 32 threads of a warp, at consecutive sites, then read 512
+contiguous bytes a load instead of 16 bytes from each of 32 matrices 144 bytes apart (the links' site-major
+layout, (..., 3, 3)), which cost a cache wavefront per thread (docs/perf-notes.md "Element-major fields"). U is
+transposed once a build (8 M a site more than the table); F is written site-major by ``staged_fat``.
+
 One thread per output matrix (tools/kernel_resources.py lists the registers and spills). Register-lean forms
 (three threads a matrix, launch bounds, the chain rule's last stage split in two) were slower on the H200 and are
 gone (runs/rhmc/README.md, "Kernel forms"; docs/perf-notes.md).
@@ -91,13 +97,20 @@ def _grid(n):
     return ((int(n) + BLOCK - 1) // BLOCK,)
 
 
+def element_major(xp, fields):
+    """The element-major copy (n, 9, V) of ``fields`` (n, nt, nz, ny, nx, 3, 3): element i of the matrix at site x
+    at ``[., i, x]`` (module docstring, "Layout")."""
+    n = fields.shape[0]
+    return xp.ascontiguousarray(fields.reshape(n, -1, 9).transpose(0, 2, 1))
+
+
 def forward(geom, u, c):
-    """The intermediates (A, inner) of stages 1 and 2 (module docstring), each (12, nt, nz, ny, nx, 3, 3), of the
-    contiguous links ``u``; the chain rule (force/hisq_staged_vjp.py) keeps them."""
+    """The intermediates (A, inner) of stages 1 and 2 (module docstring), each (12, 9, V) element-major, of the
+    element-major links ``u`` (:func:`element_major`); the chain rule (force/hisq_staged_vjp.py) uses them."""
     cp = geom.xp
     vol = geom.local_volume
     f64 = np.float64
-    a = cp.empty((PAIRS,) + u.shape[1:], dtype=u.dtype)
+    a = cp.empty((PAIRS, 9, vol), dtype=u.dtype)
     inner = cp.empty_like(a)
     _launch(geom, "staged_a", PAIRS * vol, (u, a))
     _launch(geom, "staged_inner", PAIRS * vol,
@@ -111,10 +124,12 @@ class Kept:
     (:func:`force.hisq_staged_vjp.fat_link_vjp`, which otherwise recomputes them with the same kernels: bitwise the
     same). ``links``: the very array the build read; :meth:`serves` holds only for it (and ``c``), so a kept set is
     used where the caller's links are that object, as the force's links are those just smeared
-    (:class:`force.hisq_links.FermionLinks` keeps them: docs/perf-notes.md "Kept forward intermediates")."""
+    (:class:`force.hisq_links.FermionLinks` keeps them: docs/perf-notes.md "Kept forward intermediates"). ``u``,
+    ``a``, ``inner``: the element-major links and intermediates (:func:`element_major`)."""
 
     links: object
     c: object
+    u: object
     a: object
     inner: object
 
@@ -125,14 +140,14 @@ class Kept:
 def fat_link(geom, links, c, keep: dict | None = None):
     """F[U; c] for the whole lattice on one GPU in three launches (module docstring); ``links`` (4, nt, nz, ny, nx,
     3, 3), unphased, as :func:`force.smearing.fat_link` takes them. ``keep``: a dict that receives the build's
-    intermediates, ``keep[c] = Kept(...)`` (:class:`Kept`: 24 link matrices a site, 3.6 GB at 32^4)."""
+    intermediates, ``keep[c] = Kept(...)`` (:class:`Kept`: 28 link matrices a site, 4.2 GB at 32^4)."""
     cp = geom.xp
-    u = links if links.flags.c_contiguous else cp.ascontiguousarray(links)
+    u = element_major(cp, links)
     a, inner = forward(geom, u, c)
-    out = cp.empty_like(u)
+    out = cp.empty(links.shape, dtype=links.dtype)
     _launch(geom, "staged_fat", 4 * geom.local_volume, (u, inner, out, np.float64(c.one_link - 6.0 * c.lepage)))
     if keep is not None:
-        keep[c] = Kept(links, c, a, inner)
+        keep[c] = Kept(links, c, u, a, inner)
     return out
 
 

@@ -27,7 +27,11 @@ re-reads from cache), bytes per site: stage 1 reads U and writes A: 16 M; 2 read
 D_F, D_inner, D_a, D_U and writes D_U: 64 M. In all 164 M = 23616 bytes a site (:data:`BYTES_PER_SITE`), 24.8 GB
 at 32^4; the intermediates take 48 M a site of device memory (7.2 GiB at 32^4). Where a staged build of the same
 links kept A and inner (``kept``, :class:`force.hisq_staged.Kept`: the force's case), stages 1 and 2 are not run:
-120 M a site (docs/perf-notes.md "Kept forward intermediates").
+120 M a site (docs/perf-notes.md "Kept forward intermediates"). Every field is element-major
+(:func:`force.hisq_staged.element_major`, docs/perf-notes.md "Element-major fields"): D_F, and U unless kept, are
+transposed on entry (16 M a site more than the model), D_U is written site-major by ``svjp_links_h``. Stage 5 runs
+as two launches, ``svjp_links_g`` and ``svjp_links_h``, each with one of the two accumulators of its sums (fewer
+registers a thread; D_U goes through memory once more between them, 8 M a site).
 
 Registered ahead of the per-direction kernels (priority 1) for the whole lattice on one GPU, behind the run
 configuration's ``hisq_staged_vjp`` (HMC_HISQ_STAGED_VJP, default on; 0: the per-direction kernels) and the
@@ -74,19 +78,24 @@ def fat_link_vjp(geom, links, c, d_fat, kept: dict | None = None):
     :func:`force.hisq_staged.fat_link`); where one :meth:`~force.hisq_staged.Kept.serves` these links and ``c``, stages 1 and 2 are not run again (the
     same A and inner, bit for bit: 44 of the 164 matrices a site of the model)."""
     cp = geom.xp
-    u = cp.ascontiguousarray(links)
-    d_f = cp.ascontiguousarray(d_fat)
     k = None if kept is None else kept.get(c)
-    a, inner = (k.a, k.inner) if k is not None and k.serves(links, c) else hisq_staged.forward(geom, u, c)
+    if k is not None and k.serves(links, c):
+        u, a, inner = k.u, k.a, k.inner
+    else:
+        u = hisq_staged.element_major(cp, links)
+        a, inner = hisq_staged.forward(geom, u, c)
+    d_f = hisq_staged.element_major(cp, d_fat)
     d_inner, d_a = cp.empty_like(a), cp.empty_like(a)
     d_u = cp.empty_like(u)
+    out = cp.empty(links.shape, dtype=links.dtype)
     f64 = np.float64
     c1, c3, c5, c7, cl = (f64(v) for v in (c.one_link, c.three_staple, c.five_staple, c.seven_staple, c.lepage))
     vol = geom.local_volume
     _launch(geom, "svjp_d_inner", 12 * vol, (u, d_f, d_inner))
     _launch(geom, "svjp_d_a", 4 * vol, (u, d_f, d_inner, d_a, d_u, c1, c3, c5, c7, cl))
-    _launch(geom, "svjp_links", 4 * vol, (u, a, inner, d_f, d_inner, d_a, d_u, c5, c7))
-    return d_u
+    _launch(geom, "svjp_links_g", 4 * vol, (u, a, inner, d_f, d_inner, d_a, d_u, c5, c7))
+    _launch(geom, "svjp_links_h", 4 * vol, (u, a, inner, d_f, d_inner, d_a, d_u, out, c5, c7))
+    return out
 
 
 def _serves(geom, c, **_) -> bool:

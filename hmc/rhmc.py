@@ -263,7 +263,7 @@ class FermionMonomial:
         if c is not None and c.ref is u.links and c.checksum == checksum:
             return c
         # the old links go before the new ones are built: with their kept smearing intermediates
-        # (force.hisq_links.FermionLinks.kept) they hold 48 link matrices a site
+        # (force.hisq_links.FermionLinks.kept) they hold 56 link matrices a site
         c = self._cache = None
         t0 = time.perf_counter()
         if self.action_name == "hisq":

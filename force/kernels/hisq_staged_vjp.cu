@@ -4,6 +4,8 @@
 // direction != mu in increasing order; an intermediate is a (12, V, 3, 3) array, U and the link derivatives
 // (4, V, 3, 3). Every output matrix has one owning thread that sums all the terms landing on it: no atomics.
 // (the forward intermediates A and inner come from staged_a and staged_inner of force/kernels/hisq_staged.cu).
+// Layout: every field element-major (m3::load(p, site, V): U, D_F and D_U (4, 9, V), the pairs' fields (12, 9, V)),
+// as in hisq_staged.cu, except the result, written site-major by svjp_links (4, nt, nz, ny, nx, 3, 3).
 #include "hmc_common.cuh"
 // the 3x3 algebra, the lattice walk, S_nu[X]_mu and its adjoint: the shared header's (lattice/kernels/hmc_common.cuh)
 using namespace m3;
@@ -17,12 +19,17 @@ using lat::fourth;
 //   h += X(x) U_lam(x+mu) D(x+lam) + D(x-mu) U_lam(x-mu) X(x-mu+lam)            (h^dag joins g)
 // Every operand is loaded where it is used (the neighbours' re-reads hit the cache): the accumulators stay in
 // registers, not the eight matrices of the four sites.
+template <bool G, bool H>
 __device__ __forceinline__ void link_terms(M3 &g, M3 &h, const staple::Arg &X, const double2 *D, const double2 *Ul,
-                                           const long s[4], long xpm) {
-    mac(g, staple::at(X, s[1]), dn(load(Ul, xpm), load(D, s[0])));
-    mac(g, load(D, s[3]), dn(load(Ul, s[2]), staple::at(X, s[2])));
-    mac(h, staple::at(X, s[0]), nn(load(Ul, xpm), load(D, s[1])));
-    mac(h, load(D, s[2]), nn(load(Ul, s[2]), staple::at(X, s[3])));
+                                           const long s[4], long xpm, long V) {
+    if (G) {
+        mac(g, staple::at<true>(X, s[1], V), dn(load(Ul, xpm, V), load(D, s[0], V)));
+        mac(g, load(D, s[3], V), dn(load(Ul, s[2], V), staple::at<true>(X, s[2], V)));
+    }
+    if (H) {
+        mac(h, staple::at<true>(X, s[0], V), nn(load(Ul, xpm, V), load(D, s[1], V)));
+        mac(h, load(D, s[2], V), nn(load(Ul, s[2], V), staple::at<true>(X, s[3], V)));
+    }
 }
 
 // stage 3 (adjoint of F_mu = ... + sum_nu S_nu[inner_nu]_mu): DI_p = S_nu^T[D_F mu]
@@ -32,7 +39,8 @@ extern "C" __global__ void svjp_d_inner(const double2 *__restrict__ U, const dou
     lat::Job w;
     if (!lat::job(g, 12, w)) return;
     const int p = w.f, mu = p / 3, nu = other(mu, p % 3);
-    store(DI + 9 * p * g.vol, w.x, staple::adj(g, w.c, w.x, U + 9 * nu * g.vol, nu, mu, DF + 9 * mu * g.vol));
+    store(DI + 9 * p * g.vol, w.x, g.vol,
+          staple::adj<true>(g, w.c, w.x, U + 9 * nu * g.vol, nu, mu, DF + 9 * mu * g.vol));
 }
 
 // stage 4 (adjoint of the inner_nu), one thread per (mu, x): with D_arg(nu, rho) = S_rho^T[DI_{mu,nu}],
@@ -46,20 +54,20 @@ extern "C" __global__ void svjp_d_a(const double2 *__restrict__ U, const double2
     if (!lat::job(g, 4, w)) return;
     const int mu = w.f;
     const long x = w.x;
-    M3 du = scaled(c1 - 6.0 * cl, load(DF + 9 * mu * g.vol, x));
+    M3 du = scaled(c1 - 6.0 * cl, load(DF + 9 * mu * g.vol, x, g.vol));
     for (int j = 0; j < 3; ++j) {  // sigma = other(mu, j)
         const int nu = other(mu, j == 0 ? 1 : 0), rho = other(mu, j == 2 ? 1 : 2);
         const double2 *DIs = DI + 9 * (3 * mu + j) * g.vol;
-        M3 args = staple::adj(g, w.c, x, U + 9 * rho * g.vol, rho, mu, DI + 9 * (3 * mu + slot(mu, nu)) * g.vol);
-        add(args, staple::adj(g, w.c, x, U + 9 * nu * g.vol, nu, mu, DI + 9 * (3 * mu + slot(mu, rho)) * g.vol));
-        const M3 di = load(DIs, x);
+        M3 args = staple::adj<true>(g, w.c, x, U + 9 * rho * g.vol, rho, mu, DI + 9 * (3 * mu + slot(mu, nu)) * g.vol);
+        add(args, staple::adj<true>(g, w.c, x, U + 9 * nu * g.vol, nu, mu, DI + 9 * (3 * mu + slot(mu, rho)) * g.vol));
+        const M3 di = load(DIs, x, g.vol);
         M3 da = scaled(cl, di);
         axpy(da, c7, args);
-        store(DA + 9 * (3 * mu + j) * g.vol, x, da);
+        store(DA + 9 * (3 * mu + j) * g.vol, x, g.vol, da);
         axpy(du, c3, di);
         axpy(du, c5, args);
     }
-    store(DU + 9 * mu * g.vol, x, du);
+    store(DU + 9 * mu * g.vol, x, g.vol, du);
 }
 
 // stage 5, one thread per output link (lam, x): DU_lam(x) += sum_nu S_nu^T[DA_{lam,nu}](x) (the adjoint of
@@ -67,24 +75,16 @@ extern "C" __global__ void svjp_d_a(const double2 *__restrict__ U, const double2
 // direction lam of the level's mu links (link_terms):
 //   S_lam[inner_{mu,lam}]_mu with D_F mu;  S_lam[U_mu]_mu with DA_{mu,lam};
 //   S_lam[c5 U_mu + c7 A_{mu,sigma}]_mu with DI_{mu,nu} for the two nu != mu, lam (sigma the fourth direction)
-extern "C" __global__ void svjp_links(const double2 *__restrict__ U, const double2 *__restrict__ A,
-                                      const double2 *__restrict__ inner, const double2 *__restrict__ DF,
-                                      const double2 *__restrict__ DI, const double2 *__restrict__ DA, double2 *DU,
-                                      double c5, double c7, int nx, int ny, int nz, int nt) {
-    const lat::Box g = lat::whole(nx, ny, nz, nt);
-    lat::Job w;
-    if (!lat::job(g, 4, w)) return;
-    const int lam = w.f;
-    const long x = w.x;
-    const int *c = w.c;
-    const long V9 = 9 * g.vol;
+// in two launches, each with one of the two accumulators (g, then h) so that the registers hold one:
+// svjp_links_g adds the adjoint of A and the g terms to svjp_d_a's DU (element-major, in place), svjp_links_h
+// sums the h terms and writes OUT = DU + h^dag (site-major). The sums are those of one thread doing both.
+template <bool G, bool H>
+__device__ __forceinline__ void staple_link_terms(M3 &du, M3 &h, const lat::Box &g, const int *c, long x, int lam,
+                                                  const double2 *U, const double2 *A, const double2 *inner,
+                                                  const double2 *DF, const double2 *DI, const double2 *DA, double c5,
+                                                  double c7) {
+    const long V = g.vol, V9 = 9 * g.vol;
     const double2 *Ul = U + lam * V9;
-    M3 du = load(DU + lam * V9, x);      // the g accumulator: D_U_lam(x) and the terms of A's adjoint
-    for (int j = 0; j < 3; ++j) {
-        const int nu = other(lam, j);
-        add(du, staple::adj(g, c, x, U + nu * V9, nu, lam, DA + (3 * lam + j) * V9));
-    }
-    M3 h = zero();
     #pragma unroll 1
     for (int k = 0; k < 3; ++k) {
         const int mu = other(lam, k);
@@ -93,16 +93,49 @@ extern "C" __global__ void svjp_links(const double2 *__restrict__ U, const doubl
         const long xpm = lat::hop(g, c, mu, 1, lam, 0);
         const double2 *Um = U + mu * V9;
         const long pl = 3 * mu + slot(mu, lam);
-        link_terms(du, h, staple::arg(inner + pl * V9), DF + mu * V9, Ul, s, xpm);
-        link_terms(du, h, staple::arg(Um), DA + pl * V9, Ul, s, xpm);
+        link_terms<G, H>(du, h, staple::arg(inner + pl * V9), DF + mu * V9, Ul, s, xpm, V);
+        link_terms<G, H>(du, h, staple::arg(Um), DA + pl * V9, Ul, s, xpm, V);
         #pragma unroll 1
         for (int i = 0; i < 3; ++i) {
             const int nu = other(mu, i);
             if (nu == lam) continue;
             const double2 *As = A + (3 * mu + slot(mu, fourth(mu, nu, lam))) * V9;
-            link_terms(du, h, staple::arg(Um, c5, As, c7, c7 != 0.0), DI + (3 * mu + i) * V9, Ul, s, xpm);
+            link_terms<G, H>(du, h, staple::arg(Um, c5, As, c7, c7 != 0.0), DI + (3 * mu + i) * V9, Ul, s, xpm, V);
         }
     }
+}
+
+extern "C" __global__ void svjp_links_g(const double2 *__restrict__ U, const double2 *__restrict__ A,
+                                        const double2 *__restrict__ inner, const double2 *__restrict__ DF,
+                                        const double2 *__restrict__ DI, const double2 *__restrict__ DA,
+                                        double2 *DU, double c5, double c7, int nx, int ny, int nz, int nt) {
+    const lat::Box g = lat::whole(nx, ny, nz, nt);
+    lat::Job w;
+    if (!lat::job(g, 4, w)) return;
+    const int lam = w.f;
+    const long V9 = 9 * g.vol;
+    M3 du = load(DU + lam * V9, w.x, g.vol);   // D_U_lam(x), then the terms of A's adjoint
+    for (int j = 0; j < 3; ++j) {
+        const int nu = other(lam, j);
+        add(du, staple::adj<true>(g, w.c, w.x, U + nu * V9, nu, lam, DA + (3 * lam + j) * V9));
+    }
+    M3 unused;
+    staple_link_terms<true, false>(du, unused, g, w.c, w.x, lam, U, A, inner, DF, DI, DA, c5, c7);
+    store(DU + lam * V9, w.x, g.vol, du);
+}
+
+extern "C" __global__ void svjp_links_h(const double2 *__restrict__ U, const double2 *__restrict__ A,
+                                        const double2 *__restrict__ inner, const double2 *__restrict__ DF,
+                                        const double2 *__restrict__ DI, const double2 *__restrict__ DA,
+                                        const double2 *__restrict__ DU, double2 *OUT, double c5, double c7,
+                                        int nx, int ny, int nz, int nt) {
+    const lat::Box g = lat::whole(nx, ny, nz, nt);
+    lat::Job w;
+    if (!lat::job(g, 4, w)) return;
+    const int lam = w.f;
+    M3 h = zero(), unused;
+    staple_link_terms<false, true>(unused, h, g, w.c, w.x, lam, U, A, inner, DF, DI, DA, c5, c7);
+    M3 du = load(DU + lam * 9 * g.vol, w.x, g.vol);
     add_dag(du, h);
-    store(DU + lam * V9, x, du);
+    store(OUT + lam * 9 * g.vol, w.x, du);
 }

@@ -43,6 +43,20 @@ __device__ __forceinline__ void store(double2 *__restrict__ p, long site, const 
     #pragma unroll
     for (int i = 0; i < 9; ++i) q[i] = m.e[i];
 }
+// the element-major layout of the staged HISQ kernels' fields (force/kernels/hisq_staged*.cu): element i of the
+// matrix at `site` at p[i stride + site], stride the field's sites, so that the threads of consecutive sites read
+// consecutive 16-byte elements (a warp's load: 512 contiguous bytes, not 32 pieces 144 bytes apart)
+__device__ __forceinline__ M3 load(const double2 *__restrict__ p, long site, long stride) {
+    M3 m;
+    const double2 *q = p + site;
+    #pragma unroll
+    for (int i = 0; i < 9; ++i) m.e[i] = __ldg(q + i * stride);
+    return m;
+}
+__device__ __forceinline__ void store(double2 *__restrict__ p, long site, long stride, const M3 &m) {
+    #pragma unroll
+    for (int i = 0; i < 9; ++i) p[i * stride + site] = m.e[i];
+}
 // the products a b, a b^dag, a^dag b: (c)_ik = sum_j in the order j = 0, 1, 2, the first term not added to zero
 __device__ __forceinline__ M3 nn(const M3 &a, const M3 &b) {
     M3 c;
@@ -198,6 +212,12 @@ __device__ __forceinline__ bool job(const Box &L, int fields, Job &j) {
 }  // namespace lat
 
 namespace staple {
+// Every field below is read site-major (SOA false: m3::load(p, site), the link arrays' layout) or element-major
+// (SOA true: m3::load(p, site, stride) with stride the box's sites, L.pvol; the staged kernels); the same sums.
+template <bool SOA>
+__device__ __forceinline__ M3 ld(const double2 *p, long site, long stride) {
+    return SOA ? m3::load(p, site, stride) : m3::load(p, site);     // SOA is a constant: one of the two is compiled
+}
 // X = a1 X1 + a2 X2 at a site of the box (X2 only where has2), X1, X2 one-direction fields
 struct Arg {
     const double2 *x1;
@@ -212,28 +232,33 @@ __device__ __forceinline__ Arg arg(const double2 *x1, double a1 = 1.0, const dou
     a.x1 = x1; a.a1 = a1; a.x2 = x2; a.a2 = a2; a.has2 = has2;
     return a;
 }
-__device__ __forceinline__ M3 at(const Arg &X, long site) {
-    M3 m = m3::scaled(X.a1, m3::load(X.x1, site));
-    if (X.has2) m3::axpy(m, X.a2, m3::load(X.x2, site));
+template <bool SOA = false>
+__device__ __forceinline__ M3 at(const Arg &X, long site, long stride = 0) {
+    M3 m = m3::scaled(X.a1, ld<SOA>(X.x1, site, stride));
+    if (X.has2) m3::axpy(m, X.a2, ld<SOA>(X.x2, site, stride));
     return m;
 }
 // S_nu[X]_mu(x) = U_nu(x) X(x+nu) U_nu(x+mu)^dag + U_nu(x-nu)^dag X(x-nu) U_nu(x-nu+mu) (docs/conventions.md 1.3),
 // x the box site of coordinates c; Un: the nu links
+template <bool SOA = false>
 __device__ __forceinline__ M3 fwd(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu, int mu,
                                   const Arg &X) {
     const long xpn = lat::hop(L, c, nu, 1, mu, 0), xpm = lat::hop(L, c, mu, 1, nu, 0);
     const long xmn = lat::hop(L, c, nu, -1, mu, 0), xmnpm = lat::hop(L, c, nu, -1, mu, 1);
-    M3 r = m3::nd(m3::nn(m3::load(Un, x), at(X, xpn)), m3::load(Un, xpm));
-    m3::add(r, m3::nn(m3::dn(m3::load(Un, xmn), at(X, xmn)), m3::load(Un, xmnpm)));
+    const long n = L.pvol;
+    M3 r = m3::nd(m3::nn(ld<SOA>(Un, x, n), at<SOA>(X, xpn, n)), ld<SOA>(Un, xpm, n));
+    m3::add(r, m3::nn(m3::dn(ld<SOA>(Un, xmn, n), at<SOA>(X, xmn, n)), ld<SOA>(Un, xmnpm, n)));
     return r;
 }
 // the adjoint in X: S_nu^T[D](x) = U_nu(x-nu+mu)^dag D(x-nu) U_nu(x-nu) + U_nu(x+mu) D(x+nu) U_nu(x)^dag
+template <bool SOA = false>
 __device__ __forceinline__ M3 adj(const lat::Box &L, const int c[4], long x, const double2 *Un, int nu, int mu,
                                   const double2 *D) {
     const long xpn = lat::hop(L, c, nu, 1, mu, 0), xpm = lat::hop(L, c, mu, 1, nu, 0);
     const long xmn = lat::hop(L, c, nu, -1, mu, 0), xmnpm = lat::hop(L, c, nu, -1, mu, 1);
-    M3 r = m3::dn(m3::load(Un, xmnpm), m3::nn(m3::load(D, xmn), m3::load(Un, xmn)));
-    m3::add(r, m3::nn(m3::load(Un, xpm), m3::nd(m3::load(D, xpn), m3::load(Un, x))));
+    const long n = L.pvol;
+    M3 r = m3::dn(ld<SOA>(Un, xmnpm, n), m3::nn(ld<SOA>(D, xmn, n), ld<SOA>(Un, xmn, n)));
+    m3::add(r, m3::nn(ld<SOA>(Un, xpm, n), m3::nd(ld<SOA>(D, xpn, n), ld<SOA>(Un, x, n))));
     return r;
 }
 }  // namespace staple

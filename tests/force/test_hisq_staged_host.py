@@ -68,8 +68,9 @@ def test_intermediates_are_the_staples(geoms):
     cpu, host = geoms
     u, _, _ = fields(cpu, 6)
     s = sm.StapleOperator(cpu, u)
-    a = np.empty((12,) + u.shape[1:], dtype=u.dtype)
-    hisq_staged.launch(host, "hisq_staged.cu", "staged_a", 12 * cpu.local_volume, (u, a))
+    a = np.empty((12, 9, cpu.local_volume), dtype=u.dtype)                   # element-major, as the kernels keep it
+    hisq_staged.launch(host, "hisq_staged.cu", "staged_a", 12 * cpu.local_volume, (hisq_staged.element_major(np, u), a))
+    a = a.transpose(0, 2, 1).reshape((12,) + u.shape[1:])
     for mu in range(4):
         for j, nu in enumerate(d for d in range(4) if d != mu):
             close(a[3 * mu + j], s(nu, mu, u[mu]), TOL)
