@@ -81,11 +81,13 @@ def numpy_simd_pinned() -> dict:
     compared with MILC's stored outputs. NumPy picks its SIMD kernels by the CPU, and the AVX-512 ones round complex
     products differently (fused multiply-adds); through a few chaotic trajectories that moves MILC's f211.2 PBP line
     by 1.67 x MILC's errtol (6e-8, below the 1e-7 its seven printed digits resolve), on AVX2 0.83 x
-    (runs/milc/README.md). Only the kernels this CPU has are switched off (NumPy refuses others)."""
+    (runs/milc/README.md). Only the kernels this CPU has are switched off (NumPy refuses others). OpenBLAS (NumPy's
+    and SciPy's BLAS) is kept on its AVX2 kernels there too (``OPENBLAS_CORETYPE=Haswell``): on an Intel Sapphire
+    Rapids its AVX-512 dot products moved the same PBP line to 5 x the errtol with NumPy pinned (2026-12-04)."""
     from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
 
     above_v3 = [f for f in __cpu_dispatch__ if f not in ("X86_V2", "X86_V3") and __cpu_features__.get(f)]
-    return {"NPY_DISABLE_CPU_FEATURES": " ".join(above_v3)} if above_v3 else {}
+    return {"NPY_DISABLE_CPU_FEATURES": " ".join(above_v3), "OPENBLAS_CORETYPE": "Haswell"} if above_v3 else {}
 
 
 def keep_gpu_report(name: str, data) -> None:
