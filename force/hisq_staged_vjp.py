@@ -30,7 +30,7 @@ links kept A and inner (``kept``, :class:`force.hisq_staged.Kept`: the force's c
 120 M a site (docs/perf-notes.md "Kept forward intermediates"). Every field is element-major
 (:func:`force.hisq_staged.element_major`, docs/perf-notes.md "Element-major fields"): D_F, and U unless kept, are
 transposed on entry (16 M a site more than the model), D_U is written site-major by ``svjp_links_h``. Stage 5 runs
-as two launches, ``svjp_links_g`` (the g sums) and ``svjp_links_h`` (the h sums), each with one of the two accumulators of its sums (fewer
+as two launches, ``svjp_links_g`` (the g sums) and ``svjp_links_h`` (the h sums), one accumulator each (fewer
 registers a thread; D_U goes through memory once more between them, 8 M a site).
 
 Registered ahead of the per-direction kernels (priority 1) for the whole lattice on one GPU, behind the run
