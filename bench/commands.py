@@ -33,6 +33,9 @@ def _add_gauge(bsub):
     b.add_argument("--lattice", type=int, nargs=4, default=[8, 8, 8, 8], metavar=("NX", "NY", "NZ", "NT"))
     b.add_argument("--action", choices=("wilson", "symanzik"), default="symanzik")
     b.add_argument("--repeat", type=count(1), default=5)
+    b.add_argument("--site-tiles", nargs="+", default=[], metavar="TY,TZ,TT",
+                   help="on a GPU, also time the staple-sharing force with these site tiles of its thread order "
+                        "(force.gauge_force_cuda.SITE_TILE; 1,1,1 is lexicographic)")
     b.add_argument("--json", action="store_true")
     b.set_defaults(run_command=_run_gauge)
 

@@ -46,6 +46,24 @@ def force_bytes(volume: int) -> int:
     return 2 * 4 * 9 * 16 * volume
 
 
+def _site_tile_times(backend, action, u, args) -> dict:
+    """{"ty,tz,tt": the force's time} with each of ``--site-tiles`` as the staple-sharing kernels' site tile
+    (force.gauge_force_cuda.SITE_TILE), the default restored afterwards; {} for the other kernels."""
+    from force.gauge_force_cuda import StapleForceKernel
+
+    kernel = action._cuda_kernel(backend, "force")
+    if not isinstance(kernel, StapleForceKernel) or not getattr(args, "site_tiles", None):
+        return {}
+    times = {}
+    try:
+        for text in args.site_tiles:
+            kernel.tile = tuple(int(v) for v in text.split(","))
+            times[text] = _timed(backend, lambda: action.force(u), args.repeat)
+    finally:
+        kernel.tile = None
+    return times
+
+
 def bench_gauge(args) -> dict:
     backend = get_backend(args.backend or "auto")
     geom = Geometry(tuple(args.lattice), backend)
@@ -66,6 +84,7 @@ def bench_gauge(args) -> dict:
 
         walk = GaugeForceKernel(backend, action.shapes)
         t_paths = _timed(backend, lambda: walk(u.links, action.beta, geom.local_dims), args.repeat)
+    t_tiles = _site_tile_times(backend, action, u, args) if backend.is_gpu else {}
     mon = [GaugeMonomial(action)]
     steps = 10
     sched = build_schedule([Level("omelyan", steps, ["gauge"])], 1.0)
@@ -82,7 +101,8 @@ def bench_gauge(args) -> dict:
            "force_evaluations_per_trajectory": n_force,
            "force_bytes": force_bytes(geom.volume), "force_GBps": achieved / 1e9,
            "copy_GBps": bw / 1e9, "fraction_of_copy_bandwidth": achieved / bw,
-           "force_flops": flops, "force_GFLOPs": flops / t_force / 1e9, "force_path_table_s": t_paths}
+           "force_flops": flops, "force_GFLOPs": flops / t_force / 1e9, "force_path_table_s": t_paths,
+           "site_tiles_s": t_tiles}
     if not getattr(args, "json", False):
         print(f"bench gauge {args.action} {'x'.join(map(str, args.lattice))} on {backend.name}:")
         print(f"  force        {t_force * 1e3:10.3f} ms  {out['force_ns_per_site']:9.2f} ns/site  "
@@ -91,6 +111,8 @@ def bench_gauge(args) -> dict:
         if t_paths is not None:
             print(f"  path table   {t_paths * 1e3:10.3f} ms  (the walk of every loop, no staple shared: "
                   f"{t_paths / t_force:.2f} x the force above)")
+        for tile, t in t_tiles.items():
+            print(f"  site tile {tile:>8} {t * 1e3:8.3f} ms  ({t / t_force:.2f} x the force above)")
         print(f"  trajectory   {t_traj:10.3f} s   {out['trajectory_us_per_site']:9.2f} us/site "
               f"(Omelyan, {steps} steps, {n_force} force evaluations)")
     return out

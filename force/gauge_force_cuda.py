@@ -20,6 +20,8 @@ alone the six staples of each link in registers. Kernel file: force/kernels/gaug
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from lattice import cuda_source
@@ -230,6 +232,7 @@ class StapleForceKernel:
         names = ("gauge_force_staples", "gauge_force_symanzik") if self.shared else ("gauge_force_plaquette",)
         self.kernels = [cuda_source.function(backend, "force", "gauge_force.cu", k) for k in names]
         self.cp = backend.xp
+        self.tile = None                 # SITE_TILE; a benchmark sets another (bench.gauge's --site-tile)
 
     def __call__(self, links, beta: float, dims, padded_dims=None, offset=None):
         """The force on the interior sites, shape (4, nt, nz, ny, nx, 3, 3), from ``links`` on the box
@@ -247,12 +250,28 @@ class StapleForceKernel:
         region, origin = _staple_region(box)
         pvol = int(np.prod([int(v) for v in box[4:8]]))
         staples = cp.empty(24 * 9 * pvol, dtype=cp.complex128)
-        m = 24 * int(np.prod([int(v) for v in region]))
-        self.kernels[0](((m + block - 1) // block,), (block,), (links, staples) + region + box[4:8] + origin)
-        self.kernels[1](((n + block - 1) // block,), (block,),
+        chunks = -(-int(np.prod([int(v) for v in region])) // LANES)      # 32 sites x 24 staples = 6 blocks
+        self.kernels[0]((chunks * STAPLES_PER_SITE * LANES // block,), (block,),
+                        (links, staples) + region + box[4:8] + origin + site_tiles(region, self.tile))
+        self.kernels[1]((-(-n // (4 * LANES)),), (4 * LANES,),           # 32 sites x 4 directions a block
                         (links, staples, out, np.float64(self.c_pl), np.float64(self.c_rt), np.float64(self.c_pg))
-                        + box + (scale,))
+                        + box + (scale,) + site_tiles(box[0:4], self.tile))
         return out
+
+
+#: the threads of a site group in the staple-sharing kernels' order (gauge_force.cu, tiled_site)
+LANES = 32
+#: the site tiles (ty, tz, tt) of that order (x whole): on the H200 at 32^4 the pair took 9.05 ms with these, 9.80
+#: lexicographic (1, 1, 1) and 12.5 ms in the order before, one direction after another (runs/rhmc/README.md
+#: "Session 18", `hmc bench gauge --site-tiles`)
+SITE_TILE = (8, 8, 8)
+
+
+def site_tiles(extents, tile=None) -> tuple:
+    """The tile extents (ty, tz, tt) of the kernels' site order on a region of ``extents`` (nx, ny, nz, nt):
+    each of ``tile`` (default :data:`SITE_TILE`) reduced to its greatest common divisor with the extent, so that
+    the tiles cover the region (1: lexicographic along that axis), as int32."""
+    return tuple(np.int32(math.gcd(int(n), int(t))) for n, t in zip(extents[1:4], tile or SITE_TILE))
 
 
 def _staple_region(box) -> tuple:

@@ -14,7 +14,8 @@ __device__ __forceinline__ M3 mul_nn(const M3 &a, const M3 &b) {
         }
     return c;
 }
-// U <- [sum_{n=0}^{order} (dt P)^n / n!] U, the terms built as term_n = term_{n-1} (dt P) / n (su3._taylor_exp)
+// U <- [sum_{n=0}^{order} (dt P)^n / n!] U, the terms built as term_n = term_{n-1} (dt P) / n (su3._taylor_exp;
+// here times the rounded 1/n, as MILC's update_u.c scales by eps/n: within an ulp a term of the twin's division)
 extern "C" __global__ void taylor_update(const double2 *__restrict__ P, double2 *U, double dt, int order, long n) {
     long l = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (l >= n) return;
@@ -29,9 +30,10 @@ extern "C" __global__ void taylor_update(const double2 *__restrict__ P, double2 
     }
     for (int k = 1; k <= order; ++k) {
         term = mul_nn(term, a);
+        const double rk = 1.0 / k;        // 18 divisions a term were 3/4 of the kernel's time (2.1 ms at 32^4)
         #pragma unroll
         for (int i = 0; i < 9; ++i) {
-            term.e[i].x /= k; term.e[i].y /= k;
+            term.e[i].x *= rk; term.e[i].y *= rk;
             out.e[i].x += term.e[i].x; out.e[i].y += term.e[i].y;
         }
     }

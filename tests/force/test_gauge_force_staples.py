@@ -67,6 +67,30 @@ def test_whole_lattice_kernels_equal_the_twin(name, dims):
 
 
 @needs_gxx
+def test_site_order_does_not_change_the_sums():
+    """The kernels' thread order (tiled_site: tiles of (nx, ty, tz, tt), 32 sites x their staples or directions)
+    covers every site once and leaves each sum as it was: every tile, lexicographic (1, 1, 1) included, gives the
+    same bits; site_tiles reduces a tile to what divides the region."""
+    from force.gauge_force_cuda import StapleForceKernel, site_tiles
+
+    dims = (4, 6, 4, 8)
+    cpu_links = random_su3(numpy_geometry(dims), 7)
+    kernel = StapleForceKernel(host_backend(), production().shapes)
+    forces = []
+    for tile in [(1, 1, 1), (2, 2, 4), (6, 4, 8), (8, 8, 8)]:
+        kernel.tile = tile
+        forces.append(kernel(cpu_links, 5.8, dims))
+    assert all(np.array_equal(f, forces[0]) for f in forces[1:])
+    assert tuple(int(v) for v in site_tiles((4, 6, 34, 8), (8, 8, 8))) == (2, 2, 8)
+
+
+def numpy_geometry(dims):
+    from lattice import Geometry, get_backend
+
+    return Geometry(dims, get_backend("numpy"))
+
+
+@needs_gxx
 @pytest.mark.parametrize("partition", ["t", "xyzt"])
 @pytest.mark.parametrize("name", ["wilson", "symanzik"])
 def test_padded_kernels_equal_the_twin(monkeypatch, name, partition):
