@@ -101,6 +101,24 @@ def _check_links(geom, a, what):
                          "for this geometry")
 
 
+@implements("staggered.link_blocks", Placement.ARRAY)
+def _link_blocks_array(geom, fat, long, sites, dtypes) -> dict:
+    """{dtypes[0]: [blocks of output parity 0, of parity 1]}: per output parity p the (nhop, V/2, 3, 3) matrices
+    multiplying psi(x + step) at the sites ``sites[p]``, per direction mu: fat_mu(x), -fat_mu(x - mu)^dag and, with
+    ``long``, long_mu(x), -long_mu(x - 3 mu)^dag. The other dtypes are left to the link store's conversion. The
+    GPU's one-launch version (solvers.staggered_cuda, kernel ``link_blocks``) also makes them."""
+    xp = geom.xp
+    blocks = []
+    for mu in range(4):
+        blocks.append(fat[mu])
+        blocks.append(-su3.dagger(geom.shift(fat[mu], mu, -1)))
+        if long is not None:
+            blocks.append(long[mu])
+            blocks.append(-su3.dagger(geom.shift(long[mu], mu, -3)))
+    full = xp.stack(blocks).astype(dtypes[0], copy=False).reshape(len(blocks), -1, 3, 3)
+    return {dtypes[0]: [xp.ascontiguousarray(xp.take(full, sites[p], axis=1)) for p in (0, 1)]}
+
+
 class _LinkStore:
     """The link blocks shared by a dslash and its adjoint, with the parity site lists and the operators in other
     precisions made from them (dtype -> StaggeredDslash): a link update converts their links again, so that they,
@@ -112,11 +130,13 @@ class _LinkStore:
         self.naik = False
         self.converted = {}
 
-    def set(self, links, naik):
-        """New link blocks (a new list: the multigrid tells new links by its identity); every conversion follows."""
+    def set(self, links, naik, made=None):
+        """New link blocks (a new list: the multigrid tells new links by its identity); every conversion follows,
+        from ``made`` ({dtype: blocks}, :func:`link_blocks`) where it holds the conversion's blocks."""
         self.links, self.naik = links, bool(naik)
         for dtype, other in self.converted.items():
-            other._store.set([l.astype(dtype) for l in links], naik)
+            mine = (made or {}).get(dtype)
+            other._store.set(mine if mine is not None else [l.astype(dtype) for l in links], naik)
 
 
 class StaggeredDslash(Operator):
@@ -156,18 +176,10 @@ class StaggeredDslash(Operator):
         _check_links(geom, fat, "fat")
         if long is not None:
             _check_links(geom, long, "long")
-        naik = long is not None
-        blocks = []
-        for mu in range(4):
-            blocks.append(fat[mu])
-            blocks.append(-su3.dagger(geom.shift(fat[mu], mu, -1)))
-            if naik:
-                blocks.append(long[mu])
-                blocks.append(-su3.dagger(geom.shift(long[mu], mu, -3)))
-        nhop = len(blocks)
-        full = xp.stack(blocks).astype(self.dtype, copy=False).reshape(nhop, -1, 3, 3)
         st = self._store
-        st.set([xp.ascontiguousarray(xp.take(full, st.sites[p], axis=1)) for p in (0, 1)], naik)
+        dtypes = (np.dtype(self.dtype),) + tuple(d for d in st.converted if d != np.dtype(self.dtype))
+        made = lookup("staggered.link_blocks", geom, fat=fat, long=long)(geom, fat, long, st.sites, dtypes)
+        st.set(made[dtypes[0]], long is not None, made)
 
     @property
     def _links(self):

@@ -200,6 +200,34 @@ def _address(a) -> int:
     return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
 
 
+def _double_links(geom, fat, long) -> bool:
+    """The block kernel reads C-contiguous complex128 links of the whole lattice (others: the array twin)."""
+    return all(a is None or (a.dtype == np.complex128 and a.flags.c_contiguous) for a in (fat, long))
+
+
+@implements("staggered.link_blocks", Placement.WHOLE, fits=_double_links)
+def link_blocks(geom, fat, long, sites, dtypes) -> dict:
+    """The link blocks of :func:`solvers.staggered._link_blocks_array` (its twin: the same values, bit for bit) in
+    one launch per output parity, in double and single at once where ``dtypes`` asks for both: one read of the
+    links instead of the twin's shifts, daggers, stack and gathers (5.8 ms at 32^4 with the single conversion)."""
+    cp = geom.xp
+    nhop = 16 if long is not None else 8
+    nx, ny, nz, nt = geom.local_dims
+    kernel = cuda_source.function(geom.backend, "solvers", "staggered_hop.cu", "link_blocks")
+    want = [d for d in dtypes if d in (np.dtype(np.complex128), np.dtype(np.complex64))]
+    made = {d: [] for d in want}
+    for p in (0, 1):
+        vh = int(sites[p].shape[0])
+        outs = {d: cp.empty((nhop, vh, 3, 3), d) for d in want}
+        kernel((-(-nhop * vh // BLOCK),), (BLOCK,),
+               (fat, 0 if long is None else long, sites[p], outs.get(np.dtype(np.complex128), 0),
+                outs.get(np.dtype(np.complex64), 0), np.int32(nhop), np.int64(vh), np.int32(nx), np.int32(ny),
+                np.int32(nz), np.int32(nt)))
+        for d in want:
+            made[d].append(outs[d])
+    return made
+
+
 def _even_x(geom, dslash) -> bool:
     """The checkerboard index arithmetic of the kernel needs an even local x extent (else the array body)."""
     return geom.local_dims[0] % 2 == 0

@@ -332,3 +332,43 @@ extern "C" __global__ void hop_many_single(const unsigned long long *psis, const
         int nhop, int nx, int ny, int nz, int nt, int compact, int clong) {
     hop_many<float>(psis, links, outs, xs, nvec, a, b, parity, nhop, nx, ny, nz, nt, compact, clong);
 }
+
+// The link blocks of StaggeredDslash.set_links (array twin: solvers.staggered._link_blocks_array): block h at the
+// j-th site x = sites[j] of the output parity is, with mu = h / (nhop / 4) and kind = h % (nhop / 4),
+//     0: fat_mu(x)    1: -fat_mu(x - mu)^dag    2: long_mu(x)    3: -long_mu(x - 3 mu)^dag    (periodic)
+// on the whole lattice (fat, lng: (4, V, 3, 3) double, x fastest), written in double (out_d) and in single (out_s:
+// the double value rounded, as astype rounds it), either null; one thread per (block, site), sites fastest.
+extern "C" __global__ void link_blocks(const double2 *__restrict__ fat, const double2 *__restrict__ lng,
+        const long long *__restrict__ sites, double2 *__restrict__ out_d, float2 *__restrict__ out_s, int nhop,
+        long long vh, int nx, int ny, int nz, int nt) {
+    const long long gid = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (gid >= nhop * vh) return;
+    const int h = gid / vh, per = nhop / 4, mu = h / per, kind = h % per;
+    const long long j = gid - (long long)h * vh, vol = (long long)nx * ny * nz * nt;
+    long long s = sites[j];
+    const bool back = kind & 1;
+    if (back) {
+        const int n[4] = {nx, ny, nz, nt}, step = kind == 1 ? 1 : 3;
+        int c[4];
+        long long r = s;
+        c[0] = r % nx; r /= nx; c[1] = r % ny; r /= ny; c[2] = r % nz; c[3] = r / nz;
+        #pragma unroll
+        for (int i = 0; i < 4; ++i)          // unrolled select: c[mu] with mu known at run time only
+            if (i == mu) c[i] = ((c[i] - step) % n[i] + n[i]) % n[i];
+        s = c[0] + nx * (c[1] + ny * (c[2] + (long long)nz * c[3]));
+    }
+    const double2 *src = (kind < 2 ? fat : lng) + ((long long)mu * vol + s) * 9;
+    double2 m[9];
+    #pragma unroll
+    for (int i = 0; i < 9; ++i) m[i] = src[i];
+    const long long o = ((long long)h * vh + j) * 9;
+    #pragma unroll
+    for (int i = 0; i < 3; ++i)
+        #pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            const double2 t = m[3 * k + i];
+            const double2 v = back ? make_double2(-t.x, t.y) : m[3 * i + k];      // -conj(m)^T: exact
+            if (out_d) out_d[o + 3 * i + k] = v;
+            if (out_s) { const float2 w = {(float)v.x, (float)v.y}; out_s[o + 3 * i + k] = w; }
+        }
+}
