@@ -172,7 +172,7 @@ class StaggeredDslash(Operator):
         link tables are rebuilt at the same addresses (solvers.staggered_cuda), so a solver's CUDA graph over this
         operator replays after a link update instead of being captured anew.
         """
-        geom, xp = self.geom, self.xp
+        geom = self.geom
         _check_links(geom, fat, "fat")
         if long is not None:
             _check_links(geom, long, "long")

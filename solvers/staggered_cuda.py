@@ -209,7 +209,8 @@ def _double_links(geom, fat, long) -> bool:
 def link_blocks(geom, fat, long, sites, dtypes) -> dict:
     """The link blocks of :func:`solvers.staggered._link_blocks_array` (its twin: the same values, bit for bit) in
     one launch per output parity, in double and single at once where ``dtypes`` asks for both: one read of the
-    links instead of the twin's shifts, daggers, stack and gathers (5.8 ms at 32^4 with the single conversion)."""
+    links instead of the twin's shifts, daggers, stack and gathers: 2.05 ms at 32^4 with the single conversion,
+    against 5.8 ms (docs/perf-notes.md, session 18)."""
     cp = geom.xp
     nhop = 16 if long is not None else 8
     nx, ny, nz, nt = geom.local_dims
@@ -219,7 +220,7 @@ def link_blocks(geom, fat, long, sites, dtypes) -> dict:
     for p in (0, 1):
         vh = int(sites[p].shape[0])
         outs = {d: cp.empty((nhop, vh, 3, 3), d) for d in want}
-        kernel((-(-nhop * vh // BLOCK),), (BLOCK,),
+        kernel((-(-9 * nhop * vh // BLOCK),), (BLOCK,),
                (fat, 0 if long is None else long, sites[p], outs.get(np.dtype(np.complex128), 0),
                 outs.get(np.dtype(np.complex64), 0), np.int32(nhop), np.int64(vh), np.int32(nx), np.int32(ny),
                 np.int32(nz), np.int32(nt)))
