@@ -36,9 +36,10 @@ contiguous bytes a load instead of 16 bytes from each of 32 matrices 144 bytes a
 layout, (..., 3, 3)), which cost a cache wavefront per thread (docs/perf-notes.md "Element-major fields"). U is
 transposed once a build (8 M a site more than the table); F is written site-major by ``staged_fat``.
 
-One thread per output matrix (tools/kernel_resources.py lists the registers and spills). Register-lean forms
-(three threads a matrix, launch bounds, the chain rule's last stage split in two) were slower on the H200 and are
-gone (runs/rhmc/README.md, "Kernel forms"; docs/perf-notes.md).
+One thread per output matrix (tools/kernel_resources.py lists the registers and spills), taken in the order of
+``lat::job``: 32 sites times the launch's fields, the sites in tiles (:func:`launch`; docs/perf-notes.md, session
+18). Register-lean forms (three threads a matrix, launch bounds) were slower on the H200 and are gone
+(runs/rhmc/README.md, "Kernel forms"; docs/perf-notes.md).
 
 Selection: registered ahead of :func:`force.hisq_cuda.fat_link` for the unpadded placements (``priority=1``,
 :func:`lattice.placement.implements`), on where the run configuration's ``hisq_staged`` (HMC_HISQ_STAGED, or the
@@ -60,6 +61,8 @@ from . import hisq_cuda
 #: the run-configuration switch of the staged kernels (lattice.placement consults it)
 SWITCH = "hisq_staged"
 BLOCK = 128
+#: the sites a group of threads covers in the kernels' order (lat::job, lattice/kernels/hmc_common.cuh)
+LANES = 32
 #: the (link, staple) direction pairs of the intermediates: p = 3 mu + j
 PAIRS = 12
 #: the bytes a build moves per site in the model of the module docstring: 64 matrices of 144 B
@@ -83,10 +86,16 @@ def kernel(backend, file, name):
 
 
 def launch(geom, file, name, matrices, args):
-    """Kernel ``name`` of the staged kernel file ``file``, one thread per output matrix over ``matrices`` of them,
-    the local extents appended to ``args``."""
+    """Kernel ``name`` of the staged kernel file ``file``, one thread per output matrix over ``matrices`` of them
+    (a whole number of fields of the local volume), the local extents appended to ``args``. The threads take their
+    matrices in the order of ``lat::job`` (lattice/kernels/hmc_common.cuh: 32 sites x the fields, the sites in
+    tiles), which needs fields x 32 x ceil(V / 32) of them."""
     dims = tuple(np.int32(n) for n in geom.local_dims)
-    kernel(geom.backend, file, name)(_grid(matrices), (BLOCK,), tuple(args) + dims)
+    vol = int(geom.local_volume)
+    fields = int(matrices) // vol
+    if fields * vol != int(matrices):
+        raise ValueError(f"{name}: {matrices} output matrices are not a whole number of fields of {vol} sites")
+    kernel(geom.backend, file, name)(_grid(fields * LANES * -(-vol // LANES)), (BLOCK,), tuple(args) + dims)
 
 
 def _launch(geom, name, matrices, args):

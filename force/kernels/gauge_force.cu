@@ -62,26 +62,10 @@ __device__ __forceinline__ void box_coords(long site, int *x, int nx, int ny, in
     x[0] = r % nx + ox; r /= nx; x[1] = r % ny + oy; r /= ny; x[2] = r % nz + oz; x[3] = r / nz + ot;
 }
 // The thread order of the staple-sharing pair: a block's threads are 32 consecutive sites (lanes) times the
-// staples or directions of those sites, so that the staples a site writes and the links they read, or the staples
-// its four links read, are touched by threads that run together; and the sites run in tiles of extents
-// (nx, ty, tz, tt), x whole, the tiles in lexicographic order, so that the y, z and t neighbours of the sites in
-// flight are mostly in flight or recent (in L2) too. ty, tz, tt divide ny, nz, nt (1: lexicographic along that
-// axis). Sets the box coordinates of the s-th site of the region (extents nx..nt at ox..ot in the box) and returns
-// its lexicographic number in the region.
-__device__ __forceinline__ long tiled_site(long s, int *x, int nx, int ny, int nz, int nt, int ty, int tz, int tt,
-                                           int ox, int oy, int oz, int ot) {
-    const long tile_sites = (long)nx * ty * tz * tt;
-    long tile = s / tile_sites, w = s - tile * tile_sites;
-    const int cx = w % nx; w /= nx;
-    const int dy = w % ty; w /= ty;
-    const int dz = w % tz, dt = w / tz;
-    const int my = ny / ty, mz = nz / tz;
-    const int cy = (tile % my) * ty + dy; tile /= my;
-    const int cz = (tile % mz) * tz + dz, ct = (tile / mz) * tt + dt;
-    x[0] = cx + ox; x[1] = cy + oy; x[2] = cz + oz; x[3] = ct + ot;
-    return cx + (long)nx * (cy + (long)ny * (cz + (long)nz * ct));
-}
-#define LANES 32
+// staples or directions of those sites, the sites in tiles of (nx, ty, tz, tt) (lat::tiled_site in
+// lattice/kernels/hmc_common.cuh), so that the staples a site writes and the links they read, or the staples its
+// four links read, are touched by threads that run together.
+using lat::tiled_site;
 
 // sum over loops starting at each site of c_i (3 - ReTr W): the action density (times 3/beta), one thread per
 // interior site

@@ -194,8 +194,32 @@ __device__ __forceinline__ long hop(const Box &L, const int c[4], int d1, int s1
 __device__ __forceinline__ int other(int mu, int j) { return j < mu ? j : j + 1; }
 __device__ __forceinline__ int slot(int mu, int nu) { return nu < mu ? nu : nu - 1; }
 __device__ __forceinline__ int fourth(int mu, int nu, int rho) { return 6 - mu - nu - rho; }
-// what thread gid of a launch over `fields` fields of matrices, one thread a matrix, works on: field f, site x
-// (coordinates c); false past the end
+// The order in which the threads of a launch over several fields of one lattice take their sites: 32 consecutive
+// sites (lanes) times the fields, so that the operands the fields of a site share, and their neighbours', are read
+// by threads that run together (from L1 and L2, not once per field from memory), and the sites in tiles of extents
+// (nx, ty, tz, tt), x whole, the tiles in lexicographic order, so that the y, z and t neighbours of the sites in
+// flight are mostly in flight or recent too (docs/perf-notes.md, session 18). ty, tz, tt divide ny, nz, nt (1:
+// lexicographic along that axis). Sets the box coordinates x of the s-th site of the region (extents nx..nt at
+// ox..ot in the box) and returns its lexicographic number in the region.
+#define LANES 32
+__device__ __forceinline__ long tiled_site(long s, int *x, int nx, int ny, int nz, int nt, int ty, int tz, int tt,
+                                           int ox, int oy, int oz, int ot) {
+    const long tile_sites = (long)nx * ty * tz * tt;
+    long tile = s / tile_sites, w = s - tile * tile_sites;
+    const int cx = w % nx; w /= nx;
+    const int dy = w % ty; w /= ty;
+    const int dz = w % tz, dt = w / tz;
+    const int my = ny / ty, mz = nz / tz;
+    const int cy = (tile % my) * ty + dy; tile /= my;
+    const int cz = (tile % mz) * tz + dz, ct = (tile / mz) * tt + dt;
+    x[0] = cx + ox; x[1] = cy + oy; x[2] = cz + oz; x[3] = ct + ot;
+    return cx + (long)nx * (cy + (long)ny * (cz + (long)nz * ct));
+}
+// the tile extent of job(): the greatest common divisor of n and 8
+__device__ __forceinline__ int tile8(int n) { return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1; }
+// what thread gid of a launch over `fields` fields of matrices, one thread a matrix, works on: field f, site x (its
+// lexicographic number in the region; coordinates c), in the order of tiled_site with tiles of tile8(n); false past
+// the end. The launch has fields x 32 x ceil(vol / 32) threads (force.hisq_staged.launch).
 struct Job {
     int f;
     long x;
@@ -203,10 +227,13 @@ struct Job {
 };
 __device__ __forceinline__ bool job(const Box &L, int fields, Job &j) {
     const long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (gid >= fields * L.vol) return false;
-    j.f = gid / L.vol;
-    j.x = gid - j.f * L.vol;
-    coords(L, j.x, j.c);
+    const long chunk = gid / (fields * LANES);
+    const int w = gid - chunk * (fields * LANES);
+    const long s = chunk * LANES + w % LANES;
+    if (s >= L.vol) return false;
+    j.f = w / LANES;
+    j.x = tiled_site(s, j.c, L.n[0], L.n[1], L.n[2], L.n[3], tile8(L.n[1]), tile8(L.n[2]), tile8(L.n[3]),
+                     L.o[0], L.o[1], L.o[2], L.o[3]);
     return true;
 }
 }  // namespace lat
