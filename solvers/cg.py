@@ -204,18 +204,21 @@ class CGInverse(InverseOperator):
     def adjoint(self):
         return self
 
-    def solve_from_residual(self, b, x0, r0):
+    def solve_from_residual(self, b, x0, r0, norms=None):
         """:meth:`solve` from ``x0`` (in the operator's precision, used in place) whose true residual b - A x0 is
         ``r0``, computed by the caller with the same arithmetic (the refinement's batched residuals,
-        :class:`solvers.multishift.RefinedShiftInverse`): the same solve and statistics, one product fewer here."""
-        x, stats = self._solve(b, x0, r0)
+        :class:`solvers.multishift.RefinedShiftInverse`): the same solve and statistics, one product fewer here.
+        ``norms``: (|b|^2, |r0|^2) as :func:`solvers.operator.norm2` gives them, when the caller has them (the
+        refinement takes every shift's in one reduction), else computed here."""
+        x, stats = self._solve(b, x0, r0, norms)
         self.stats = stats
         self.history.append(stats)
         return x, stats
 
-    def _solve(self, b, x0, r0=None):
-        run = _CGRun(self, b)
-        if run.trivial() or run.start(x0, r0):
+    def _solve(self, b, x0, r0=None, norms=None):
+        bb, rr = norms if norms is not None else (None, None)
+        run = _CGRun(self, b, bb)
+        if run.trivial() or run.start(x0, r0, rr):
             return run.x, run.finish_trivial()
         iters = graph_iterations(run.Ak, run.blas) if run.one else 0
         run.st.extra["graph_iterations"] = iters
@@ -239,7 +242,7 @@ class _CGRun:
     ``Ak`` = ``Ai.compact()``; x, b and the true residuals stay full-lattice).
     """
 
-    def __init__(self, inv, b):
+    def __init__(self, inv, b, bb=None):
         self.inv = inv
         self.A, self.Ai = inv.op, inv.inner_op
         A, Ai = self.A, self.Ai
@@ -254,7 +257,7 @@ class _CGRun:
         self.flops = 0.0
         self.numbers = A.sites * A.space.site_size        # complex numbers per field, for the flop counts
         self.b = self.xp.asarray(b).astype(A.dtype, copy=False)
-        self.bb = norm2(self.geom, self.b)
+        self.bb = norm2(self.geom, self.b) if bb is None else float(bb)
 
     def cg_flops_per_iteration(self) -> float:
         """Linear-algebra flops of one Chronopoulos-Gear step (the operator's come on top)."""
@@ -282,9 +285,9 @@ class _CGRun:
             raise SolverBreakdownError(f"{self.inv.name}: the source has a non-finite norm ({self.bb})", self.st)
         return False
 
-    def start(self, x0, r0=None) -> bool:
-        """The initial residual (``r0``: given, b - A x0 with x0 in the operator's precision) and the first
-        reduction; True when the start already meets the tolerance."""
+    def start(self, x0, r0=None, rr=None) -> bool:
+        """The initial residual (``r0``: given, b - A x0 with x0 in the operator's precision; ``rr``: its |r0|^2,
+        given too) and the first reduction; True when the start already meets the tolerance."""
         A, Ai, st, xp = self.A, self.Ai, self.st, self.xp
         self.stop = self.inv.tol * self.inv.tol * self.bb
         if x0 is None:
@@ -296,7 +299,7 @@ class _CGRun:
             r = self.b - A(self.x) if r0 is None else r0
             st.matvecs += 1
             self.flops += A.flops + (_FL_AXPY + _FL_NORM) * self.numbers
-            self.rr = norm2(self.geom, r)
+            self.rr = norm2(self.geom, r) if rr is None or r0 is None else float(rr)
         self.n_true = 1       # true residuals computed (the initial one included, as MILC counts it)
         if self.rr <= self.stop:
             st.converged = True

@@ -343,6 +343,18 @@ def norm2(geom, a) -> float:
     return float(geom.sum(_local_vdot(geom.xp, a, a).real))
 
 
+def norm2_many(geom, vectors) -> list[float]:
+    """[norm2(geom, v) for v in ``vectors``], the same numbers, with one host synchronisation for all of them on a
+    GPU in the default reduction mode: each local sum as norm2 makes it, stacked on the device and copied once, then
+    summed over the ranks as norm2 sums it (the refinement's true residuals, :mod:`solvers.multishift`). Elsewhere
+    (the host, the "exact" sums) one norm2 each."""
+    if not vectors or not geom.backend.is_gpu or (_reductions["override"] or geom.config.solver_sums) == "exact":
+        return [norm2(geom, v) for v in vectors]
+    xp = geom.xp
+    local = geom.backend.to_numpy(xp.stack([_local_vdot(xp, v, v).real for v in vectors]))
+    return [float(geom.grid.sum_exact(value)) for value in local]       # geom.sum's path for a host scalar
+
+
 def norm2_and_redot(geom, a, b) -> tuple[float, float]:
     """(|a|^2, Re<a, b>) with a single global reduction (one host synchronisation)."""
     xp = geom.xp
