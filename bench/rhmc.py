@@ -125,7 +125,7 @@ def report(path: Path, backend: str, t_op: float | None, bandwidth: float | None
         lines += rhmc_floors.table_lines(m, r, bandwidth)
         table.append({"traj": int(r["traj"]), "copy_GBps": bandwidth / 1e9,
                       "phases": [{"phase": x.phase, "time_s": x.time_s, "floor_s": x.floor_s,
-                                  "fraction": x.fraction, "floor_counts": x.note}
+                                  "fraction": x.fraction, "floor_counts": x.note, "model_s": x.model_s}
                                  for x in rhmc_floors.rows(m, r, bandwidth)]})
     if floors_json is not None and table:
         floors_json.write_text(json.dumps({"lattice": st.deck["lattice"]["dims"], "backend": backend,

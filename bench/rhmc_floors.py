@@ -29,6 +29,10 @@ row (iterations, solves, link builds) and the integrator schedule (gauge-force c
   and the fat and long outer products of every group written once (8 M a site).
 * fermion force, HISQ chain rule, per force evaluation: M V (16 + 8 n_g): read the outer products (8 M per
   group), U, V and W (12 M), write the force (4 M).
+* beside these two floors, the staged kernels' own byte model (each field they read or write moved once, their
+  intermediates included; :data:`SMEAR_MODEL`, :data:`CHAIN_MODEL`): 2 levels x 64 M a site a build, 2 levels x
+  120 M a site a force evaluation (the chain rule with the forward intermediates kept): what those kernels could
+  reach at the copy bandwidth, the ``model_s`` of the rows.
 * gauge force, per call: 12 M V (``bench.gauge.force_bytes``: the 4 links read and 4 momenta written, plus the
   4 momenta read, as the clock holds the update P <- P + dt F), whatever the kernel. Flops per call, as the kernel
   that runs counts them (``force.gauge_force_cuda.force_kernel``, ``force_flops_per_site``; products 198 flops, a product added into a sum
@@ -52,6 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from force import hisq_staged as _staged, hisq_staged_vjp as _staged_vjp
 from solvers.staggered_cuda import hop_bytes
 
 from .gauge import force_bytes
@@ -129,6 +134,7 @@ class Row:
     time_s: float
     floor_s: float
     note: str = ""
+    model_s: float | None = None     # the time of the bytes the phase's kernels move by their own model, if any
 
     @property
     def fraction(self) -> float:
@@ -153,14 +159,16 @@ def rows(m: Model, r: dict, bandwidth: float) -> list[Row]:
                       f"updates x {m.md_shift_bytes / m.volume:.0f} B/site")
     builds = int(r["fermion_link_builds"])
     smear = MATRIX * (16 + 8 * m.groups) * m.volume
-    out.append(Row("link smearing", t("time_fermion_links"), builds * smear / bandwidth,
-                   f"{builds} builds x {smear / m.volume:.0f} B/site"))
+    out.append(_modelled(Row("link smearing", t("time_fermion_links"), builds * smear / bandwidth,
+                             f"{builds} builds x {smear / m.volume:.0f} B/site"),
+                         builds * LEVELS * SMEAR_MODEL * m.volume / bandwidth, LEVELS * SMEAR_MODEL))
     forces = int(r["solves_md"]) // m.pseudofermions
     out.append(Row("fermion force: outer products", t("time_fermion_outer"), forces * m.outer_bytes / bandwidth,
                    f"{forces} evaluations x {m.outer_bytes / m.volume:.0f} B/site"))
     chain = MATRIX * (16 + 8 * m.groups) * m.volume
-    out.append(Row("fermion force: chain rule", t("time_fermion_force_chain"), forces * chain / bandwidth,
-                   f"{forces} evaluations x {chain / m.volume:.0f} B/site"))
+    out.append(_modelled(Row("fermion force: chain rule", t("time_fermion_force_chain"), forces * chain / bandwidth,
+                             f"{forces} evaluations x {chain / m.volume:.0f} B/site"),
+                         forces * LEVELS * CHAIN_MODEL * m.volume / bandwidth, LEVELS * CHAIN_MODEL))
     gauge_bytes = force_bytes(m.volume) + 4 * MATRIX * m.volume       # + the momenta read by the update
     tg = t(f"time_force_{m.gauge_name}")
     rate = m.gauge_calls * m.gauge_flops / tg / 1e9 if tg > 0 else float("nan")
@@ -169,6 +177,24 @@ def rows(m: Model, r: dict, bandwidth: float) -> list[Row]:
                    f"(+{m.gauge_scratch_bytes / m.volume:.0f} B/site of staple scratch), {m.gauge_flops / 1e9:.3g} "
                    f"GFLOP a call: {rate:.3g} GFLOP/s"))
     return out
+
+
+#: the HISQ smearing levels a link build and a chain rule run (fat7 + unitarization, then the level-2 smearing)
+LEVELS = 2
+#: bytes a site of one level of the staged kernels by their own model (each field they read or write moved once):
+#: the smearing's three stages (force.hisq_staged.BYTES_PER_SITE, 64 matrices) and the chain rule with the forward
+#: intermediates kept (force.hisq_staged_vjp: its stages 3-5, 120 matrices), the U(3) projection, Naik and phase
+#: steps not counted
+SMEAR_MODEL = _staged.BYTES_PER_SITE
+CHAIN_MODEL = MATRIX * sum(n for stage, n in _staged_vjp.MATRICES_PER_STAGE.items() if stage.startswith("svjp"))
+
+
+def _modelled(row: Row, model_s: float, per_site: int) -> Row:
+    """``row`` with the kernels' own byte model beside the floor: its time at the copy bandwidth in ``model_s`` and
+    in the note, with the fraction of it the phase reached."""
+    frac = model_s / row.time_s if row.time_s > 0 else float("nan")
+    return Row(row.phase, row.time_s, row.floor_s, f"{row.note}; the staged kernels' model {per_site} B/site: "
+               f"{model_s:.3g} s, {100 * frac:.0f} % reached", model_s)
 
 
 def table_lines(m: Model, r: dict, bandwidth: float) -> list[str]:

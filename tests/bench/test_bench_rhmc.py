@@ -107,6 +107,13 @@ def test_each_phase_has_its_floor_and_the_fraction_reached(one_trajectory):
     assert [got[f"solvers {ph}"][3] for ph in ("GR", "FA", "MD")] == [int(x) for x in it.groups()]
     assert got["gauge force"][3] == 3 * 4 and got["fermion force: chain rule"][3] == 4   # 3G1F, 4 steps
     assert "GFLOP a call" in lines[head + 7]
+    # the staged kernels' own byte model beside the smearing and chain-rule floors: 2 levels of 64 and 120 matrices
+    for name, per_site in (("link smearing", 2 * 64 * 144), ("fermion force: chain rule", 2 * 120 * 144)):
+        line = next(x for x in lines[head + 1:head + 8] if x.lstrip().startswith(name))
+        assert f"the staged kernels' model {per_site} B/site" in line, line
+        assert rows[name]["model_s"] == pytest.approx(got[name][3] * per_site * 4 ** 4 / (traj["copy_GBps"] * 1e9),
+                                                      rel=1e-12)
+    assert all(rows[n]["model_s"] is None for n in rows if n not in ("link smearing", "fermion force: chain rule"))
 
 
 def test_make_deck_sets_the_solver_precisions(tmp_path):
