@@ -72,6 +72,8 @@ def enabled(config: RunConfig | None = None) -> bool:
     return switch_on(SWITCH, config)
 
 BLOCK = 128
+#: the sites a group of threads covers in lat::job's order (lattice/kernels/hmc_common.cuh)
+LANES = 32
 
 
 def active(geom) -> bool:
@@ -466,7 +468,8 @@ def outer_acc(geom, zs, coeffs, f_acc, l_acc):
         z = cp.ascontiguousarray(cp.moveaxis(geom.padded(cp.stack(list(zs), axis=-1), OUTER_DEPTH), -1, 0))
         offset = pad_offset(geom, OUTER_DEPTH)
     n, ext = PaddedLinks(z, geom.local_dims, offset).region(0)
-    _fn(geom.backend, "outer_acc")(_grid(4 * n), (BLOCK,), (z, c, f_acc, l_acc, np.int32(len(zs))) + ext)
+    threads = 4 * LANES * -(-int(n) // LANES)          # lat::job's order: 32 sites x the 4 directions
+    _fn(geom.backend, "outer_acc")(_grid(threads), (BLOCK,), (z, c, f_acc, l_acc, np.int32(len(zs))) + ext)
 
 
 def force_halo_bytes(geom, n_vectors: int) -> int:

@@ -297,17 +297,17 @@ extern "C" __global__ void eig_herm(const double2 *__restrict__ A, double *G, do
 
 // The fermion-force outer products (hmc/rhmc.py): F_mu(x) += sum_l c_l z_l(x+mu) z_l(x)^dag and
 // L_mu(x) += sum_l c_l z_l(x+3mu) z_l(x)^dag, z_l: colour vectors (Z: n fields of pvol x 3, on the box), one thread
-// per link of the region; F and Lg hold the region only (region site t; the box itself on one GPU)
+// per link of the region in the order of lat::job; F and Lg hold the region only (region site t; the box itself
+// on one GPU)
 extern "C" __global__ void outer_acc(const double2 *__restrict__ Z, const double *__restrict__ C, double2 *F,
                                      double2 *Lg, int n, int nx, int ny, int nz, int nt,
                                      int px, int py, int pz, int pt, int ox, int oy, int oz, int ot) {
     const lat::Box L = lat::box(nx, ny, nz, nt, px, py, pz, pt, ox, oy, oz, ot);
-    long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (gid >= 4 * L.vol) return;
-    const int mu = gid / L.vol;
-    const long t = gid - mu * L.vol;
-    int c[4];
-    lat::coords(L, t, c);
+    lat::Job w;                      // 32 sites x their 4 directions, the sites in tiles: z_l(x) read once for all 4
+    if (!lat::job(L, 4, w)) return;
+    const int mu = w.f;
+    const long t = w.x;
+    const int *c = w.c;
     const long x = lat::index(L, c);
     const long x1 = lat::hop(L, c, mu, 1, mu, 0), x3 = lat::hop(L, c, mu, 3, mu, 0);
     M3 f, g;
