@@ -176,6 +176,22 @@ class GaugeActionKernel:
         return out
 
 
+#: the plaquettes whose (3 - ReTr) the action-density kernel sums for force.gauge_action.plaquette_whole: the
+#: three spatial planes and the three temporal ones, each loop U_mu(x) U_nu(x + mu) U_mu(x + nu)^dag U_nu(x)^dag
+#: (steps +-(d + 1))
+PLAQUETTE_PLANES = {"spatial": [(mu, nu) for mu in range(3) for nu in range(mu + 1, 3)],
+                    "temporal": [(mu, 3) for mu in range(3)]}
+
+
+def plaquette_kernels(backend) -> dict:
+    """{"spatial": kernel, "temporal": kernel}: :class:`GaugeActionKernel` over each class of planes, built once."""
+    def build():
+        return {name: GaugeActionKernel(backend, {name: (1.0, [(mu + 1, nu + 1, -(mu + 1), -(nu + 1))
+                                                             for mu, nu in planes])})
+                for name, planes in PLAQUETTE_PLANES.items()}
+    return backend.kernel(("gauge_force_cuda", "plaquette"), build)
+
+
 class GaugeForceKernel:
     """The compiled kernel and the device copy of one action's path table."""
 
