@@ -36,6 +36,17 @@ def test_kernel_equals_the_twin():
     assert plaquette(GaugeField(host, links["unit"])) == (3.0, 3.0)
 
 
+@pytest.mark.gpu
+def test_gpu_kernel_equals_the_twin():
+    """The same on the device (CuPy): lattice.plaquette on a one-GPU geometry is the kernel's, to rounding."""
+    cpu, links = fields()
+    gpu = Geometry(DIMS, get_backend("cupy"))
+    assert lookup("gauge.plaquette", gpu) is gauge_action.plaquette_whole
+    for name, u in links.items():
+        got = plaquette(GaugeField(gpu, gpu.backend.asarray(u)))
+        assert got == pytest.approx(plaquette_array(GaugeField(cpu, u)), rel=0, abs=4e-15), name
+
+
 def test_numpy_takes_the_twin():
     cpu, links = fields()
     assert lookup("gauge.plaquette", cpu) is plaquette_array

@@ -55,3 +55,11 @@ def test_exact_sums_take_norm2_each():
         assert norm2_many(geom, vs) == [norm2(geom, v) for v in vs]
     finally:
         set_reductions(old)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
+def test_gpu_the_same_numbers_as_norm2(dtype):
+    geom = Geometry(DIMS, get_backend("cupy"))
+    vs = [geom.backend.asarray(v) for v in vectors(dtype)]
+    assert norm2_many(geom, vs) == [norm2(geom, v) for v in vs]
