@@ -275,8 +275,7 @@ class StapleForceKernel:
         return out
 
 
-#: the threads of a site group in the staple-sharing kernels' order (gauge_force.cu, tiled_site)
-LANES = 32
+LANES = cuda_source.JOB_LANES   # the staple-sharing kernels take lat::job's order
 #: the site tiles (ty, tz, tt) of that order (x whole): on the H200 at 32^4 the pair took 9.05 ms with these, 9.80
 #: lexicographic (1, 1, 1) and 12.5 ms in the order before, one direction after another (runs/rhmc/README.md
 #: "Session 18", `hmc bench gauge --site-tiles`)

@@ -72,8 +72,7 @@ def enabled(config: RunConfig | None = None) -> bool:
     return switch_on(SWITCH, config)
 
 BLOCK = 128
-#: the sites a group of threads covers in lat::job's order (lattice/kernels/hmc_common.cuh)
-LANES = 32
+LANES = cuda_source.JOB_LANES   # outer_acc takes lat::job's order (lattice/kernels/hmc_common.cuh)
 
 
 def active(geom) -> bool:

@@ -61,7 +61,7 @@ from . import hisq_cuda
 #: the run-configuration switch of the staged kernels (lattice.placement consults it)
 SWITCH = "hisq_staged"
 BLOCK = 128
-LANES = hisq_cuda.LANES
+LANES = cuda_source.JOB_LANES   # the threads take lat::job's order (launch)
 #: the (link, staple) direction pairs of the intermediates: p = 3 mu + j
 PAIRS = 12
 #: the bytes a build moves per site in the model of the module docstring: 64 matrices of 144 B

@@ -48,6 +48,9 @@ OPTIONS = {
 }
 #: the shared header, in lattice/kernels/
 HEADER = "hmc_common.cuh"
+#: the sites a group of threads covers in the header's thread order (``lat::job``, ``LANES`` there): a launch over
+#: F fields of V sites in that order has F x JOB_LANES x ceil(V / JOB_LANES) threads
+JOB_LANES = 32
 KERNEL_DIR = "kernels"
 
 _INCLUDE = re.compile(r'^#include "([^"]+)"[ \t]*$', re.MULTILINE)

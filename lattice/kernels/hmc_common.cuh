@@ -218,23 +218,26 @@ __device__ __forceinline__ long tiled_site(long s, int *x, int nx, int ny, int n
 // the tile extent of job(): the greatest common divisor of n and 8
 __device__ __forceinline__ int tile8(int n) { return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1; }
 // what thread gid of a launch over `fields` fields of matrices, one thread a matrix, works on: field f, site x (its
-// lexicographic number in the region; coordinates c), in the order of tiled_site with tiles of tile8(n); false past
-// the end. The launch has fields x 32 x ceil(vol / 32) threads (force.hisq_staged.launch).
+// lexicographic number in the region; coordinates c), in the order of tiled_site with tiles (ty, tz, tt); false
+// past the end. The launch has fields x 32 x ceil(vol / 32) threads (force.hisq_staged.launch).
 struct Job {
     int f;
     long x;
     int c[4];
 };
-__device__ __forceinline__ bool job(const Box &L, int fields, Job &j) {
+__device__ __forceinline__ bool job(const Box &L, int fields, int ty, int tz, int tt, Job &j) {
     const long gid = blockIdx.x * (long)blockDim.x + threadIdx.x;
     const long chunk = gid / (fields * LANES);
     const int w = gid - chunk * (fields * LANES);
     const long s = chunk * LANES + w % LANES;
     if (s >= L.vol) return false;
     j.f = w / LANES;
-    j.x = tiled_site(s, j.c, L.n[0], L.n[1], L.n[2], L.n[3], tile8(L.n[1]), tile8(L.n[2]), tile8(L.n[3]),
-                     L.o[0], L.o[1], L.o[2], L.o[3]);
+    j.x = tiled_site(s, j.c, L.n[0], L.n[1], L.n[2], L.n[3], ty, tz, tt, L.o[0], L.o[1], L.o[2], L.o[3]);
     return true;
+}
+// the same with the tiles of tile8(n) (the staged HISQ kernels, outer_acc)
+__device__ __forceinline__ bool job(const Box &L, int fields, Job &j) {
+    return job(L, fields, tile8(L.n[1]), tile8(L.n[2]), tile8(L.n[3]), j);
 }
 }  // namespace lat
 
