@@ -4,9 +4,11 @@ transport (:mod:`bench.dslash_dist_cuda`)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
+from comms.config import RunConfig
 from lattice import CounterRNG, Geometry, get_backend
 
 from .gauge import copy_bandwidth
@@ -57,10 +59,11 @@ def bench_dslash(args) -> dict:
     if _dist_wanted(args):
         return bench_dslash_dist(args)
     backend = get_backend(args.backend or "auto")
-    geom = Geometry(tuple(args.lattice), backend)
+    config = replace(RunConfig.from_environment(), dslash_half_links=args.precision == "half")
+    geom = Geometry(tuple(args.lattice), backend, config=config)
     rng = CounterRNG(3)
     fat, long = timing_links(geom, rng)
-    dtype = np.complex64 if args.precision == "single" else np.complex128
+    dtype = np.complex128 if args.precision == "double" else np.complex64
     d = StaggeredDslash(geom, fat, long).converted(dtype)
     xp = geom.xp
     g = rng.gaussian("src", geom.site_ids(), 6).reshape(geom.shape + (3, 2))
@@ -68,13 +71,13 @@ def bench_dslash(args) -> dict:
     out = xp.zeros_like(psi)
     vh = geom.volume // 2
     t_hop = _event_time(backend, lambda: d.hop(psi, 0, out), args.repeat)
-    site_bytes = hop_bytes(dtype, compressed=d.links_compressed)
+    site_bytes = hop_bytes(dtype, compressed=d.links_compressed, half=d.half_links)
     nbytes = site_bytes * vh
     bw = copy_bandwidth(backend)
     res = {"backend": backend.name, "lattice": list(args.lattice), "precision": args.precision,
            "hop_s": t_hop, "gflops": d.hop_flops() / t_hop / 1e9, "GBps": nbytes / t_hop / 1e9,
            "copy_GBps": bw / 1e9, "fraction_of_copy_bandwidth": nbytes / t_hop / bw, "bytes_per_site": site_bytes,
-           "long_links_compressed": d.links_compressed}
+           "long_links_compressed": d.links_compressed, "half_links": d.half_links}
     # CG iteration time on the even-odd normal operator, fixed iteration count
     d64 = StaggeredDslash(geom, fat, long)
     A = d64.even_odd(0.01).normal
@@ -101,7 +104,8 @@ def bench_dslash(args) -> dict:
         print(f"bench dslash {L} {args.precision} on {backend.name}:")
         print(f"  hop (one parity)  {t_hop * 1e6:10.1f} us  {res['gflops']:8.1f} GFLOP/s  {res['GBps']:8.1f} GB/s = "
               f"{100 * res['fraction_of_copy_bandwidth']:.1f}% of copy bandwidth {bw / 1e9:.0f} GB/s "
-              f"({site_bytes} B/site{', Naik links compressed' if d.links_compressed else ''})")
+              f"({site_bytes} B/site{', Naik links compressed' if d.links_compressed else ''}"
+              f"{', links in 16 bits' if d.half_links else ''})")
         print(f"  CG iteration (double, m=0.01)  {1e6 * t_cg / n_it:10.1f} us: operator {1e6 * t_op:.1f} us, "
               f"linear algebra {1e6 * (t_cg / n_it - t_op):.1f} us")
         print(f"  to 1e-10 (m=0.05): double CG {t_double:.3f} s ({st_d.iters} it), mixed CG {t_mixed:.3f} s "

@@ -57,6 +57,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from force import hisq_staged as _staged, hisq_staged_vjp as _staged_vjp
+from lattice.placement import switch_on
+from solvers.half_links import HALF_SWITCH
 from solvers.staggered_cuda import hop_bytes
 
 from .gauge import force_bytes
@@ -83,11 +85,13 @@ class Model:
     md_shift_bytes: int = 0          # and its 4 vectors per shift update (for runs whose converged shifts stop)
 
 
-def solver_iteration_bytes(volume: int, poles: int, single: bool) -> int:
-    """Bytes of one multishift iteration with ``poles`` shifts: A (two hops) and the fused update."""
+def solver_iteration_bytes(volume: int, poles: int, single: bool, half: bool = False) -> int:
+    """Bytes of one multishift iteration with ``poles`` shifts: A (two hops) and the fused update; ``half``: a
+    single-precision operator's links in 16 bits (solvers.half_links)."""
     dtype = np.complex64 if single else np.complex128
     c = np.dtype(dtype).itemsize
-    return hop_bytes(dtype, compressed=True) * volume + (5 + 4 * poles) * 3 * c * volume // 2
+    hop = hop_bytes(dtype, half=True) if (single and half) else hop_bytes(dtype, compressed=True)
+    return hop * volume + (5 + 4 * poles) * 3 * c * volume // 2
 
 
 def gauge_flops_per_call(action, volume: int) -> int:
@@ -113,12 +117,16 @@ def model(deck: dict, files: dict) -> Model:
     gauge = next(m for m in monomials if m.kind == "gauge")
     fermion = next(m for m in monomials if m.kind == "fermion")
     volume = int(np.prod(deck["lattice"]["dims"]))
-    per_iteration = {ph: min(solver_iteration_bytes(volume, len(t.approximation(ph).poles), t.single_precision(ph))
-                             for t in fermion.terms) for ph in PHASES}
-    cheapest = min(fermion.terms, key=lambda t: solver_iteration_bytes(volume, len(t.approximation("MD").poles),
-                                                                       t.single_precision("MD")))
-    md_base = solver_iteration_bytes(volume, 0, cheapest.single_precision("MD"))
-    md_shift = solver_iteration_bytes(volume, 1, cheapest.single_precision("MD")) - md_base
+    half = switch_on(HALF_SWITCH, None)          # the run's configuration: this process's environment
+
+    def per_iteration_bytes(term, phase, poles=None):
+        n = len(term.approximation(phase).poles) if poles is None else poles
+        return solver_iteration_bytes(volume, n, term.single_precision(phase), half)
+
+    per_iteration = {ph: min(per_iteration_bytes(t, ph) for t in fermion.terms) for ph in PHASES}
+    cheapest = min(fermion.terms, key=lambda t: per_iteration_bytes(t, "MD"))
+    md_base = per_iteration_bytes(cheapest, "MD", 0)
+    md_shift = per_iteration_bytes(cheapest, "MD", 1) - md_base
     md_poles = sum(len(t.approximation("MD").poles) for t in fermion.terms)
     groups = len(fermion.groups)
     outer = md_poles * (hop_bytes(np.complex128) // 2 + 48) * volume + 8 * MATRIX * groups * volume

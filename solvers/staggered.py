@@ -45,6 +45,7 @@ import numpy as np
 from lattice import su3
 from lattice.placement import Placement, implements, lookup
 
+from .half_links import half_wanted
 from .operator import COLOUR_VECTOR, Operator
 
 # flops of one 3x3 complex matrix times complex 3-vector, and of one complex 3-vector addition
@@ -124,15 +125,22 @@ class _LinkStore:
     precisions made from them (dtype -> StaggeredDslash): a link update converts their links again, so that they,
     and the solvers' CUDA graphs over them, live as long as this store (solvers.krylov_graph)."""
 
-    def __init__(self, geom, sites=None):
+    def __init__(self, geom, sites=None, half=False):
+        self.geom = geom
         self.sites = sites if sites is not None else [parity_sites(geom, 0), parity_sites(geom, 1)]
         self.links = None
         self.naik = False
         self.converted = {}
+        self.half = bool(half)       # single-precision links rounded to 16 bits (solvers.half_links)
+        self.scales = None           # then the links' scales, per output parity (nhop, V/2) float32
 
     def set(self, links, naik, made=None):
         """New link blocks (a new list: the multigrid tells new links by its identity); every conversion follows,
-        from ``made`` ({dtype: blocks}, :func:`link_blocks`) where it holds the conversion's blocks."""
+        from ``made`` ({dtype: blocks}, :func:`link_blocks`) where it holds the conversion's blocks. A half store
+        keeps the blocks rounded to 16 bits and their scales (:func:`solvers.half_links.half_rounded`)."""
+        if self.half:
+            pairs = [lookup("staggered.half_round", self.geom, blocks=b)(self.geom, b) for b in links]
+            links, self.scales = [p[0] for p in pairs], [p[1] for p in pairs]
         self.links, self.naik = links, bool(naik)
         for dtype, other in self.converted.items():
             mine = (made or {}).get(dtype)
@@ -218,7 +226,7 @@ class StaggeredDslash(Operator):
             return self
         cache = self._store.converted
         if dtype not in cache:
-            store = _LinkStore(self.geom, self._store.sites)
+            store = _LinkStore(self.geom, self._store.sites, half=half_wanted(self.geom, dtype))
             store.set([l.astype(dtype) for l in self._links], self.naik)
             cache[dtype] = StaggeredDslash(self.geom, dtype=dtype, _store=store)
         d = cache[dtype]
@@ -299,6 +307,12 @@ class StaggeredDslash(Operator):
         """Whether the hop reads its Naik links compressed (the GPU kernel's table: docs/perf-notes.md "Long-link
         compression")."""
         return bool(getattr(self._hop_impl, "compressed", False))
+
+    @property
+    def half_links(self) -> bool:
+        """Whether the links are rounded to 16 bits with a scale per link (solvers.half_links; single precision
+        with the switch ``dslash_half_links``)."""
+        return self._store.half
 
     @property
     def has_compact(self) -> bool:

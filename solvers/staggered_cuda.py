@@ -23,6 +23,8 @@ import numpy as np
 from lattice import cuda_source
 from lattice.placement import Placement, implements, switch_on
 
+from .half_links import half_table_kernel
+
 BLOCK = 128
 #: the run-configuration switch of long-link compression (lattice.placement consults it)
 COMPRESS_SWITCH = "dslash_compress_long"
@@ -33,13 +35,15 @@ COMPRESS_SWITCH = "dslash_compress_long"
 REBUILD_TOLERANCE = {np.dtype(np.complex128): 1e-10, np.dtype(np.complex64): 1e-5}
 
 
-def hop_bytes(dtype, naik: bool = True, axpy: bool = False, compressed: bool = False) -> int:
-    """Bytes one output site must move: links (a compressed Naik link 7 complex numbers), neighbour vectors,
-    output (and x for the a*x epilogue)."""
+def hop_bytes(dtype, naik: bool = True, axpy: bool = False, compressed: bool = False, half: bool = False) -> int:
+    """Bytes one output site must move: links (a compressed Naik link 7 complex numbers; ``half``: 9 pairs of
+    16-bit integers and a 4-byte scale, solvers.half_links), neighbour vectors, output (and x for the a*x
+    epilogue)."""
     c = np.dtype(dtype).itemsize
     nhop = 16 if naik else 8
     link_elements = 8 * 9 + 8 * 7 if (naik and compressed) else nhop * 9
-    return link_elements * c + nhop * 3 * c + 3 * c + (3 * c if axpy else 0)
+    links = nhop * (9 * 4 + 4) if half else link_elements * c
+    return links + nhop * 3 * c + 3 * c + (3 * c if axpy else 0)
 
 
 def third_row_factors(links, xp):
@@ -91,7 +95,8 @@ class CudaHop:
         cp = be.xp
         self.cp = cp
         single = np.dtype(dslash.dtype) == np.complex64
-        self.kernel = cuda_source.function(be, "solvers", "staggered_hop.cu", "hop_single" if single else "hop_double")
+        self.suffix = "half" if dslash.half_links else "single" if single else "double"
+        self.kernel = cuda_source.function(be, "solvers", "staggered_hop.cu", f"hop_{self.suffix}")
         self.real = np.float32 if single else np.float64
         self._soa = {}
 
@@ -103,8 +108,13 @@ class CudaHop:
         if key not in self._soa:
             old = [v[0] for k, v in self._soa.items() if k[0] == parity]
             self._soa = {k: v for k, v in self._soa.items() if k[0] != parity}
-            table, compressed = self._build_table(blocks, switch_on(COMPRESS_SWITCH, self.dslash.geom.config),
-                                                  reuse=old[0] if old else None)
+            reuse = old[0] if old else None
+            if self.dslash.half_links:
+                scales = self.dslash._store.scales[parity]
+                table, compressed = half_table_kernel(self.dslash.geom.backend, blocks, scales, reuse), False
+            else:
+                table, compressed = self._build_table(blocks, switch_on(COMPRESS_SWITCH, self.dslash.geom.config),
+                                                      reuse=reuse)
             self._soa[key] = (table, compressed, blocks)
         return self._soa[key]
 
@@ -186,8 +196,7 @@ class CudaHop:
         use_x = xs is not None and a != 0.0
         fields = psis + list(outs) + ([cp.ascontiguousarray(x) for x in xs] if use_x else [])
         table = cp.asarray(np.array([_address(f) for f in fields], dtype=np.uint64))
-        kernel = cuda_source.function(geom.backend, "solvers", "staggered_hop.cu",
-                                      "hop_many_single" if self.real == np.float32 else "hop_many_double")
+        kernel = cuda_source.function(geom.backend, "solvers", "staggered_hop.cu", f"hop_many_{self.suffix}")
         kernel(((vh + BLOCK - 1) // BLOCK,), (BLOCK,),
                (table, links, table[n:], table[2 * n:] if use_x else 0, np.int32(n), self.real(a), self.real(b),
                 np.int32(parity), np.int32(self.nhop), np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt),

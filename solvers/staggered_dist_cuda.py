@@ -162,7 +162,8 @@ class DistHop(CudaHop):
             be = geom.backend
             cp = xp
             suffix = "single" if dtype == np.complex64 else "double"
-            self.k_hop = cuda_source.function(be, "solvers", "staggered_hop.cu", f"hop_dist_{suffix}")
+            self.suffix = "half" if dslash.half_links else suffix
+            self.k_hop = cuda_source.function(be, "solvers", "staggered_hop.cu", f"hop_dist_{self.suffix}")
             self.k_pack = cuda_source.function(be, "solvers", "staggered_hop.cu", f"pack_{suffix}")
             self.cp = cp
 

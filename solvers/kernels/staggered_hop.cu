@@ -30,6 +30,39 @@ __device__ __forceinline__ int first_plane(int h, int mu, int w, int clong) {
     return clong ? mu * 32 + (w < 2 ? 9 * w : 18 + 7 * (w - 2)) : 9 * h;
 }
 
+// The 9 entries of hop h's link at site j (row-major). From a table of complex planes (first_plane: whole, or a
+// compressed Naik link's rows 0 and 1 and q, row 2 = q conj(row 0 x row 1)), or, HALF, from the half-precision table
+// (solvers.half_links.half_table: per hop 9 planes of 16-bit (re, im) pairs q and a plane of the link's scale s):
+// entry = float(q) s, the value of the rounded block (one rounded product, as the twin makes it).
+template <typename R, bool HALF>
+__device__ __forceinline__ void load_link(const void *__restrict__ links, int h, int mu, int w, int clong, long vh,
+                                          long j, typename C2<R>::T l[9]) {
+    typedef typename C2<R>::T T;
+    if (HALF) {
+        const short2 *Q = (const short2 *)links + (long)h * 10 * vh + j;
+        const R sc = __ldg((const float *)Q + 9 * vh);
+        #pragma unroll
+        for (int e = 0; e < 9; ++e) {
+            const short2 q = __ldg(Q + e * vh);
+            l[e].x = R(q.x) * sc;
+            l[e].y = R(q.y) * sc;
+        }
+        return;
+    }
+    const T *L = (const T *)links + (long)first_plane(h, mu, w, clong) * vh + j;
+    #pragma unroll
+    for (int e = 0; e < 6; ++e) l[e] = __ldg(L + e * vh);
+    if (clong && w >= 2) {
+        const T q = __ldg(L + 6 * vh);
+        l[6] = rebuilt<R>(q, l[1], l[5], l[2], l[4]);
+        l[7] = rebuilt<R>(q, l[2], l[3], l[0], l[5]);
+        l[8] = rebuilt<R>(q, l[0], l[4], l[1], l[3]);
+    } else {
+        #pragma unroll
+        for (int e = 6; e < 9; ++e) l[e] = __ldg(L + e * vh);
+    }
+}
+
 // The kernel's link table from the link blocks (nhop, V/2, 3, 3) of one output parity, one thread a site: every
 // hop's 9 planes, or with ``clong`` a Naik hop's rows 0 and 1 and q, the least-squares factor of row 2 = q conj(row 0
 // x row 1); err[j] = the largest |row 2 - q conj(row 0 x row 1)|^2 / |row 2|^2 of the site's Naik links. Twin:
@@ -83,9 +116,9 @@ __device__ void build_table(const typename C2<R>::T *__restrict__ blocks, typena
 // ``compact`` (whole lattice only): psi, out and x are parity-compact, checkerboard site j of its parity at row j: the
 // neighbour at full-lattice index s (of the other parity) is compact site s >> 1 (x runs fastest and nx is even, so
 // s >> 1 = (x >> 1) + (nx / 2) * row), and the output site and x are site j itself.
-template <typename R, bool DIST>
-__device__ __forceinline__ void hop_site(const typename C2<R>::T *__restrict__ psi,
-                    const typename C2<R>::T *__restrict__ links, typename C2<R>::T *__restrict__ out,
+template <typename R, bool DIST, bool HALF>
+__device__ __forceinline__ void hop_site(const typename C2<R>::T *__restrict__ psi, const void *__restrict__ links,
+                    typename C2<R>::T *__restrict__ out,
                     const typename C2<R>::T *__restrict__ x, R a, R b, int parity, int nhop,
                     int nx, int ny, int nz, int nt, long j, const typename C2<R>::T *__restrict__ ghost,
                     const long long *__restrict__ goff, int pmask, int depth, int compact, int clong) {
@@ -125,19 +158,11 @@ __device__ __forceinline__ void hop_site(const typename C2<R>::T *__restrict__ p
             if (compact) s >>= 1;
         }
         const T v0 = src[3 * s], v1 = src[3 * s + 1], v2 = src[3 * s + 2];
-        const T *L = links + (long)first_plane(h, mu, w, clong) * vh + j;
-        const T l0 = __ldg(L), l1 = __ldg(L + vh), l2 = __ldg(L + 2 * vh);
-        const T l3 = __ldg(L + 3 * vh), l4 = __ldg(L + 4 * vh), l5 = __ldg(L + 5 * vh);
-        T l6, l7, l8;
-        if (clong && w >= 2) {               // row 2 = q conj(row 0 x row 1)
-            const T q = __ldg(L + 6 * vh);
-            l6 = rebuilt<R>(q, l1, l5, l2, l4); l7 = rebuilt<R>(q, l2, l3, l0, l5); l8 = rebuilt<R>(q, l0, l4, l1, l3);
-        } else {
-            l6 = __ldg(L + 6 * vh); l7 = __ldg(L + 7 * vh); l8 = __ldg(L + 8 * vh);
-        }
-        madd<R>(acc0, l0, v0); madd<R>(acc0, l1, v1); madd<R>(acc0, l2, v2);
-        madd<R>(acc1, l3, v0); madd<R>(acc1, l4, v1); madd<R>(acc1, l5, v2);
-        madd<R>(acc2, l6, v0); madd<R>(acc2, l7, v1); madd<R>(acc2, l8, v2);
+        T l[9];
+        load_link<R, HALF>(links, h, mu, w, clong, vh, j, l);
+        madd<R>(acc0, l[0], v0); madd<R>(acc0, l[1], v1); madd<R>(acc0, l[2], v2);
+        madd<R>(acc1, l[3], v0); madd<R>(acc1, l[4], v1); madd<R>(acc1, l[5], v2);
+        madd<R>(acc2, l[6], v0); madd<R>(acc2, l[7], v1); madd<R>(acc2, l[8], v2);
     }
     const long o = (compact ? j : xx + (long)nx * (y + (long)ny * (z + (long)nz * t))) * 3;
     T r0 = {b * acc0.x, b * acc0.y}, r1 = {b * acc1.x, b * acc1.y}, r2 = {b * acc2.x, b * acc2.y};
@@ -148,8 +173,8 @@ __device__ __forceinline__ void hop_site(const typename C2<R>::T *__restrict__ p
     out[o] = r0; out[o + 1] = r1; out[o + 2] = r2;
 }
 
-template <typename R>
-__device__ void hop(const typename C2<R>::T *__restrict__ psi, const typename C2<R>::T *__restrict__ links,
+template <typename R, bool HALF>
+__device__ void hop(const typename C2<R>::T *__restrict__ psi, const void *__restrict__ links,
                     typename C2<R>::T *__restrict__ out, const typename C2<R>::T *__restrict__ x,
                     R a, R b, int parity, int nhop, int nx, int ny, int nz, int nt, int compact, int clong,
                     const double *frozen) {
@@ -157,12 +182,13 @@ __device__ void hop(const typename C2<R>::T *__restrict__ psi, const typename C2
     const long vh = (long)nx * ny * nz * nt / 2;
     const long j = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (j >= vh) return;
-    hop_site<R, false>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, j, 0, 0, 0, 1, compact, clong);
+    hop_site<R, false, HALF>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, j, 0, 0, 0, 1, compact,
+                             clong);
 }
 
 // The distributed hop on the sites listed in ``sites`` (checkerboard indices; all vh sites when sites == 0).
-template <typename R>
-__device__ void hop_dist(const typename C2<R>::T *psi, const typename C2<R>::T *links, typename C2<R>::T *out,
+template <typename R, bool HALF>
+__device__ void hop_dist(const typename C2<R>::T *psi, const void *links, typename C2<R>::T *out,
                          const typename C2<R>::T *x, R a, R b, int parity, int nhop, int nx, int ny, int nz, int nt,
                          const int *sites, long nsites, const typename C2<R>::T *ghost, const long long *goff,
                          int pmask, int depth, int clong, const double *frozen) {
@@ -170,7 +196,8 @@ __device__ void hop_dist(const typename C2<R>::T *psi, const typename C2<R>::T *
     const long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (i >= nsites) return;
     const long j = sites ? (long)sites[i] : i;
-    hop_site<R, true>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, j, ghost, goff, pmask, depth, 0, clong);
+    hop_site<R, true, HALF>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, j, ghost, goff, pmask, depth, 0,
+                            clong);
 }
 
 // Faces into one contiguous send buffer: face f (table row f: mu, dir, offset, length in complex elements) holds the
@@ -183,8 +210,8 @@ __device__ void hop_dist(const typename C2<R>::T *psi, const typename C2<R>::T *
 // solvers/multishift.py). Kept beside hop_site rather than folded into it: the single-field hop runs at the copy
 // bandwidth and stays as it was timed.
 #define MANY 4
-template <typename R>
-__device__ void hop_many(const unsigned long long *psis, const typename C2<R>::T *__restrict__ links,
+template <typename R, bool HALF>
+__device__ void hop_many(const unsigned long long *psis, const void *__restrict__ links,
                          const unsigned long long *outs, const unsigned long long *xs, int nvec, R a, R b, int parity,
                          int nhop, int nx, int ny, int nz, int nt, int compact, int clong) {
     typedef typename C2<R>::T T;
@@ -218,24 +245,16 @@ __device__ void hop_many(const unsigned long long *psis, const typename C2<R>::T
             cc[mu] = wrap(cc[mu] + step, n[mu]);
             long s = cc[0] + (long)nx * (cc[1] + (long)ny * (cc[2] + (long)nz * cc[3]));
             if (compact) s >>= 1;
-            const T *L = links + (long)first_plane(h, mu, w, clong) * vh + j;
-            const T l0 = __ldg(L), l1 = __ldg(L + vh), l2 = __ldg(L + 2 * vh);
-            const T l3 = __ldg(L + 3 * vh), l4 = __ldg(L + 4 * vh), l5 = __ldg(L + 5 * vh);
-            T l6, l7, l8;
-            if (clong && w >= 2) {
-                const T q = __ldg(L + 6 * vh);
-                l6 = rebuilt<R>(q, l1, l5, l2, l4); l7 = rebuilt<R>(q, l2, l3, l0, l5); l8 = rebuilt<R>(q, l0, l4, l1, l3);
-            } else {
-                l6 = __ldg(L + 6 * vh); l7 = __ldg(L + 7 * vh); l8 = __ldg(L + 8 * vh);
-            }
+            T l[9];
+            load_link<R, HALF>(links, h, mu, w, clong, vh, j, l);
             #pragma unroll
             for (int k = 0; k < MANY; ++k) {
                 if (k >= kc) break;
                 const T *src = (const T *)psis[c0 + k];
                 const T v0 = src[3 * s], v1 = src[3 * s + 1], v2 = src[3 * s + 2];
-                madd<R>(acc[k][0], l0, v0); madd<R>(acc[k][0], l1, v1); madd<R>(acc[k][0], l2, v2);
-                madd<R>(acc[k][1], l3, v0); madd<R>(acc[k][1], l4, v1); madd<R>(acc[k][1], l5, v2);
-                madd<R>(acc[k][2], l6, v0); madd<R>(acc[k][2], l7, v1); madd<R>(acc[k][2], l8, v2);
+                madd<R>(acc[k][0], l[0], v0); madd<R>(acc[k][0], l[1], v1); madd<R>(acc[k][0], l[2], v2);
+                madd<R>(acc[k][1], l[3], v0); madd<R>(acc[k][1], l[4], v1); madd<R>(acc[k][1], l[5], v2);
+                madd<R>(acc[k][2], l[6], v0); madd<R>(acc[k][2], l[7], v1); madd<R>(acc[k][2], l[8], v2);
             }
         }
         #pragma unroll
@@ -283,29 +302,82 @@ __device__ void pack(const T *__restrict__ psi, T *__restrict__ buf, const int *
 extern "C" __global__ void hop_double(const double2 *psi, const double2 *links, double2 *out, const double2 *x,
                                       double a, double b, int parity, int nhop, int nx, int ny, int nz, int nt,
                                       int compact, int clong, const double *frozen) {
-    hop<double>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact, clong, frozen);
+    hop<double, false>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact, clong, frozen);
 }
 extern "C" __global__ void hop_single(const float2 *psi, const float2 *links, float2 *out, const float2 *x,
                                       float a, float b, int parity, int nhop, int nx, int ny, int nz, int nt,
                                       int compact, int clong, const double *frozen) {
-    hop<float>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact, clong, frozen);
+    hop<float, false>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact, clong, frozen);
 }
 extern "C" __global__ void hop_dist_double(const double2 *psi, const double2 *links, double2 *out, const double2 *x,
                                            double a, double b, int parity, int nhop, int nx, int ny, int nz, int nt,
                                            const int *sites, long long nsites, const double2 *ghost,
                                            const long long *goff, int pmask, int depth, int clong,
                                            const double *frozen) {
-    hop_dist<double>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, sites, nsites, ghost, goff, pmask, depth,
-                  clong, frozen);
+    hop_dist<double, false>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, sites, nsites, ghost, goff, pmask,
+                            depth, clong, frozen);
 }
 extern "C" __global__ void hop_dist_single(const float2 *psi, const float2 *links, float2 *out, const float2 *x,
                                            float a, float b, int parity, int nhop, int nx, int ny, int nz, int nt,
                                            const int *sites, long long nsites, const float2 *ghost,
                                            const long long *goff, int pmask, int depth, int clong,
                                            const double *frozen) {
-    hop_dist<float>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, sites, nsites, ghost, goff, pmask, depth,
-                  clong, frozen);
+    hop_dist<float, false>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, sites, nsites, ghost, goff, pmask,
+                           depth, clong, frozen);
 }
+// The half-precision links (solvers.half_links): single-precision fields, the table of 16-bit link entries and
+// scales (``clong`` is ignored: the rounded Naik links are stored whole).
+extern "C" __global__ void hop_half(const float2 *psi, const int *links, float2 *out, const float2 *x, float a,
+                                    float b, int parity, int nhop, int nx, int ny, int nz, int nt, int compact,
+                                    int clong, const double *frozen) {
+    hop<float, true>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact, 0, frozen);
+}
+extern "C" __global__ void hop_dist_half(const float2 *psi, const int *links, float2 *out, const float2 *x, float a,
+                                         float b, int parity, int nhop, int nx, int ny, int nz, int nt,
+                                         const int *sites, long long nsites, const float2 *ghost,
+                                         const long long *goff, int pmask, int depth, int clong,
+                                         const double *frozen) {
+    hop_dist<float, true>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, sites, nsites, ghost, goff, pmask,
+                          depth, 0, frozen);
+}
+extern "C" __global__ void hop_many_half(const unsigned long long *psis, const int *links,
+        const unsigned long long *outs, const unsigned long long *xs, int nvec, float a, float b, int parity,
+        int nhop, int nx, int ny, int nz, int nt, int compact, int clong) {
+    hop_many<float, true>(psis, links, outs, xs, nvec, a, b, parity, nhop, nx, ny, nz, nt, compact, 0);
+}
+
+// solvers.half_links.half_rounded (its twin, the same single-precision operations): link k of ``blocks`` (9 complex)
+// rounded to q s, q = rint(m / s) with s = max |m| / 32767; one thread a link.
+extern "C" __global__ void half_round(const float2 *blocks, float2 *rounded, float *scales, long long nlinks) {
+    const long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (k >= nlinks) return;
+    const float2 *m = blocks + 9 * k;
+    float big = 0.0f;
+    for (int e = 0; e < 9; ++e) big = fmaxf(big, fmaxf(fabsf(m[e].x), fabsf(m[e].y)));
+    const float sc = big / 32767.0f, safe = sc > 0.0f ? sc : 1.0f;
+    for (int e = 0; e < 9; ++e) {
+        const float2 r = {rintf(m[e].x / safe) * sc, rintf(m[e].y / safe) * sc};
+        rounded[9 * k + e] = r;
+    }
+    scales[k] = sc;
+}
+
+// solvers.half_links.half_table: the rounded blocks (nhop, vh, 9) and their scales (nhop, vh) as the half table,
+// per hop 9 planes of 16-bit (re, im) pairs and one plane of the scale's bits; one thread a (hop, site).
+extern "C" __global__ void table_half(const float2 *blocks, const float *scales, int *table, int nhop, long long vh) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= (long long)nhop * vh) return;
+    const long long h = i / vh, j = i - h * vh;
+    const float sc = scales[i], safe = sc > 0.0f ? sc : 1.0f;
+    short2 *Q = (short2 *)table + h * 10 * vh + j;
+    for (int e = 0; e < 9; ++e) {
+        const float2 v = blocks[9 * i + e];
+        const short2 q = {(short)rintf(v.x / safe), (short)rintf(v.y / safe)};
+        Q[e * vh] = q;
+    }
+    ((float *)Q)[9 * vh] = sc;
+}
+
 extern "C" __global__ void table_double(const double2 *blocks, double2 *table, double *err, int nhop, long long vh,
                                         int clong) {
     build_table<double>(blocks, table, err, nhop, vh, clong);
@@ -325,12 +397,12 @@ extern "C" __global__ void pack_single(const float2 *psi, float2 *buf, const int
 extern "C" __global__ void hop_many_double(const unsigned long long *psis, const double2 *links,
         const unsigned long long *outs, const unsigned long long *xs, int nvec, double a, double b, int parity,
         int nhop, int nx, int ny, int nz, int nt, int compact, int clong) {
-    hop_many<double>(psis, links, outs, xs, nvec, a, b, parity, nhop, nx, ny, nz, nt, compact, clong);
+    hop_many<double, false>(psis, links, outs, xs, nvec, a, b, parity, nhop, nx, ny, nz, nt, compact, clong);
 }
 extern "C" __global__ void hop_many_single(const unsigned long long *psis, const float2 *links,
         const unsigned long long *outs, const unsigned long long *xs, int nvec, float a, float b, int parity,
         int nhop, int nx, int ny, int nz, int nt, int compact, int clong) {
-    hop_many<float>(psis, links, outs, xs, nvec, a, b, parity, nhop, nx, ny, nz, nt, compact, clong);
+    hop_many<float, false>(psis, links, outs, xs, nvec, a, b, parity, nhop, nx, ny, nz, nt, compact, clong);
 }
 
 // The link blocks of StaggeredDslash.set_links (array twin: solvers.staggered._link_blocks_array): block h at the

@@ -23,6 +23,7 @@ HEADER = r"""
 #include <math.h>
 struct double2 { double x, y; };
 struct float2 { float x, y; };
+struct short2 { short x, y; };
 static inline double2 make_double2(double a, double b) { double2 r; r.x = a; r.y = b; return r; }
 template <class T> static inline T __ldg(const T *p) { return *p; }
 struct Idx { long x; };

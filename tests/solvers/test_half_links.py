@@ -1,0 +1,170 @@
+"""Half-precision links (solvers.half_links, switch ``dslash_half_links``): the single-precision operator's links
+rounded to 16 bits with a scale per link, on every backend; the GPU hop's 16-bit table gives back the rounded values
+to the bit, so its kernels (compiled for the host here, on the device under -m gpu) compute the NumPy hop's numbers;
+the mixed solvers on such an operator still meet the double-precision tolerance."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from comms.config import RunConfig
+from lattice import Geometry, get_backend
+from lattice.backend import Backend
+from solvers import StaggeredDslash, mixed_multishift_cg, norm2, project
+from solvers.half_links import QMAX, half_rounded, half_table
+from solvers.staggered_cuda import CudaHop, hop_bytes
+from tests.force.cuda_host import FakeCuPy, needs_gxx
+
+from solver_testlib import random_field, random_links
+
+DIMS = (4, 4, 4, 6)
+SHIFTS = [0.004, 0.05, 0.4, 2.0]
+
+
+def _geometry(half=True, backend=None):
+    config = replace(RunConfig.from_environment(), dslash_half_links=half)
+    return Geometry(DIMS, backend or get_backend("numpy"), config=config)
+
+
+def _half_operator(geom, seed=5):
+    fat, long = random_links(Geometry(DIMS), seed)
+    return StaggeredDslash(geom, fat, long), StaggeredDslash(geom, fat, long).converted(np.complex64)
+
+
+def test_rounding_is_16_bits_of_each_links_largest_entry():
+    d64, d32 = _half_operator(_geometry())
+    assert d32.half_links and not d64.half_links
+    for p in (0, 1):
+        exact = d64._links[p].astype(np.complex64)
+        got, scales = d32._links[p], d32._store.scales[p]
+        assert scales.shape == exact.shape[:2] and scales.dtype == np.float32
+        re = exact.view(np.float32).reshape(exact.shape[:2] + (18,))
+        assert np.array_equal(scales, np.abs(re).max(-1) / np.float32(QMAX))
+        q = got.view(np.float32).reshape(re.shape) / scales[..., None]
+        assert np.abs(np.rint(q)).max() <= QMAX and np.abs(q - np.rint(q)).max() < 1e-2
+        err = np.abs(got.view(np.float32).reshape(re.shape) - re)
+        assert np.all(err <= 0.502 * scales[..., None])           # s / 2, and the product's rounding
+        assert np.abs(got - exact).max() > 0                      # rounded, not the single links
+    assert not _half_operator(_geometry(half=False))[1].half_links
+
+
+def test_zero_links_round_to_zero():
+    blocks = np.zeros((2, 5, 3, 3), np.complex64)
+    rounded, scales = half_rounded(Geometry(DIMS), blocks)
+    assert not rounded.any() and not scales.any()
+
+
+def test_table_gives_back_the_rounded_links():
+    """The 16-bit integers times the stored scale are the rounded blocks, bit for bit (one rounded product)."""
+    _, d32 = _half_operator(_geometry())
+    blocks, scales = d32._links[1], d32._store.scales[1]
+    table = half_table(blocks, scales, np)
+    nhop, vh = blocks.shape[:2]
+    assert table.shape == (nhop * 10, vh) and table.dtype == np.int32
+    t = table.reshape(nhop, 10, vh)
+    pairs = t[:, :9].transpose(0, 2, 1).copy().view(np.int16).reshape(nhop, vh, 9, 2).astype(np.float32)
+    back = pairs * t[:, 9].view(np.float32).reshape(nhop, vh, 1, 1)
+    assert np.array_equal(back[..., 0], blocks.reshape(nhop, vh, 9).real)
+    assert np.array_equal(back[..., 1], blocks.reshape(nhop, vh, 9).imag)
+
+
+def test_bytes_of_a_half_hop():
+    assert hop_bytes(np.complex64, half=True) == 16 * 40 + 16 * 24 + 24
+    assert hop_bytes(np.complex64, half=True) < hop_bytes(np.complex64, compressed=True)
+
+
+def test_mixed_multishift_on_half_links_meets_the_double_tolerance():
+    """MILC's cgprec 1 with the sloppy operator on half links: every shift's double true residual meets tol."""
+    geom = _geometry()
+    fat, long = random_links(Geometry(DIMS), 5)
+    d = StaggeredDslash(geom, fat, long)
+    assert d.converted(np.complex64).half_links
+    a = d.even_odd(0.0).normal
+    b = project(random_field(geom, np.random.default_rng(5)), geom, 0)
+    for tol in (1e-5, 1e-10):
+        xs, st = mixed_multishift_cg(SHIFTS, tol, 5000)(a).solve(b)
+        assert st.converged
+        for s, x in zip(SHIFTS, xs):
+            r = b - a(x) - s * x
+            assert np.sqrt(norm2(geom, r) / norm2(geom, b)) <= tol
+
+
+def _host_pair():
+    """(NumPy half operator, host-compiled CUDA half operator) of the same links."""
+    fat, long = random_links(Geometry(DIMS), 5)
+    cpu = StaggeredDslash(_geometry(), fat, long).converted(np.complex64)
+    host = StaggeredDslash(_geometry(backend=Backend("cupy", FakeCuPy())), fat, long).converted(np.complex64)
+    return cpu, host
+
+
+@needs_gxx
+def test_rounding_and_table_kernels_equal_their_twins():
+    cpu, host = _host_pair()
+    assert isinstance(host._hop_impl, CudaHop) and host.half_links
+    for p in (0, 1):
+        assert np.array_equal(np.asarray(host._links[p]), cpu._links[p])
+        assert np.array_equal(np.asarray(host._store.scales[p]), cpu._store.scales[p])
+        assert np.array_equal(np.asarray(host._hop_impl._links(p)), half_table(cpu._links[p], cpu._store.scales[p],
+                                                                               np))
+
+
+@needs_gxx
+def test_half_kernels_equal_the_numpy_hop():
+    """hop_half and hop_many_half (host build) against the NumPy hop of the same rounded links."""
+    cpu, host = _host_pair()
+    rng = np.random.default_rng(4)
+    geom = cpu.geom
+    psis = [random_field(geom, rng, np.complex64) for _ in range(3)]
+    x = random_field(geom, rng, np.complex64)
+    for p in (0, 1):
+        want = np.asarray(cpu.hop(psis[0], p, a=0.3, x=x, b=-1.0))
+        got = np.asarray(host.hop(psis[0], p, a=0.3, x=x, b=-1.0))
+        assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()
+        outs = [np.zeros_like(q) for q in psis]
+        host._hop_impl.many(psis, p, outs, 0.0, None, 1.0)
+        for q, o in zip(psis, outs):
+            assert np.array_equal(o[geom.parity() == p], np.asarray(host.hop(q, p))[geom.parity() == p])
+
+
+@needs_gxx
+def test_distributed_kernel_reads_the_half_table():
+    """hop_dist_half on an unpartitioned block (every site, no ghosts) gives hop_half's numbers."""
+    from lattice import cuda_source
+    from solvers.staggered import parity_sites
+    from solvers.staggered_cuda import BLOCK
+
+    cpu, host = _host_pair()
+    hop = host._hop_impl
+    kernel = cuda_source.function(host.geom.backend, "solvers", "staggered_hop.cu", "hop_dist_half")
+    psi = np.ascontiguousarray(random_field(cpu.geom, np.random.default_rng(8), np.complex64))
+    nx, ny, nz, nt = DIMS
+    vh = cpu.geom.volume // 2
+    for p in (0, 1):
+        out = np.zeros_like(psi)
+        kernel(((vh + BLOCK - 1) // BLOCK,), (BLOCK,),
+               (psi, hop._links(p), out, 0, np.float32(0.0), np.float32(1.0), np.int32(p), np.int32(hop.nhop),
+                np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), 0, np.int64(vh), 0, 0, np.int32(0),
+                np.int32(3), np.int32(0), 0))
+        sites = parity_sites(cpu.geom, p)
+        want = np.asarray(host.hop(psi, p)).reshape(-1, 3)[sites]
+        assert np.array_equal(out.reshape(-1, 3)[sites], want)
+
+
+@pytest.mark.gpu
+def test_gpu_half_links_equal_the_numpy_twin():
+    """On the device: the rounding kernel gives the twin's bits, the half hop the NumPy hop's numbers (run: pytest
+    -m gpu)."""
+    fat, long = random_links(Geometry(DIMS), 5)
+    cpu = StaggeredDslash(_geometry(), fat, long).converted(np.complex64)
+    geom = _geometry(backend=get_backend("cupy"))
+    xp = geom.xp
+    gpu = StaggeredDslash(geom, xp.asarray(fat), xp.asarray(long)).converted(np.complex64)
+    assert gpu.half_links and gpu._hop_impl.suffix == "half"
+    for p in (0, 1):
+        assert np.array_equal(xp.asnumpy(gpu._links[p]), cpu._links[p])
+        assert np.array_equal(xp.asnumpy(gpu._store.scales[p]), cpu._store.scales[p])
+    psi = random_field(cpu.geom, np.random.default_rng(4), np.complex64)
+    for p in (0, 1):
+        want = np.asarray(cpu.hop(psi, p, a=0.3, x=psi, b=-1.0))
+        got = xp.asnumpy(gpu.hop(xp.asarray(psi), p, a=0.3, x=xp.asarray(psi), b=-1.0))
+        assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()
