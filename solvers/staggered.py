@@ -131,8 +131,7 @@ class _LinkStore:
         self.links = None
         self.naik = False
         self.converted = {}
-        self.half = bool(half)       # single-precision links rounded to 16 bits (solvers.half_links)
-        self.scales = None           # then the links' scales, per output parity (nhop, V/2) float32
+        self.half, self.scales = bool(half), None     # links rounded to 16 bits, their scales (solvers.half_links)
 
     def set(self, links, naik, made=None):
         """New link blocks (a new list: the multigrid tells new links by its identity); every conversion follows,
@@ -310,8 +309,7 @@ class StaggeredDslash(Operator):
 
     @property
     def half_links(self) -> bool:
-        """Whether the links are rounded to 16 bits with a scale per link (solvers.half_links; single precision
-        with the switch ``dslash_half_links``)."""
+        """Whether the links are rounded to 16 bits with a scale per link (:mod:`solvers.half_links`)."""
         return self._store.half
 
     @property
