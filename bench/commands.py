@@ -68,8 +68,9 @@ def _add_dslash(bsub):
                                        "under mpiexec (or with --grid): the distributed GPU Dslash and CG iteration "
                                        "per transport")
     b.add_argument("--lattice", type=int, nargs=4, default=[8, 8, 8, 8], metavar=("NX", "NY", "NZ", "NT"))
-    b.add_argument("--precision", choices=("single", "double", "half"), default="double",
-                   help="the hop's precision (half: single-precision fields, links in 16 bits, solvers.half_links)")
+    b.add_argument("--precision", choices=("single", "double", "half", "half-naik"), default="double",
+                   help="the hop's precision (half: single-precision fields, links in 16 bits; half-naik: the Naik "
+                        "links only; solvers.half_links)")
     b.add_argument("--repeat", type=count(1), default=20)
     b.add_argument("--json", action="store_true")
     b.add_argument("--local", type=count(2), nargs="+", metavar="L", help="distributed: local volumes L^4 per rank")

@@ -59,7 +59,8 @@ def bench_dslash(args) -> dict:
     if _dist_wanted(args):
         return bench_dslash_dist(args)
     backend = get_backend(args.backend or "auto")
-    config = replace(RunConfig.from_environment(), dslash_half_links=args.precision == "half")
+    half = {"half": "all", "half-naik": "naik"}.get(args.precision, "off")
+    config = replace(RunConfig.from_environment(), dslash_half_links=half)
     geom = Geometry(tuple(args.lattice), backend, config=config)
     rng = CounterRNG(3)
     fat, long = timing_links(geom, rng)
@@ -105,7 +106,7 @@ def bench_dslash(args) -> dict:
         print(f"  hop (one parity)  {t_hop * 1e6:10.1f} us  {res['gflops']:8.1f} GFLOP/s  {res['GBps']:8.1f} GB/s = "
               f"{100 * res['fraction_of_copy_bandwidth']:.1f}% of copy bandwidth {bw / 1e9:.0f} GB/s "
               f"({site_bytes} B/site{', Naik links compressed' if d.links_compressed else ''}"
-              f"{', links in 16 bits' if d.half_links else ''})")
+              f"{'' if d.half_links == 'off' else f', {d.half_links} links in 16 bits'})")
         print(f"  CG iteration (double, m=0.01)  {1e6 * t_cg / n_it:10.1f} us: operator {1e6 * t_op:.1f} us, "
               f"linear algebra {1e6 * (t_cg / n_it - t_op):.1f} us")
         print(f"  to 1e-10 (m=0.05): double CG {t_double:.3f} s ({st_d.iters} it), mixed CG {t_mixed:.3f} s "

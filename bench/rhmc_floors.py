@@ -57,8 +57,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from force import hisq_staged as _staged, hisq_staged_vjp as _staged_vjp
-from lattice.placement import switch_on
-from solvers.half_links import HALF_SWITCH
+from comms.config import RunConfig
+from solvers.half_links import HALF_SETTING
 from solvers.staggered_cuda import hop_bytes
 
 from .gauge import force_bytes
@@ -85,12 +85,12 @@ class Model:
     md_shift_bytes: int = 0          # and its 4 vectors per shift update (for runs whose converged shifts stop)
 
 
-def solver_iteration_bytes(volume: int, poles: int, single: bool, half: bool = False) -> int:
-    """Bytes of one multishift iteration with ``poles`` shifts: A (two hops) and the fused update; ``half``: a
-    single-precision operator's links in 16 bits (solvers.half_links)."""
+def solver_iteration_bytes(volume: int, poles: int, single: bool, half: str = "off") -> int:
+    """Bytes of one multishift iteration with ``poles`` shifts: A (two hops) and the fused update; ``half``: the
+    links a single-precision operator keeps in 16 bits ("off", "naik", "all": solvers.half_links)."""
     dtype = np.complex64 if single else np.complex128
     c = np.dtype(dtype).itemsize
-    hop = hop_bytes(dtype, half=True) if (single and half) else hop_bytes(dtype, compressed=True)
+    hop = hop_bytes(dtype, half=half) if (single and half != "off") else hop_bytes(dtype, compressed=True)
     return hop * volume + (5 + 4 * poles) * 3 * c * volume // 2
 
 
@@ -117,7 +117,7 @@ def model(deck: dict, files: dict) -> Model:
     gauge = next(m for m in monomials if m.kind == "gauge")
     fermion = next(m for m in monomials if m.kind == "fermion")
     volume = int(np.prod(deck["lattice"]["dims"]))
-    half = switch_on(HALF_SWITCH, None)          # the run's configuration: this process's environment
+    half = getattr(RunConfig.from_environment(), HALF_SETTING)     # the run's: this process's environment
 
     def per_iteration_bytes(term, phase, poles=None):
         n = len(term.approximation(phase).poles) if poles is None else poles

@@ -1,35 +1,56 @@
-"""Links in half precision: the single-precision operator's link blocks rounded to 16 bits with one scale per link
-(switch ``dslash_half_links``, docs/perf-notes.md "Half-precision links").
+"""Links in half precision: a single-precision operator's link blocks rounded to 16 bits with one scale per link
+(setting ``dslash_half_links``: ``naik``, the Naik links only, or ``all``; docs/perf-notes.md "Half-precision links").
 
 Each 3x3 link block m (18 reals) gets the scale s = max|m_k| / 32767 (in single precision) and each real becomes
 q_k s with q_k = rint(m_k / s), an integer in [-32767, 32767]: a rounding error of at most s / 2, 2^-16 of the
 link's largest entry. The rounded blocks are the operator's links on every backend (the NumPy hop, the
-distributed and one-GPU hops alike), so answers do not depend on where the operator runs; the GPU hop stores them
-as 16-bit integers and the scale (40 bytes a link instead of 72, :func:`half_table`), which it turns back into the
-same single-precision values (q_k s is one rounded product either way). QUDA stores the links of its half-precision
-staggered operator so too (16-bit fixed point with a scale); here the scale is per link, not per field, so that the
-Naik links (entries ~1/24 of the fat links') keep all 16 bits.
+distributed and one-GPU hops alike), so answers do not depend on where the operator runs; the GPU hop stores a
+rounded hop as 16-bit integers and the scale (40 bytes a link instead of 72, :func:`half_table`), which it turns back
+into the same single-precision values (q_k s is one rounded product either way). QUDA stores the links of its
+half-precision staggered operator so too (16-bit fixed point with a scale); here the scale is per link, not per
+field, so that the Naik links (entries ~1/24 of the fat links') keep all 16 bits.
 
-Only the sloppy operator of a mixed solve is rounded (the multishift's Krylov stage and the inner solves of the
-refinement); the double-precision true residuals, reliable updates and the answers' tolerance are unchanged.
+Why ``naik``: the operator's error is ~2^-17 relative to the links rounded, so rounding every link (``all``) puts
+an error of the MD tolerance's size (1e-5) into the sloppy operator, and every shift of an MD solve then needs its
+own refinement (runs/rhmc/README.md, session 19); the Naik term is ~1/24 of D, so rounding only its links moves
+the operator by ~1e-6 and saves 128 of the 1432 bytes a site. Only the sloppy operator of a mixed solve is rounded;
+the double-precision true residuals, reliable updates and the answers' tolerance are unchanged.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from lattice import cuda_source
-from lattice.placement import Placement, implements, switch_on
+from lattice.placement import Placement, implements, lookup
 
-#: the run-configuration switch (comms.config.RunConfig.dslash_half_links)
-HALF_SWITCH = "dslash_half_links"
+#: the run-configuration setting (comms.config.RunConfig.dslash_half_links): "off", "naik" or "all"
+HALF_SETTING = "dslash_half_links"
 #: the largest magnitude of a stored integer: q = rint(m / s) with s = max|m| / QMAX
 QMAX = 32767
 BLOCK = 128
+#: 32-bit words a site of one hop's table takes: a rounded link (9 pairs of 16-bit integers, the scale), a whole one
+WORDS_HALF, WORDS_SINGLE = 10, 18
 
 
-def half_wanted(geom, dtype) -> bool:
-    """Whether an operator of ``dtype`` on ``geom`` takes half-precision links: single precision, switch on."""
-    return np.dtype(dtype) == np.complex64 and switch_on(HALF_SWITCH, getattr(geom, "config", None))
+def half_mode(geom, dtype) -> str:
+    """The setting for an operator of ``dtype`` on ``geom``: "off" unless single precision."""
+    if np.dtype(dtype) != np.complex64:
+        return "off"
+    config = getattr(geom, "config", None)
+    if config is None:
+        from comms.config import RunConfig
+
+        config = RunConfig.from_environment()
+    return getattr(config, HALF_SETTING)
+
+
+def rounded_hops(nhop: int, mode: str) -> tuple:
+    """The hops (indices into the link blocks: +1, -1, +3, -3 per direction) whose links ``mode`` rounds."""
+    if mode == "all":
+        return tuple(range(nhop))
+    if mode == "naik" and nhop == 16:
+        return tuple(h for h in range(nhop) if h % 4 >= 2)
+    return ()
 
 
 @implements("staggered.half_round", Placement.ARRAY)
@@ -62,29 +83,55 @@ def half_rounded_kernel(geom, blocks):
     return rounded, scales
 
 
-def half_table(blocks, scales, xp):
-    """The GPU hop's table of rounded blocks (nhop, V/2, 3, 3) with their scales (nhop, V/2): per hop 9 planes of
-    (re, im) 16-bit integer pairs and one plane of the float32 scale, (nhop * 10, V/2) 32-bit words, so that a warp
-    reads 32 consecutive sites. The array twin of the kernel ``table_half``."""
+def round_links(geom, blocks, hops):
+    """(blocks with the hops ``hops`` rounded, their scales (len(hops), V/2)) for one output parity's blocks."""
+    idx = list(hops)
+    sub = geom.xp.ascontiguousarray(blocks[idx])
+    rounded, scales = lookup("staggered.half_round", geom, blocks=sub)(geom, sub)
+    if len(idx) == blocks.shape[0]:
+        return rounded, scales
+    out = blocks.copy()
+    out[idx] = rounded
+    return out, scales
+
+
+def table_words(nhop: int, naik_only: bool) -> int:
+    """32-bit words a site of the table: per hop :data:`WORDS_HALF` if rounded, else :data:`WORDS_SINGLE`."""
+    nhalf = len(rounded_hops(nhop, "naik" if naik_only else "all"))
+    return nhalf * WORDS_HALF + (nhop - nhalf) * WORDS_SINGLE
+
+
+def half_table(blocks, scales, xp, naik_only: bool):
+    """The GPU hop's table, (words, V/2) 32-bit words, so that a warp reads 32 consecutive sites: hop after hop, a
+    rounded one as 9 planes of (re, im) 16-bit integer pairs and a plane of its float32 scale, a whole one (``naik_only``:
+    the one-link hops) as 9 planes of complex64 (2 words each). ``scales``: one row per rounded hop, in hop order. The
+    array twin of the kernel ``table_half``."""
     nhop, vh = blocks.shape[0], blocks.shape[1]
-    safe = xp.where(scales > 0, scales, xp.float32(1))[:, :, None]
+    half = rounded_hops(nhop, "naik" if naik_only else "all")
     planes = blocks.reshape(nhop, vh, 9)
-    re = xp.rint(planes.real / safe).astype(xp.int16)
-    im = xp.rint(planes.imag / safe).astype(xp.int16)
-    pairs = xp.stack([re, im], axis=-1).view(xp.int32)[..., 0]           # (nhop, vh, 9): little-endian (re, im)
-    table = xp.empty((nhop, 10, vh), xp.int32)
-    table[:, :9] = pairs.transpose(0, 2, 1)
-    table[:, 9] = scales.astype(xp.float32).view(xp.int32)
-    return table.reshape(nhop * 10, vh)
+    parts = []
+    for h in range(nhop):
+        if h in half:
+            s = scales[half.index(h)].astype(xp.float32)
+            safe = xp.where(s > 0, s, xp.float32(1))[:, None]
+            re = xp.rint(planes[h].real / safe).astype(xp.int16)
+            im = xp.rint(planes[h].imag / safe).astype(xp.int16)
+            pairs = xp.stack([re, im], axis=-1).view(xp.int32)[..., 0]     # (vh, 9): little-endian (re, im)
+            parts += [pairs.T, s.view(xp.int32)[None]]
+        else:       # complex64 plane e, site j at float2 index e vh + j: the planes' memory as words
+            parts.append(xp.ascontiguousarray(planes[h].T).view(xp.int32).reshape(18, vh))
+    return xp.ascontiguousarray(xp.concatenate(parts, axis=0))
 
 
-def half_table_kernel(backend, blocks, scales, out=None):
+def half_table_kernel(backend, blocks, scales, naik_only: bool, out=None):
     """:func:`half_table` by the kernel ``table_half`` into ``out`` (the last links' table, whose address a captured
     hop bakes in) where it has the shape."""
     xp = backend.xp
     nhop, vh = blocks.shape[0], blocks.shape[1]
-    fits = out is not None and tuple(out.shape) == (nhop * 10, vh) and out.dtype == np.int32
-    table = out if fits else xp.empty((nhop * 10, vh), xp.int32)
+    shape = (table_words(nhop, naik_only), vh)
+    fits = out is not None and tuple(out.shape) == shape and out.dtype == np.int32
+    table = out if fits else xp.empty(shape, xp.int32)
     kernel = cuda_source.function(backend, "solvers", "staggered_hop.cu", "table_half")
-    kernel(((nhop * vh + BLOCK - 1) // BLOCK,), (BLOCK,), (blocks, scales, table, np.int32(nhop), np.int64(vh)))
+    kernel(((nhop * vh + BLOCK - 1) // BLOCK,), (BLOCK,),
+           (blocks, scales, table, np.int32(nhop), np.int64(vh), np.int32(bool(naik_only))))
     return table

@@ -45,7 +45,7 @@ import numpy as np
 from lattice import su3
 from lattice.placement import Placement, implements, lookup
 
-from .half_links import half_wanted
+from .half_links import half_mode, round_links, rounded_hops
 from .operator import COLOUR_VECTOR, Operator
 
 # flops of one 3x3 complex matrix times complex 3-vector, and of one complex 3-vector addition
@@ -125,20 +125,21 @@ class _LinkStore:
     precisions made from them (dtype -> StaggeredDslash): a link update converts their links again, so that they,
     and the solvers' CUDA graphs over them, live as long as this store (solvers.krylov_graph)."""
 
-    def __init__(self, geom, sites=None, half=False):
+    def __init__(self, geom, sites=None, half="off"):
         self.geom = geom
         self.sites = sites if sites is not None else [parity_sites(geom, 0), parity_sites(geom, 1)]
         self.links = None
         self.naik = False
         self.converted = {}
-        self.half, self.scales = bool(half), None     # links rounded to 16 bits, their scales (solvers.half_links)
+        self.half, self.half_hops, self.scales = half, (), None   # 16-bit links (solvers.half_links)
 
     def set(self, links, naik, made=None):
         """New link blocks (a new list: the multigrid tells new links by its identity); every conversion follows,
         from ``made`` ({dtype: blocks}, :func:`link_blocks`) where it holds the conversion's blocks. A half store
         keeps the blocks rounded to 16 bits and their scales (:func:`solvers.half_links.half_rounded`)."""
-        if self.half:
-            pairs = [lookup("staggered.half_round", self.geom, blocks=b)(self.geom, b) for b in links]
+        self.half_hops = rounded_hops(links[0].shape[0], self.half)
+        if self.half_hops:
+            pairs = [round_links(self.geom, b, self.half_hops) for b in links]
             links, self.scales = [p[0] for p in pairs], [p[1] for p in pairs]
         self.links, self.naik = links, bool(naik)
         for dtype, other in self.converted.items():
@@ -225,7 +226,7 @@ class StaggeredDslash(Operator):
             return self
         cache = self._store.converted
         if dtype not in cache:
-            store = _LinkStore(self.geom, self._store.sites, half=half_wanted(self.geom, dtype))
+            store = _LinkStore(self.geom, self._store.sites, half=half_mode(self.geom, dtype))
             store.set([l.astype(dtype) for l in self._links], self.naik)
             cache[dtype] = StaggeredDslash(self.geom, dtype=dtype, _store=store)
         d = cache[dtype]
@@ -308,9 +309,9 @@ class StaggeredDslash(Operator):
         return bool(getattr(self._hop_impl, "compressed", False))
 
     @property
-    def half_links(self) -> bool:
-        """Whether the links are rounded to 16 bits with a scale per link (:mod:`solvers.half_links`)."""
-        return self._store.half
+    def half_links(self) -> str:
+        """Which links are rounded to 16 bits (:mod:`solvers.half_links`): "off", "naik" or "all"."""
+        return self._store.half if self._store.half_hops else "off"
 
     @property
     def has_compact(self) -> bool:

@@ -23,7 +23,7 @@ import numpy as np
 from lattice import cuda_source
 from lattice.placement import Placement, implements, switch_on
 
-from .half_links import half_table_kernel
+from .half_links import half_table_kernel, rounded_hops
 
 BLOCK = 128
 #: the run-configuration switch of long-link compression (lattice.placement consults it)
@@ -35,14 +35,17 @@ COMPRESS_SWITCH = "dslash_compress_long"
 REBUILD_TOLERANCE = {np.dtype(np.complex128): 1e-10, np.dtype(np.complex64): 1e-5}
 
 
-def hop_bytes(dtype, naik: bool = True, axpy: bool = False, compressed: bool = False, half: bool = False) -> int:
-    """Bytes one output site must move: links (a compressed Naik link 7 complex numbers; ``half``: 9 pairs of
-    16-bit integers and a 4-byte scale, solvers.half_links), neighbour vectors, output (and x for the a*x
-    epilogue)."""
+def hop_bytes(dtype, naik: bool = True, axpy: bool = False, compressed: bool = False, half: str = "off") -> int:
+    """Bytes one output site must move: links (a compressed Naik link 7 complex numbers; a link of the hops
+    ``half`` rounds, solvers.half_links: 9 pairs of 16-bit integers and a 4-byte scale), neighbour vectors, output
+    (and x for the a*x epilogue)."""
     c = np.dtype(dtype).itemsize
     nhop = 16 if naik else 8
-    link_elements = 8 * 9 + 8 * 7 if (naik and compressed) else nhop * 9
-    links = nhop * (9 * 4 + 4) if half else link_elements * c
+    if half != "off":
+        nhalf = len(rounded_hops(nhop, half))
+        links = nhalf * 4 * (9 + 1) + (nhop - nhalf) * 9 * c
+    else:
+        links = (8 * 9 + 8 * 7 if (naik and compressed) else nhop * 9) * c
     return links + nhop * 3 * c + 3 * c + (3 * c if axpy else 0)
 
 
@@ -95,7 +98,9 @@ class CudaHop:
         cp = be.xp
         self.cp = cp
         single = np.dtype(dslash.dtype) == np.complex64
-        self.suffix = "half" if dslash.half_links else "single" if single else "double"
+        self.suffix = "single" if single else "double"
+        if dslash.half_links != "off":
+            self.suffix = "half"
         self.kernel = cuda_source.function(be, "solvers", "staggered_hop.cu", f"hop_{self.suffix}")
         self.real = np.float32 if single else np.float64
         self._soa = {}
@@ -109,9 +114,10 @@ class CudaHop:
             old = [v[0] for k, v in self._soa.items() if k[0] == parity]
             self._soa = {k: v for k, v in self._soa.items() if k[0] != parity}
             reuse = old[0] if old else None
-            if self.dslash.half_links:
-                scales = self.dslash._store.scales[parity]
-                table, compressed = half_table_kernel(self.dslash.geom.backend, blocks, scales, reuse), False
+            if self.dslash.half_links != "off":
+                scales, naik_only = self.dslash._store.scales[parity], self.dslash.half_links == "naik"
+                table = half_table_kernel(self.dslash.geom.backend, blocks, scales, naik_only, reuse)
+                compressed = naik_only         # the kernels' ``clong`` argument: the form of the half table
             else:
                 table, compressed = self._build_table(blocks, switch_on(COMPRESS_SWITCH, self.dslash.geom.config),
                                                       reuse=reuse)
@@ -153,7 +159,7 @@ class CudaHop:
     @property
     def compressed(self) -> bool:
         """Whether the tables of both parities hold compressed Naik links (built now if they are not yet)."""
-        return all(self._entry(p)[1] for p in (0, 1))
+        return self.suffix != "half" and all(self._entry(p)[1] for p in (0, 1))
 
     def graph_key(self) -> tuple:
         """The device addresses a captured application bakes in (its links of both parities), built now if they

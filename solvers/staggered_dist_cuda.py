@@ -126,6 +126,7 @@ class DistHop(CudaHop):
         dtype = np.dtype(dslash.dtype)
         self.dtype = dtype
         self.real = np.float32 if dtype == np.complex64 else np.float64
+        self.suffix = ("single" if dtype == np.complex64 else "double") if dslash.half_links == "off" else "half"
         # faces, buffers and site lists: this hop's own stencil (fixed buffers: their addresses go into graphs)
         steps = (1, -1, 3, -3) if self.naik else (1, -1)
         self.stencil = Stencil(geom, [(mu, s) for mu in range(4) for s in steps], self.depth)
@@ -162,7 +163,6 @@ class DistHop(CudaHop):
             be = geom.backend
             cp = xp
             suffix = "single" if dtype == np.complex64 else "double"
-            self.suffix = "half" if dslash.half_links else suffix
             self.k_hop = cuda_source.function(be, "solvers", "staggered_hop.cu", f"hop_dist_{self.suffix}")
             self.k_pack = cuda_source.function(be, "solvers", "staggered_hop.cu", f"pack_{suffix}")
             self.cp = cp

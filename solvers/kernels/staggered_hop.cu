@@ -32,14 +32,25 @@ __device__ __forceinline__ int first_plane(int h, int mu, int w, int clong) {
 
 // The 9 entries of hop h's link at site j (row-major). From a table of complex planes (first_plane: whole, or a
 // compressed Naik link's rows 0 and 1 and q, row 2 = q conj(row 0 x row 1)), or, HALF, from the half-precision table
-// (solvers.half_links.half_table: per hop 9 planes of 16-bit (re, im) pairs q and a plane of the link's scale s):
-// entry = float(q) s, the value of the rounded block (one rounded product, as the twin makes it).
+// of 32-bit words (solvers.half_links.half_table; ``clong`` then says that only the Naik hops are rounded): a rounded
+// hop is 9 planes of 16-bit (re, im) pairs q and a plane of the link's scale s, entry = float(q) s, the value of the
+// rounded block (one rounded product, as the twin makes it); a whole one 9 planes of complex numbers.
+__device__ __forceinline__ long half_first_word(int h, int mu, int w, int naik_only) {
+    return naik_only ? (long)mu * 56 + (w == 0 ? 0 : w == 1 ? 18 : w == 2 ? 36 : 46) : (long)h * 10;
+}
 template <typename R, bool HALF>
 __device__ __forceinline__ void load_link(const void *__restrict__ links, int h, int mu, int w, int clong, long vh,
                                           long j, typename C2<R>::T l[9]) {
     typedef typename C2<R>::T T;
     if (HALF) {
-        const short2 *Q = (const short2 *)links + (long)h * 10 * vh + j;
+        const long word = half_first_word(h, mu, w, clong) * vh;
+        if (clong && w < 2) {
+            const T *P = (const T *)((const int *)links + word) + j;
+            #pragma unroll
+            for (int e = 0; e < 9; ++e) l[e] = __ldg(P + e * vh);
+            return;
+        }
+        const short2 *Q = (const short2 *)links + word + j;
         const R sc = __ldg((const float *)Q + 9 * vh);
         #pragma unroll
         for (int e = 0; e < 9; ++e) {
@@ -326,11 +337,11 @@ extern "C" __global__ void hop_dist_single(const float2 *psi, const float2 *link
                            depth, clong, frozen);
 }
 // The half-precision links (solvers.half_links): single-precision fields, the table of 16-bit link entries and
-// scales (``clong`` is ignored: the rounded Naik links are stored whole).
+// scales; ``clong`` says that only the Naik hops are rounded (the rounded Naik links are never compressed).
 extern "C" __global__ void hop_half(const float2 *psi, const int *links, float2 *out, const float2 *x, float a,
                                     float b, int parity, int nhop, int nx, int ny, int nz, int nt, int compact,
                                     int clong, const double *frozen) {
-    hop<float, true>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact, 0, frozen);
+    hop<float, true>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, compact, clong, frozen);
 }
 extern "C" __global__ void hop_dist_half(const float2 *psi, const int *links, float2 *out, const float2 *x, float a,
                                          float b, int parity, int nhop, int nx, int ny, int nz, int nt,
@@ -338,12 +349,12 @@ extern "C" __global__ void hop_dist_half(const float2 *psi, const int *links, fl
                                          const long long *goff, int pmask, int depth, int clong,
                                          const double *frozen) {
     hop_dist<float, true>(psi, links, out, x, a, b, parity, nhop, nx, ny, nz, nt, sites, nsites, ghost, goff, pmask,
-                          depth, 0, frozen);
+                          depth, clong, frozen);
 }
 extern "C" __global__ void hop_many_half(const unsigned long long *psis, const int *links,
         const unsigned long long *outs, const unsigned long long *xs, int nvec, float a, float b, int parity,
         int nhop, int nx, int ny, int nz, int nt, int compact, int clong) {
-    hop_many<float, true>(psis, links, outs, xs, nvec, a, b, parity, nhop, nx, ny, nz, nt, compact, 0);
+    hop_many<float, true>(psis, links, outs, xs, nvec, a, b, parity, nhop, nx, ny, nz, nt, compact, clong);
 }
 
 // solvers.half_links.half_rounded (its twin, the same single-precision operations): link k of ``blocks`` (9 complex)
@@ -362,14 +373,23 @@ extern "C" __global__ void half_round(const float2 *blocks, float2 *rounded, flo
     scales[k] = sc;
 }
 
-// solvers.half_links.half_table: the rounded blocks (nhop, vh, 9) and their scales (nhop, vh) as the half table,
-// per hop 9 planes of 16-bit (re, im) pairs and one plane of the scale's bits; one thread a (hop, site).
-extern "C" __global__ void table_half(const float2 *blocks, const float *scales, int *table, int nhop, long long vh) {
+// solvers.half_links.half_table: the blocks (nhop, vh, 9), rounded where the table rounds them, and the rounded hops'
+// scales (one row each) as the half table (load_link); one thread a (hop, site).
+extern "C" __global__ void table_half(const float2 *blocks, const float *scales, int *table, int nhop, long long vh,
+                                      int naik_only) {
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= (long long)nhop * vh) return;
     const long long h = i / vh, j = i - h * vh;
-    const float sc = scales[i], safe = sc > 0.0f ? sc : 1.0f;
-    short2 *Q = (short2 *)table + h * 10 * vh + j;
+    const int per = nhop / 4, mu = h / per, w = h - mu * per;
+    const long long word = half_first_word(h, mu, w, naik_only) * vh;
+    if (naik_only && w < 2) {                                       // a whole one-link hop
+        float2 *P = (float2 *)(table + word) + j;
+        for (int e = 0; e < 9; ++e) P[e * vh] = blocks[9 * i + e];
+        return;
+    }
+    const long long row = naik_only ? 2 * mu + (w - 2) : h;        // the hop's row of scales
+    const float sc = scales[row * vh + j], safe = sc > 0.0f ? sc : 1.0f;
+    short2 *Q = (short2 *)table + word + j;
     for (int e = 0; e < 9; ++e) {
         const float2 v = blocks[9 * i + e];
         const short2 q = {(short)rintf(v.x / safe), (short)rintf(v.y / safe)};

@@ -1,5 +1,5 @@
-"""Half-precision links (solvers.half_links, switch ``dslash_half_links``): the single-precision operator's links
-rounded to 16 bits with a scale per link, on every backend; the GPU hop's 16-bit table gives back the rounded values
+"""Half-precision links (solvers.half_links, setting ``dslash_half_links``: naik or all): a single-precision operator's
+(Naik) links rounded to 16 bits with a scale per link, on every backend; the GPU hop's 16-bit table gives back the rounded values
 to the bit, so its kernels (compiled for the host here, on the device under -m gpu) compute the NumPy hop's numbers;
 the mixed solvers on such an operator still meet the double-precision tolerance."""
 from dataclasses import replace
@@ -11,7 +11,7 @@ from comms.config import RunConfig
 from lattice import Geometry, get_backend
 from lattice.backend import Backend
 from solvers import StaggeredDslash, mixed_multishift_cg, norm2, project
-from solvers.half_links import QMAX, half_rounded, half_table
+from solvers.half_links import QMAX, half_rounded, half_table, rounded_hops
 from solvers.staggered_cuda import CudaHop, hop_bytes
 from tests.force.cuda_host import FakeCuPy, needs_gxx
 
@@ -21,7 +21,10 @@ DIMS = (4, 4, 4, 6)
 SHIFTS = [0.004, 0.05, 0.4, 2.0]
 
 
-def _geometry(half=True, backend=None):
+MODES = ["naik", "all"]
+
+
+def _geometry(half="all", backend=None):
     config = replace(RunConfig.from_environment(), dslash_half_links=half)
     return Geometry(DIMS, backend or get_backend("numpy"), config=config)
 
@@ -31,12 +34,17 @@ def _half_operator(geom, seed=5):
     return StaggeredDslash(geom, fat, long), StaggeredDslash(geom, fat, long).converted(np.complex64)
 
 
-def test_rounding_is_16_bits_of_each_links_largest_entry():
-    d64, d32 = _half_operator(_geometry())
-    assert d32.half_links and not d64.half_links
+@pytest.mark.parametrize("mode", MODES)
+def test_rounding_is_16_bits_of_each_links_largest_entry(mode):
+    d64, d32 = _half_operator(_geometry(mode))
+    assert d32.half_links == mode and d64.half_links == "off"
+    hops = list(rounded_hops(16, mode))
+    assert len(hops) == {"naik": 8, "all": 16}[mode]
     for p in (0, 1):
-        exact = d64._links[p].astype(np.complex64)
-        got, scales = d32._links[p], d32._store.scales[p]
+        whole = [h for h in range(16) if h not in hops]
+        assert np.array_equal(d32._links[p][whole], d64._links[p][whole].astype(np.complex64))
+        exact = d64._links[p][hops].astype(np.complex64)
+        got, scales = d32._links[p][hops], d32._store.scales[p]
         assert scales.shape == exact.shape[:2] and scales.dtype == np.float32
         re = exact.view(np.float32).reshape(exact.shape[:2] + (18,))
         assert np.array_equal(scales, np.abs(re).max(-1) / np.float32(QMAX))
@@ -45,7 +53,9 @@ def test_rounding_is_16_bits_of_each_links_largest_entry():
         err = np.abs(got.view(np.float32).reshape(re.shape) - re)
         assert np.all(err <= 0.502 * scales[..., None])           # s / 2, and the product's rounding
         assert np.abs(got - exact).max() > 0                      # rounded, not the single links
-    assert not _half_operator(_geometry(half=False))[1].half_links
+    assert _half_operator(_geometry("off"))[1].half_links == "off"
+    fat_only = StaggeredDslash(_geometry("naik"), random_links(Geometry(DIMS), 5)[0]).converted(np.complex64)
+    assert fat_only.half_links == "off"                          # no Naik links to round
 
 
 def test_zero_links_round_to_zero():
@@ -54,31 +64,43 @@ def test_zero_links_round_to_zero():
     assert not rounded.any() and not scales.any()
 
 
-def test_table_gives_back_the_rounded_links():
-    """The 16-bit integers times the stored scale are the rounded blocks, bit for bit (one rounded product)."""
-    _, d32 = _half_operator(_geometry())
+@pytest.mark.parametrize("mode", MODES)
+def test_table_gives_back_the_rounded_links(mode):
+    """A rounded hop's 16-bit integers times its stored scale are the rounded blocks, bit for bit (one rounded
+    product); a whole hop's words are its complex64 planes."""
+    _, d32 = _half_operator(_geometry(mode))
     blocks, scales = d32._links[1], d32._store.scales[1]
-    table = half_table(blocks, scales, np)
+    table = half_table(blocks, scales, np, mode == "naik")
     nhop, vh = blocks.shape[:2]
-    assert table.shape == (nhop * 10, vh) and table.dtype == np.int32
-    t = table.reshape(nhop, 10, vh)
-    pairs = t[:, :9].transpose(0, 2, 1).copy().view(np.int16).reshape(nhop, vh, 9, 2).astype(np.float32)
-    back = pairs * t[:, 9].view(np.float32).reshape(nhop, vh, 1, 1)
-    assert np.array_equal(back[..., 0], blocks.reshape(nhop, vh, 9).real)
-    assert np.array_equal(back[..., 1], blocks.reshape(nhop, vh, 9).imag)
+    hops = rounded_hops(nhop, mode)
+    assert table.shape == (len(hops) * 10 + (nhop - len(hops)) * 18, vh) and table.dtype == np.int32
+    word = 0
+    for h in range(nhop):
+        planes = blocks[h].reshape(vh, 9)
+        if h in hops:
+            t = table[word:word + 10]
+            pairs = t[:9].T.copy().view(np.int16).reshape(vh, 9, 2).astype(np.float32)
+            back = pairs * t[9].view(np.float32)[:, None, None]
+            assert np.array_equal(back[..., 0], planes.real) and np.array_equal(back[..., 1], planes.imag)
+            word += 10
+        else:
+            assert np.array_equal(table[word:word + 18].reshape(-1).view(np.complex64).reshape(9, vh), planes.T)
+            word += 18
 
 
 def test_bytes_of_a_half_hop():
-    assert hop_bytes(np.complex64, half=True) == 16 * 40 + 16 * 24 + 24
-    assert hop_bytes(np.complex64, half=True) < hop_bytes(np.complex64, compressed=True)
+    assert hop_bytes(np.complex64, half="all") == 16 * 40 + 16 * 24 + 24 == 1048
+    assert hop_bytes(np.complex64, half="naik") == 8 * 72 + 8 * 40 + 16 * 24 + 24 == 1304
+    assert hop_bytes(np.complex64, compressed=True) == 1432
 
 
-def test_mixed_multishift_on_half_links_meets_the_double_tolerance():
+@pytest.mark.parametrize("mode", MODES)
+def test_mixed_multishift_on_half_links_meets_the_double_tolerance(mode):
     """MILC's cgprec 1 with the sloppy operator on half links: every shift's double true residual meets tol."""
-    geom = _geometry()
+    geom = _geometry(mode)
     fat, long = random_links(Geometry(DIMS), 5)
     d = StaggeredDslash(geom, fat, long)
-    assert d.converted(np.complex64).half_links
+    assert d.converted(np.complex64).half_links == mode
     a = d.even_odd(0.0).normal
     b = project(random_field(geom, np.random.default_rng(5)), geom, 0)
     for tol in (1e-5, 1e-10):
@@ -89,29 +111,31 @@ def test_mixed_multishift_on_half_links_meets_the_double_tolerance():
             assert np.sqrt(norm2(geom, r) / norm2(geom, b)) <= tol
 
 
-def _host_pair():
+def _host_pair(mode):
     """(NumPy half operator, host-compiled CUDA half operator) of the same links."""
     fat, long = random_links(Geometry(DIMS), 5)
-    cpu = StaggeredDslash(_geometry(), fat, long).converted(np.complex64)
-    host = StaggeredDslash(_geometry(backend=Backend("cupy", FakeCuPy())), fat, long).converted(np.complex64)
+    cpu = StaggeredDslash(_geometry(mode), fat, long).converted(np.complex64)
+    host = StaggeredDslash(_geometry(mode, Backend("cupy", FakeCuPy())), fat, long).converted(np.complex64)
     return cpu, host
 
 
 @needs_gxx
-def test_rounding_and_table_kernels_equal_their_twins():
-    cpu, host = _host_pair()
-    assert isinstance(host._hop_impl, CudaHop) and host.half_links
+@pytest.mark.parametrize("mode", MODES)
+def test_rounding_and_table_kernels_equal_their_twins(mode):
+    cpu, host = _host_pair(mode)
+    assert isinstance(host._hop_impl, CudaHop) and host.half_links == mode and not host.links_compressed
     for p in (0, 1):
         assert np.array_equal(np.asarray(host._links[p]), cpu._links[p])
         assert np.array_equal(np.asarray(host._store.scales[p]), cpu._store.scales[p])
-        assert np.array_equal(np.asarray(host._hop_impl._links(p)), half_table(cpu._links[p], cpu._store.scales[p],
-                                                                               np))
+        want = half_table(cpu._links[p], cpu._store.scales[p], np, mode == "naik")
+        assert np.array_equal(np.asarray(host._hop_impl._links(p)), want)
 
 
 @needs_gxx
-def test_half_kernels_equal_the_numpy_hop():
+@pytest.mark.parametrize("mode", MODES)
+def test_half_kernels_equal_the_numpy_hop(mode):
     """hop_half and hop_many_half (host build) against the NumPy hop of the same rounded links."""
-    cpu, host = _host_pair()
+    cpu, host = _host_pair(mode)
     rng = np.random.default_rng(4)
     geom = cpu.geom
     psis = [random_field(geom, rng, np.complex64) for _ in range(3)]
@@ -127,13 +151,14 @@ def test_half_kernels_equal_the_numpy_hop():
 
 
 @needs_gxx
-def test_distributed_kernel_reads_the_half_table():
+@pytest.mark.parametrize("mode", MODES)
+def test_distributed_kernel_reads_the_half_table(mode):
     """hop_dist_half on an unpartitioned block (every site, no ghosts) gives hop_half's numbers."""
     from lattice import cuda_source
     from solvers.staggered import parity_sites
     from solvers.staggered_cuda import BLOCK
 
-    cpu, host = _host_pair()
+    cpu, host = _host_pair(mode)
     hop = host._hop_impl
     kernel = cuda_source.function(host.geom.backend, "solvers", "staggered_hop.cu", "hop_dist_half")
     psi = np.ascontiguousarray(random_field(cpu.geom, np.random.default_rng(8), np.complex64))
@@ -144,22 +169,23 @@ def test_distributed_kernel_reads_the_half_table():
         kernel(((vh + BLOCK - 1) // BLOCK,), (BLOCK,),
                (psi, hop._links(p), out, 0, np.float32(0.0), np.float32(1.0), np.int32(p), np.int32(hop.nhop),
                 np.int32(nx), np.int32(ny), np.int32(nz), np.int32(nt), 0, np.int64(vh), 0, 0, np.int32(0),
-                np.int32(3), np.int32(0), 0))
+                np.int32(3), hop._clong(p), 0))
         sites = parity_sites(cpu.geom, p)
         want = np.asarray(host.hop(psi, p)).reshape(-1, 3)[sites]
         assert np.array_equal(out.reshape(-1, 3)[sites], want)
 
 
 @pytest.mark.gpu
-def test_gpu_half_links_equal_the_numpy_twin():
+@pytest.mark.parametrize("mode", MODES)
+def test_gpu_half_links_equal_the_numpy_twin(mode):
     """On the device: the rounding kernel gives the twin's bits, the half hop the NumPy hop's numbers (run: pytest
     -m gpu)."""
     fat, long = random_links(Geometry(DIMS), 5)
-    cpu = StaggeredDslash(_geometry(), fat, long).converted(np.complex64)
-    geom = _geometry(backend=get_backend("cupy"))
+    cpu = StaggeredDslash(_geometry(mode), fat, long).converted(np.complex64)
+    geom = _geometry(mode, get_backend("cupy"))
     xp = geom.xp
     gpu = StaggeredDslash(geom, xp.asarray(fat), xp.asarray(long)).converted(np.complex64)
-    assert gpu.half_links and gpu._hop_impl.suffix == "half"
+    assert gpu.half_links == mode and gpu._hop_impl.suffix == "half"
     for p in (0, 1):
         assert np.array_equal(xp.asnumpy(gpu._links[p]), cpu._links[p])
         assert np.array_equal(xp.asnumpy(gpu._store.scales[p]), cpu._store.scales[p])
