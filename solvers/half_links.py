@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from lattice import cuda_source
-from lattice.placement import Placement, implements, lookup
+from lattice.placement import Placement, implements
 
 #: the run-configuration setting (comms.config.RunConfig.dslash_half_links): "off", "naik" or "all"
 HALF_SETTING = "dslash_half_links"
@@ -53,7 +53,6 @@ def rounded_hops(nhop: int, mode: str) -> tuple:
     return ()
 
 
-@implements("staggered.half_round", Placement.ARRAY)
 def half_rounded(geom, blocks):
     """(rounded, scales): complex64 link blocks (..., 3, 3) rounded to 16 bits per real with one scale per block
     (module docstring); scales (...) float32. The twin of the kernel ``half_round``: the same operations in single
@@ -67,32 +66,37 @@ def half_rounded(geom, blocks):
     return rounded.view(xp.complex64).reshape(blocks.shape), scales.astype(xp.float32)
 
 
-def _single_blocks(geom, blocks) -> bool:
-    return blocks.dtype == np.complex64 and blocks.flags.c_contiguous
+def _kernel_fits(geom, blocks, hops) -> bool:
+    """The kernel takes C-contiguous complex64 blocks and rounds the hops of one of the two forms."""
+    nhop = blocks.shape[0]
+    forms = (rounded_hops(nhop, "naik"), rounded_hops(nhop, "all"))
+    return blocks.dtype == np.complex64 and blocks.flags.c_contiguous and tuple(hops) in forms
 
 
-@implements("staggered.half_round", Placement.WHOLE, Placement.DISTRIBUTED, fits=_single_blocks)
-def half_rounded_kernel(geom, blocks):
-    """:func:`half_rounded` by the kernel ``half_round`` (solvers/kernels/staggered_hop.cu), one thread a link."""
-    xp = geom.xp
-    nlinks = int(np.prod(blocks.shape[:-2]))
-    rounded = xp.empty_like(blocks)
-    scales = xp.empty(blocks.shape[:-2], xp.float32)
-    kernel = cuda_source.function(geom.backend, "solvers", "staggered_hop.cu", "half_round")
-    kernel(((nlinks + BLOCK - 1) // BLOCK,), (BLOCK,), (blocks, rounded, scales, np.int64(nlinks)))
-    return rounded, scales
-
-
+@implements("staggered.round_links", Placement.ARRAY)
 def round_links(geom, blocks, hops):
-    """(blocks with the hops ``hops`` rounded, their scales (len(hops), V/2)) for one output parity's blocks."""
+    """(blocks, scales): one output parity's link blocks (nhop, V/2, 3, 3) complex64 with the hops ``hops`` rounded
+    (:func:`half_rounded`), a new array, and their scales (len(hops), V/2)."""
     idx = list(hops)
-    sub = geom.xp.ascontiguousarray(blocks[idx])
-    rounded, scales = lookup("staggered.half_round", geom, blocks=sub)(geom, sub)
-    if len(idx) == blocks.shape[0]:
-        return rounded, scales
+    rounded, scales = half_rounded(geom, geom.xp.ascontiguousarray(blocks[idx]))
     out = blocks.copy()
     out[idx] = rounded
     return out, scales
+
+
+@implements("staggered.round_links", Placement.WHOLE, Placement.DISTRIBUTED, fits=_kernel_fits)
+def round_links_kernel(geom, blocks, hops):
+    """:func:`round_links` by the kernel ``half_round`` in place (the blocks are the link store's own, made for it
+    by the link build): one pass over the rounded hops, one thread a link; the same bits as the twin."""
+    xp = geom.xp
+    nhop, vh = blocks.shape[0], blocks.shape[1]
+    naik_only = len(hops) < nhop
+    scales = xp.empty((len(hops), vh), xp.float32)
+    nlinks = len(hops) * vh
+    kernel = cuda_source.function(geom.backend, "solvers", "staggered_hop.cu", "half_round")
+    kernel(((nlinks + BLOCK - 1) // BLOCK,), (BLOCK,),
+           (blocks, scales, np.int64(vh), np.int64(nlinks), np.int32(naik_only)))
+    return blocks, scales
 
 
 def table_words(nhop: int, naik_only: bool) -> int:

@@ -45,7 +45,7 @@ import numpy as np
 from lattice import su3
 from lattice.placement import Placement, implements, lookup
 
-from .half_links import half_mode, round_links, rounded_hops
+from .half_links import half_mode, rounded_hops
 from .operator import COLOUR_VECTOR, Operator
 
 # flops of one 3x3 complex matrix times complex 3-vector, and of one complex 3-vector addition
@@ -136,10 +136,11 @@ class _LinkStore:
     def set(self, links, naik, made=None):
         """New link blocks (a new list: the multigrid tells new links by its identity); every conversion follows,
         from ``made`` ({dtype: blocks}, :func:`link_blocks`) where it holds the conversion's blocks. A half store
-        keeps the blocks rounded to 16 bits and their scales (:func:`solvers.half_links.half_rounded`)."""
+        keeps the blocks rounded to 16 bits and their scales (:func:`solvers.half_links.round_links`)."""
         self.half_hops = rounded_hops(links[0].shape[0], self.half)
         if self.half_hops:
-            pairs = [round_links(self.geom, b, self.half_hops) for b in links]
+            fn = lookup("staggered.round_links", self.geom, blocks=links[0], hops=self.half_hops)
+            pairs = [fn(self.geom, b, self.half_hops) for b in links]
             links, self.scales = [p[0] for p in pairs], [p[1] for p in pairs]
         self.links, self.naik = links, bool(naik)
         for dtype, other in self.converted.items():

@@ -357,18 +357,21 @@ extern "C" __global__ void hop_many_half(const unsigned long long *psis, const i
     hop_many<float, true>(psis, links, outs, xs, nvec, a, b, parity, nhop, nx, ny, nz, nt, compact, clong);
 }
 
-// solvers.half_links.half_rounded (its twin, the same single-precision operations): link k of ``blocks`` (9 complex)
-// rounded to q s, q = rint(m / s) with s = max |m| / 32767; one thread a link.
-extern "C" __global__ void half_round(const float2 *blocks, float2 *rounded, float *scales, long long nlinks) {
+// solvers.half_links.round_links (its twin: half_rounded, the same single-precision operations), in place: link k of
+// the rounded hops (all of them, or with naik_only the Naik hops 4 mu + 2, 4 mu + 3), at site j of its hop's row r
+// (k = r vh + j), becomes q s, q = rint(m / s) with s = max |m| / 32767, and scales[k] = s; one thread a link.
+extern "C" __global__ void half_round(float2 *blocks, float *scales, long long vh, long long nlinks, int naik_only) {
     const long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (k >= nlinks) return;
-    const float2 *m = blocks + 9 * k;
+    const long long r = k / vh, j = k - r * vh;
+    const long long h = naik_only ? 4 * (r / 2) + 2 + (r % 2) : r;
+    float2 *m = blocks + (h * vh + j) * 9;
     float big = 0.0f;
     for (int e = 0; e < 9; ++e) big = fmaxf(big, fmaxf(fabsf(m[e].x), fabsf(m[e].y)));
     const float sc = big / 32767.0f, safe = sc > 0.0f ? sc : 1.0f;
     for (int e = 0; e < 9; ++e) {
-        const float2 r = {rintf(m[e].x / safe) * sc, rintf(m[e].y / safe) * sc};
-        rounded[9 * k + e] = r;
+        const float2 r2 = {rintf(m[e].x / safe) * sc, rintf(m[e].y / safe) * sc};
+        m[e] = r2;
     }
     scales[k] = sc;
 }
