@@ -187,7 +187,7 @@ SETTINGS = {
                                     "of U(3) (the third row rebuilt)"),
     "dslash_half_links": Setting("HMC_DSLASH_HALF_LINKS", _choice("off", "naik", "all"), "off",
                                  "single-precision operators' links (naik: the Naik links only) rounded to 16 bits "
-                                 "with a scale per link (the GPU hop stores them so)"),
+                                 "with a scale per link (the GPU hop stores them so)", ("fermions", "half_links")),
     "mg_kernels": Setting("HMC_MG_KERNELS", _flag(True), True, "multigrid CUDA kernels"),
     "mg_timing_sync": Setting("HMC_MG_TIMING_SYNC", _flag(True), True, "multigrid clocks synchronize the device"),
     "mg_graph": Setting("HMC_MG_GRAPH", _flag(True), True,

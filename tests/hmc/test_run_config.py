@@ -44,3 +44,26 @@ def test_a_run_file_without_a_stored_configuration_still_loads(tmp_path):
     runfile.save(out, state)
     assert runfile.load(out).config is None
     assert "  run configuration: not recorded" in info(out).splitlines()
+
+
+def test_the_deck_states_half_links_for_the_run(monkeypatch):
+    """[fermions] half_links is the run's dslash_half_links (over the environment); a wrong value is one line."""
+    import pytest
+
+    from comms.config import ConfigError
+    from hmc import deck as deckmod
+    from hmc.assemble import run_config
+
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "runs" / "hisq211_8.toml").read_text()
+    monkeypatch.setenv("HMC_DSLASH_HALF_LINKS", "all")
+    assert run_config(text).dslash_half_links == "all"                   # the deck states none
+    stated = text.replace("[fermions]", '[fermions]\nhalf_links = "naik"', 1)
+    assert run_config(stated).dslash_half_links == "naik"
+    assert deckmod.loads(stated)["fermions"]["half_links"] == "naik"
+    wrong = text.replace("[fermions]", '[fermions]\nhalf_links = "yes"', 1)
+    with pytest.raises(deckmod.DeckError, match="half_links = 'yes' is not allowed: use one of"):
+        deckmod.loads(wrong)
+    with pytest.raises(ConfigError, match=r"\[fermions\] half_links='yes': use one of off, naik, all"):
+        run_config(wrong)
