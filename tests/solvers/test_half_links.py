@@ -1,7 +1,7 @@
-"""Half-precision links (solvers.half_links, setting ``dslash_half_links``: naik or all): a single-precision operator's
-(Naik) links rounded to 16 bits with a scale per link, on every backend; the GPU hop's 16-bit table gives back the rounded values
-to the bit, so its kernels (compiled for the host here, on the device under -m gpu) compute the NumPy hop's numbers;
-the mixed solvers on such an operator still meet the double-precision tolerance."""
+"""Half-precision links (solvers.half_links, setting ``dslash_half_links``: naik or all): a single-precision
+operator's (Naik) links rounded to 16 bits with a scale per link, on every backend; the GPU hop's 16-bit table gives
+back the rounded values to the bit, so its kernels (compiled for the host here, on the device under -m gpu) compute
+the NumPy hop's numbers; the mixed solvers on such an operator still meet the double-precision tolerance."""
 from dataclasses import replace
 
 import numpy as np

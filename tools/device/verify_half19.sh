@@ -16,7 +16,7 @@ done
 N=${TRAJ_N:-4}
 for h in naik off; do
     echo "== 32^4 trajectory, HMC_DSLASH_HALF_LINKS=$h"
-    HMC_DSLASH_HALF_LINKS=$h TRAJ_N=$N TRAJ_T=${TRAJ_T:-150} OUT=${OUT:-/tmp}/half_$h bash tools/device/traj32.sh \
-        | grep -v "^[a-z_0-9]*\.\(h5\|toml\|log\|err\|json\)$"
+    HMC_DSLASH_HALF_LINKS=$h TRAJ_N=$N TRAJ_T=${TRAJ_T:-150} OUT=${OUT:-/tmp}/half_$h \
+        bash tools/device/traj32.sh | grep -v "^[a-z_0-9]*\.\(h5\|toml\|log\|err\|json\)$"
     rm -f ${OUT:-/tmp}/half_$h/traj32/*.h5
 done
