@@ -108,8 +108,8 @@ def table_words(nhop: int, naik_only: bool) -> int:
 def half_table(blocks, scales, xp, naik_only: bool):
     """The GPU hop's table, (words, V/2) 32-bit words, so that a warp reads 32 consecutive sites: hop after hop, a
     rounded one as 9 planes of (re, im) 16-bit integer pairs and a plane of its float32 scale, a whole one
-    (``naik_only``: the one-link hops) as 9 planes of complex64 (2 words each). ``scales``: one row per rounded hop, in hop order. The
-    array twin of the kernel ``table_half``."""
+    (``naik_only``: the one-link hops) as 9 planes of complex64 (2 words each). ``scales``: one row per rounded hop,
+    in hop order. The array twin of the kernel ``table_half``."""
     nhop, vh = blocks.shape[0], blocks.shape[1]
     half = rounded_hops(nhop, "naik" if naik_only else "all")
     planes = blocks.reshape(nhop, vh, 9)

@@ -11,7 +11,8 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 gpu_tests half 240 6 tests/solvers/test_half_links.py tests/solvers/test_long_link_compression.py \
     tests/solvers/test_batched_hops.py tests/solvers/test_gpu_staggered.py tests/solvers/test_compact_layout.py
 for p in single half-naik half; do
-    timeout 90 python3 -m hmc --backend cupy bench dslash --lattice 32 32 32 32 --precision $p --repeat 20 2>&1 | tail -3
+    timeout 90 python3 -m hmc --backend cupy bench dslash --lattice 32 32 32 32 --precision $p --repeat 20 2>&1 \
+        | tail -3
 done
 N=${TRAJ_N:-4}
 for h in naik off; do
