@@ -140,8 +140,7 @@ class _LinkStore:
         self.half_hops = rounded_hops(links[0].shape[0], self.half)
         if self.half_hops:
             fn = lookup("staggered.round_links", self.geom, blocks=links[0], hops=self.half_hops)
-            pairs = [fn(self.geom, b, self.half_hops) for b in links]
-            links, self.scales = [p[0] for p in pairs], [p[1] for p in pairs]
+            links, self.scales = map(list, zip(*(fn(self.geom, b, self.half_hops) for b in links)))
         self.links, self.naik = links, bool(naik)
         for dtype, other in self.converted.items():
             mine = (made or {}).get(dtype)
