@@ -217,3 +217,19 @@ def test_half_links_bitwise_on_partitioned_grid(monkeypatch, mode):
     finally:
         set_reductions(old)
     assert np.array_equal(x1, x2) and s1.iters == s2.iters and s1.true_residual <= 1e-8
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("n,grid", [(2, "1x1x1x2"), (4, "1x1x2x2")])
+def test_half_links_under_mpiexec_equal_one_rank(tmp_path, mode, n, grid):
+    """On 2 and 4 ranks (mpiexec, shm transport) the half-link operator and a mixed CG with exact sums give the
+    one-process numbers bit for bit (tests/solvers/half_links_mpi_worker.py)."""
+    from pathlib import Path
+
+    from tests.conftest import run_mpi_worker
+
+    worker = Path(__file__).resolve().parent / "half_links_mpi_worker.py"
+    rep = run_mpi_worker(worker, mode, tmp_path, n, grid, "half.json")
+    assert rep["ranks"] == n and rep["mode"] == mode
+    assert rep["hop_equal"] and rep["solution_equal"] and rep["true_residual"] <= 1e-8
