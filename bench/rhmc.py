@@ -115,7 +115,8 @@ def report(path: Path, backend: str, t_op: float | None, bandwidth: float | None
     dims = "x".join(map(str, st.deck["lattice"]["dims"]))
     it = st.deck["integrator"]
     lines = [f"== {dims} on {backend}: {it['scheme']} steps {it['steps']} tau {it['tau']}, 5 pseudofermions"]
-    m = rhmc_floors.model(st.deck, st.files) if bandwidth else None
+    half = st.config.dslash_half_links if st.config is not None else "off"     # the configuration the run kept
+    m = rhmc_floors.model(st.deck, st.files, half) if bandwidth else None
     table = []
     for r in st.history:
         lines += _trajectory_lines(r, t_op)

@@ -57,8 +57,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from force import hisq_staged as _staged, hisq_staged_vjp as _staged_vjp
-from comms.config import RunConfig
-from solvers.half_links import HALF_SETTING
 from solvers.staggered_cuda import hop_bytes
 
 from .gauge import force_bytes
@@ -109,16 +107,15 @@ def gauge_scratch_bytes(action, volume: int) -> int:
     return scratch_bytes_per_site(action.shapes) * volume
 
 
-def model(deck: dict, files: dict) -> Model:
-    """The floors' numbers of a run from its validated deck and the run file's texts (its rational functions)."""
+def model(deck: dict, files: dict, half: str = "off") -> Model:
+    """The floors' numbers of a run from its validated deck and the run file's texts (its rational functions);
+    ``half``: the run's ``dslash_half_links`` (the single-precision operators' 16-bit links)."""
     from hmc.assemble import make_monomials, make_schedule
 
     monomials = make_monomials(deck, files)
     gauge = next(m for m in monomials if m.kind == "gauge")
     fermion = next(m for m in monomials if m.kind == "fermion")
     volume = int(np.prod(deck["lattice"]["dims"]))
-    half = getattr(RunConfig.from_environment(), HALF_SETTING)     # the run's: this process's environment
-
     def per_iteration_bytes(term, phase, poles=None):
         n = len(term.approximation(phase).poles) if poles is None else poles
         return solver_iteration_bytes(volume, n, term.single_precision(phase), half)

@@ -177,3 +177,16 @@ def test_report_line_of_the_stopped_shifts():
     for slots, made in ((360, 360), (-1, -1)):
         assert not any("shift updates" in x for x in _trajectory_lines(dict(row, shift_slots_md=slots,
                                                                                shift_updates_md=made), None))
+
+
+def test_md_floor_follows_the_runs_half_links():
+    """A single-precision solve's hop counts the links the run kept in 16 bits (bench.rhmc_floors, from the run
+    file's configuration); double-precision solves are unchanged."""
+    from bench.rhmc_floors import solver_iteration_bytes
+
+    v = 4 ** 4
+    vectors = 5 * 24 * v // 2
+    assert solver_iteration_bytes(v, 0, True) == 1432 * v + vectors
+    assert solver_iteration_bytes(v, 0, True, "naik") == 1304 * v + vectors
+    assert solver_iteration_bytes(v, 0, True, "all") == 1048 * v + vectors
+    assert solver_iteration_bytes(v, 0, False, "all") == solver_iteration_bytes(v, 0, False) == 2864 * v + 2 * vectors
