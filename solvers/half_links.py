@@ -33,15 +33,8 @@ WORDS_HALF, WORDS_SINGLE = 10, 18
 
 
 def half_mode(geom, dtype) -> str:
-    """The setting for an operator of ``dtype`` on ``geom``: "off" unless single precision."""
-    if np.dtype(dtype) != np.complex64:
-        return "off"
-    config = getattr(geom, "config", None)
-    if config is None:
-        from comms.config import RunConfig
-
-        config = RunConfig.from_environment()
-    return getattr(config, HALF_SETTING)
+    """The setting of ``geom``'s run configuration for an operator of ``dtype``: "off" unless single precision."""
+    return getattr(geom.config, HALF_SETTING) if np.dtype(dtype) == np.complex64 else "off"
 
 
 def rounded_hops(nhop: int, mode: str) -> tuple:

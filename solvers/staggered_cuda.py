@@ -89,6 +89,13 @@ def link_table(blocks, xp, compress: bool):
     return xp.ascontiguousarray(planes).reshape(nhop * 9, vh), False
 
 
+def hop_suffix(dslash) -> str:
+    """The name ending of the hop kernels for ``dslash``'s link table: ``double``, ``single`` or ``half``."""
+    if dslash.half_links != "off":
+        return "half"
+    return "single" if np.dtype(dslash.dtype) == np.complex64 else "double"
+
+
 class CudaHop:
     """``f(psi, parity, out, a, x, b)`` for one StaggeredDslash, on its geometry's GPU."""
 
@@ -98,9 +105,7 @@ class CudaHop:
         cp = be.xp
         self.cp = cp
         single = np.dtype(dslash.dtype) == np.complex64
-        self.suffix = "single" if single else "double"
-        if dslash.half_links != "off":
-            self.suffix = "half"
+        self.suffix = hop_suffix(dslash)
         self.kernel = cuda_source.function(be, "solvers", "staggered_hop.cu", f"hop_{self.suffix}")
         self.real = np.float32 if single else np.float64
         self._soa = {}

@@ -61,7 +61,7 @@ from comms.stencil import Stencil, device_engine
 from lattice import cuda_source
 from lattice.placement import Placement, implements
 
-from .staggered_cuda import BLOCK, CudaHop
+from .staggered_cuda import BLOCK, CudaHop, hop_suffix
 
 
 
@@ -126,7 +126,7 @@ class DistHop(CudaHop):
         dtype = np.dtype(dslash.dtype)
         self.dtype = dtype
         self.real = np.float32 if dtype == np.complex64 else np.float64
-        self.suffix = ("single" if dtype == np.complex64 else "double") if dslash.half_links == "off" else "half"
+        self.suffix = hop_suffix(dslash)
         # faces, buffers and site lists: this hop's own stencil (fixed buffers: their addresses go into graphs)
         steps = (1, -1, 3, -3) if self.naik else (1, -1)
         self.stencil = Stencil(geom, [(mu, s) for mu in range(4) for s in steps], self.depth)
