@@ -185,7 +185,7 @@ SETTINGS = {
     "dslash_compress_long": Setting("HMC_DSLASH_COMPRESS_LONG", _flag(True), True,
                                     "GPU hop: Naik links stored as two rows and a factor where they are a multiple "
                                     "of U(3) (the third row rebuilt)"),
-    "dslash_half_links": Setting("HMC_DSLASH_HALF_LINKS", _choice("off", "naik", "all"), "off",
+    "dslash_half_links": Setting("HMC_DSLASH_HALF_LINKS", _choice("off", "naik", "all"), "naik",
                                  "single-precision operators' links (naik: the Naik links only) rounded to 16 bits "
                                  "with a scale per link (the GPU hop stores them so)", ("fermions", "half_links")),
     "mg_kernels": Setting("HMC_MG_KERNELS", _flag(True), True, "multigrid CUDA kernels"),
@@ -274,7 +274,7 @@ class RunConfig:
     hisq_staged: bool = True
     hisq_staged_vjp: bool = True
     dslash_compress_long: bool = True
-    dslash_half_links: str = "off"
+    dslash_half_links: str = "naik"
     mg_kernels: bool = True
     mg_timing_sync: bool = True
     mg_graph: bool = True

@@ -115,7 +115,7 @@ SCHEMA = {
             "order, e.g. [[1, 2, 2], [1, 2, 2]]; [] for double everywhere"),
         # what a precision 1 above stores its links in (comms.config's dslash_half_links, which this states for the
         # run; solvers.half_links): "off" single, "naik" the Naik links in 16 bits, "all" every link in 16 bits
-        "half_links": Key(str, "off", None, "", ("off", "naik", "all")),
+        "half_links": Key(str, "naik", None, "", ("off", "naik", "all")),
         "max_multicg": Key(int, 2500, _positive, "a positive maximum number of multishift iterations"),
         "max_rational_error": Key((int, float), 1e-5, lambda v: 0 < v < 1,
                                   "a relative error in (0, 1): the bound on max |r(x)/f(x) - 1| of every approximation "

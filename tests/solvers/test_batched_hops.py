@@ -21,8 +21,8 @@ DIMS = (4, 4, 4, 6)
 SHIFTS = (2e-3, 1e-2, 0.05, 0.3, 1.5)
 
 
-def _batched(on: bool) -> RunConfig:
-    return RunConfig.resolve(cli={"batched_hops": on}, env={})
+def _batched(on: bool, half: str = "naik") -> RunConfig:
+    return RunConfig.resolve(cli={"batched_hops": on, "dslash_half_links": half}, env={})
 
 
 def _links(seed=5):
@@ -38,12 +38,16 @@ def _fields(n, dtype, seed=1):
 @needs_gxx
 @pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
 @pytest.mark.parametrize("nvec", [2, 4, 5, 9])
-def test_hop_many_is_one_hop_each_bitwise(dtype, nvec):
+@pytest.mark.parametrize("half", ["off", "naik"])
+def test_hop_many_is_one_hop_each_bitwise(dtype, nvec, half):
     """Both parities, with and without the a x term, across the kernel's chunks of 4 fields (5 and 9 fields: a
-    partial last chunk), compressed Naik links (the default) included."""
-    host = Geometry(DIMS, Backend("cupy", FakeCuPy()), config=_batched(True))
+    partial last chunk), compressed Naik links included (double, and single with half_links off); single with the
+    Naik links in 16 bits (the default)."""
+    host = Geometry(DIMS, Backend("cupy", FakeCuPy()), config=_batched(True, half))
     d = StaggeredDslash(host, *_links()).converted(dtype)
-    assert isinstance(d._hop_impl, CudaHop) and d.links_compressed
+    rounded = half == "naik" and dtype == np.complex64
+    assert isinstance(d._hop_impl, CudaHop) and d.links_compressed != rounded
+    assert d.half_links == ("naik" if rounded else "off")
     psis, xs = _fields(nvec, dtype, 2), _fields(nvec, dtype, 3)
     for parity in (0, 1):
         for a, x in ((0.0, None), (0.37, xs)):
