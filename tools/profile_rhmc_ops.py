@@ -116,13 +116,28 @@ def _named(label, fn):
     return run
 
 
-def _patch_trajectory(cprofile: str | None) -> None:
+def _patch_trajectory(cprofile: str | None, cuda_profile: int | None = None) -> None:
     """Each trajectory starts the tables afresh (the last one is printed); with ``cprofile``, each runs under
-    cProfile, its host-side table written to that file (the last trajectory's stays)."""
+    cProfile, its host-side table written to that file (the last trajectory's stays); with ``cuda_profile`` n,
+    trajectory n runs between cupy.cuda.profiler.start() and stop() (for ``ncu --profile-from-start off``)."""
     original = hmc_run.hmc_trajectory
+    count = [0]
 
     def traj(*a, **k):
         TOTALS.clear()
+        count[0] += 1
+        if cuda_profile is not None:
+            if count[0] != cuda_profile:
+                return original(*a, **k)
+            import cupy as cp
+
+            SYNC[0]()
+            cp.cuda.profiler.start()
+            try:
+                return original(*a, **k)
+            finally:
+                SYNC[0]()
+                cp.cuda.profiler.stop()
         if cprofile is None:
             return _timed("trajectory", original)(*a, **k)
         prof = cProfile.Profile()
@@ -146,7 +161,10 @@ def main(argv=None) -> int:
     p.add_argument("--cgprec", nargs=3, type=int, default=[1, 2, 2])
     p.add_argument("--cprofile", metavar="FILE", help="instead of the timers: cProfile each trajectory (host time, "
                                                        "no synchronizations added), the last one's tables to FILE")
+    p.add_argument("--cuda-profile", type=int, metavar="N", help="instead of the timers: trajectory N between "
+                   "cupy.cuda.profiler.start and stop, for ncu --profile-from-start off (tools/device/ncu_kernels.sh)")
     args = p.parse_args(argv)
+    plain = args.cprofile is None and args.cuda_profile is None
     if args.backend == "cupy":
         import cupy as cp
         SYNC[0] = cp.cuda.Device().synchronize
@@ -155,13 +173,13 @@ def main(argv=None) -> int:
     make_deck(Path(args.deck), deck, args.L, args.steps, args.trajectories, args.cgprec)
     if cli.main(["--backend", args.backend, "init", str(deck), "-o", str(runfile), "--force"]) != 0:
         return 1
-    if args.cprofile is None:
+    if plain:
         _patch_lookups()
         _patch_refinement()
         _patch_methods()
-    _patch_trajectory(args.cprofile)
+    _patch_trajectory(args.cprofile, args.cuda_profile)
     rc = cli.main(["--backend", args.backend, "run", str(runfile), "--no-progress"])
-    if args.cprofile is not None:
+    if not plain:
         return rc
     print(f"\nthe last trajectory, {args.L}^4 {args.backend}, operation by operation (inclusive seconds; the "
           "pseudofermions' solves summed):")

@@ -1,6 +1,9 @@
 """mgcap18: one field, one multigrid set-up, then the same source solved with the CUDA graphs of the deepest
-K-cycle GCR off and on (alternating), printing per-level tables and PASS/FAIL. Usage: L PRECISION [rounds]"""
+K-cycle GCR off and on (alternating), printing per-level tables and PASS/FAIL. Usage: L PRECISION [rounds]
+With MG_CUDA_PROFILE=1 one more solve, graphs on, runs between cupy.cuda.profiler.start() and stop(), for
+``ncu --profile-from-start off`` (tools/device/ncu_kernels.sh, bench.ncu: its kernels one by one)."""
 import math
+import os
 import sys
 import time
 
@@ -47,6 +50,17 @@ for k in range(rounds):
         for line in st.level_lines():
             print("    " + line, flush=True)
         out.setdefault(on, []).append((t, st.iters, x, res, g))
+if os.environ.get("MG_CUDA_PROFILE") == "1":
+    import cupy as cp
+
+    mggraph.set_graph(True)
+    be.synchronize()
+    cp.cuda.profiler.start()
+    t0 = time.perf_counter()
+    inv.solve(b)
+    be.synchronize()
+    cp.cuda.profiler.stop()
+    print(f"PROFILED {L}^4 {prec} graph=on solve: {time.perf_counter() - t0:.3f} s under the profiler", flush=True)
 mggraph.set_graph(None)
 try:
     lg = next(iter(inv.hierarchy.graphs.values()))
