@@ -32,6 +32,7 @@ CXX14, CXX17 = "--std=c++14", "--std=c++17"
 OPTIONS = {
     ("lattice", "su3_exp.cu"): (CXX17,),
     ("lattice", "su3_taylor.cu"): (CXX17,),
+    ("lattice", "su3_reunit.cu"): (CXX17,),
     ("solvers", "staggered_hop.cu"): (CXX14, "--fmad=false"),
     ("solvers", "fused_blas.cu"): (CXX14, "--fmad=false"),
     ("solvers", "graph_loop.cu"): (CXX17,),

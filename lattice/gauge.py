@@ -49,7 +49,9 @@ class GaugeField:
 
     # operations ----------------------------------------------------------------------------------------------
     def reunitarize(self) -> "GaugeField":
-        self.links = su3.reunitarize(self.links)
+        """MILC's reunit_su3 of every link: on a GPU one kernel (``su3_cuda.reunitarize``), else the twin
+        ``su3.reunitarize``."""
+        self.links = lookup("gauge.reunitarize", self.geom)(self.links, self.geom.backend)
         return self
 
     def gauge_transform(self, g) -> "GaugeField":
@@ -81,6 +83,18 @@ def plaquette_array(u: GaugeField) -> tuple[float, float]:
     ss = sum(geom.sum(plaquette_field(u, mu, nu)) for mu in range(3) for nu in range(mu + 1, 3))
     st = sum(geom.sum(plaquette_field(u, mu, 3)) for mu in range(3))
     return ss / (3 * geom.volume), st / (3 * geom.volume)
+
+
+@implements("gauge.reunitarize", Placement.ARRAY)
+def _reunitarize_array(links, backend):
+    return su3.reunitarize(links)
+
+
+@implements("gauge.reunitarize", Placement.WHOLE, Placement.DISTRIBUTED)
+def _reunitarize_kernel(links, backend):
+    from . import su3_cuda        # a site-local kernel: any rank's local links
+
+    return su3_cuda.reunitarize(backend, links) if links.dtype == np.complex128 else su3.reunitarize(links)
 
 
 def polyakov_loop(u: GaugeField) -> complex:

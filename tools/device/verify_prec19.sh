@@ -9,6 +9,8 @@
 # with every MD solve to 1e-10 (the issue's reversibility to 1e-8: with 1e-5 the round trip measures the solves'
 # error, 4.6e-6 in the links on 2026-12-03). Session 12/13 on the H200: 205 s for the chains (thermalize 40 s,
 # reference 45 s, test 119 s); the tight runs add ~60-90 s. PREC_TRAJ=2 gives the reversibility alone in ~150 s.
+# Session 20 on an H100 (PREC_TRAJ=4): thermalize 34 s, reference 19 s, test 43 s, reference tight round trips 40 s,
+# the test's tight round trips ~35 s a trajectory (every mixed MD solve refined to 1e-10): 320 s did not finish them.
 # Run from the repository root: bash tools/device/verify_prec19.sh   (writes to $OUT: prec19.txt, precision_16.json,
 # prec19_runs.tgz with the decks and logs).
 set -u
@@ -20,7 +22,7 @@ T0=$(date +%s)
 
 echo "== prec19: 16^4 precision study, thermalized start (cgprec 1 2 2 against 2 2 2)"
 timeout 30 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-timeout ${PREC_TIMEOUT:-330} python3 -m hmc --backend cupy bench precision --lattice 16 --deck runs/hisq211_16.toml \
+timeout ${PREC_TIMEOUT:-420} python3 -m hmc --backend cupy bench precision --lattice 16 --deck runs/hisq211_16.toml \
     --thermalize 40 6 --steps 24 --trajectories ${PREC_TRAJ:-10} --cgprec 1 2 2 \
     --reversibility-resid 1e-10 --reversibility-trajectories 2 --out "$W" 2>&1 | tee "$OUT/prec19.txt"
 RC=${PIPESTATUS[0]}
