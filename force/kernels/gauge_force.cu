@@ -17,7 +17,7 @@
 // back, L(z, -b) L(z - b, b) = 1: exact for unitary links, which gauge links are). gauge_force_staples writes the
 // 24 S^b_mu of every site once (2 products each) into a scratch buffer, structure of arrays (element-major, site
 // fastest: a warp's loads of one element are one contiguous 512-byte run), from the links in the same layout (the
-// driver's copy: site-major links made the staples kernel bound by the L1 pipe, Nsight Compute 82 % memory
+// driver's copy: with site-major links the staples kernel was bound by the caches, Nsight Compute 82 % memory
 // throughput against 41 % DRAM, 2026-12-04); gauge_force_symanzik, one thread per
 // (site, mu) for all four directions in one launch, reads 72 of them and sums
 //     Sigma = c_pl sum_b S^b_mu(x)
