@@ -3,10 +3,18 @@ launched through ctypes, one "thread" after another. Lets the CPU test suite che
 indexing against the NumPy twins where no GPU is present (tests/force/test_hisq_cuda_host.py).
 
 ``FakeCuPy`` stands in for the cupy module (NumPy underneath, plus ``RawModule``), so the Python drivers of the
-kernels run unchanged with a ``Backend("cupy", FakeCuPy())``."""
+kernels run unchanged with a ``Backend("cupy", FakeCuPy())``.
+
+Two ways to run a launch. By default a launch of ``grid x block`` threads runs as that many blocks of one thread,
+one after another (``blockIdx.x`` = the thread's number, ``blockDim.x`` = 1): enough for kernels whose threads do not
+cooperate, and ``__syncthreads`` does nothing. ``FakeCuPy(blocks=True)`` runs each block as ``block`` threads at once
+(std::thread; C++20) with a barrier for ``__syncthreads`` and ``__shared__`` memory shared by the block's threads,
+blocks one after another; a thread that returns leaves the barrier, as an exited GPU thread no longer counts at
+``__syncthreads``. That serves kernels whose threads share work through shared memory."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import re
 import shutil
@@ -19,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-HEADER = r"""
+TYPES = r"""
 #include <math.h>
 struct double2 { double x, y; };
 struct float2 { float x, y; };
@@ -27,14 +35,27 @@ struct short2 { short x, y; };
 static inline double2 make_double2(double a, double b) { double2 r; r.x = a; r.y = b; return r; }
 template <class T> static inline T __ldg(const T *p) { return *p; }
 struct Idx { long x; };
-static Idx blockIdx = {0}, threadIdx = {0}, blockDim = {1};
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 #define __shared__ static
+"""
+HEADER = TYPES + r"""
+static Idx blockIdx = {0}, threadIdx = {0}, blockDim = {1};
 static inline void __syncthreads() {}
+"""
+#: FakeCuPy(blocks=True): a block's threads at once, __syncthreads a barrier (module docstring)
+BLOCK_HEADER = r"""
+#include <barrier>
+#include <thread>
+#include <vector>
+""" + TYPES + r"""
+static thread_local Idx blockIdx = {0}, threadIdx = {0};
+static Idx blockDim = {1};
+static std::barrier<> *hmc_block_barrier = nullptr;
+static inline void __syncthreads() { hmc_block_barrier->arrive_and_wait(); }
 """
 _CTYPES = {"double": ctypes.c_double, "float": ctypes.c_float, "int": ctypes.c_int, "long": ctypes.c_long}
 _BUILD = Path(tempfile.gettempdir()) / "hmc_cuda_host"
@@ -48,16 +69,38 @@ def compiler_available() -> bool:
 needs_gxx = pytest.mark.skipif(not compiler_available(), reason="needs g++ to compile the kernels for the host")
 
 
-def _build(source: str):
+def _serial_launcher(name, params, names):
+    return (f'extern "C" void launch_{name}(long nthr, {params}) {{ for (long i = 0; i < nthr; ++i) '
+            f'{{ blockIdx.x = i; {name}({", ".join(names)}); }} }}')
+
+
+def _block_launcher(name, params, names):
+    """Blocks one after another, each as nthreads std::threads sharing a barrier (BLOCK_HEADER)."""
+    return (f'extern "C" void launch_{name}(long nblocks, long nthreads, {params}) {{\n'
+            f'  blockDim.x = nthreads;\n'
+            f'  for (long b = 0; b < nblocks; ++b) {{\n'
+            f'    std::barrier<> bar(nthreads);\n'
+            f'    hmc_block_barrier = &bar;\n'
+            f'    std::vector<std::thread> team;\n'
+            f'    for (long t = 0; t < nthreads; ++t)\n'
+            f'      team.emplace_back([&, b, t] {{ blockIdx.x = b; threadIdx.x = t; {name}({", ".join(names)}); '
+            f'bar.arrive_and_drop(); }});\n'
+            f'    for (auto &member : team) member.join();\n'
+            f'  }}\n'
+            f'  hmc_block_barrier = nullptr; blockDim.x = 1;\n'
+            f'}}')
+
+
+def _build(source: str, blocks: bool = False):
     kernels = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(([^)]*)\)', source)
     wrappers, sigs = [], {}
+    launcher = _block_launcher if blocks else _serial_launcher
     for name, params in kernels:
         ps = [p.strip() for p in params.split(",")]
         names = [re.findall(r"(\w+)$", p)[0] for p in ps]
         sigs[name] = [ctypes.c_void_p if "*" in p else _CTYPES[p.split()[-2]] for p in ps]
-        wrappers.append(f'extern "C" void launch_{name}(long nthr, {params}) {{ for (long i = 0; i < nthr; ++i) '
-                        f'{{ blockIdx.x = i; {name}({", ".join(names)}); }} }}')
-    code = HEADER + source + "\n" + "\n".join(wrappers)
+        wrappers.append(launcher(name, params, names))
+    code = (BLOCK_HEADER if blocks else HEADER) + source + "\n" + "\n".join(wrappers)
     key = hashlib.sha1(code.encode()).hexdigest()[:16]
     _BUILD.mkdir(exist_ok=True)
     lib = _BUILD / f"k_{key}.so"
@@ -65,16 +108,17 @@ def _build(source: str):
         src = _BUILD / f"k_{key}.cpp"
         src.write_text(code)
         tmp = _BUILD / f"k_{key}.{np.random.randint(1 << 30)}.so"
-        subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-w", "-o", str(tmp), str(src)], check=True)
+        extra = ["-std=c++20", "-pthread"] if blocks else []
+        subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-w", *extra, "-o", str(tmp), str(src)], check=True)
         tmp.replace(lib)
     return ctypes.CDLL(str(lib)), sigs
 
 
 class _Function:
-    def __init__(self, so, name, argtypes):
+    def __init__(self, so, name, argtypes, blocks=False):
         self.f = getattr(so, "launch_" + name)
-        self.f.argtypes = [ctypes.c_long] + argtypes
-        self.argtypes = argtypes
+        self.f.argtypes = [ctypes.c_long] * (2 if blocks else 1) + argtypes
+        self.argtypes, self.blocks = argtypes, blocks
 
     def __call__(self, grid, block, args):
         if len(args) != len(self.argtypes):
@@ -89,15 +133,19 @@ class _Function:
                 conv.append(ctypes.c_void_p(a.ctypes.data))
             else:
                 conv.append(t(a.item() if hasattr(a, "item") else a))
-        self.f(int(grid[0]) * int(block[0]), *conv)
+        if self.blocks:
+            self.f(int(grid[0]), int(block[0]), *conv)
+        else:
+            self.f(int(grid[0]) * int(block[0]), *conv)
 
 
 class RawModule:
-    def __init__(self, code, options=()):
-        self.so, self.sigs = _build(code)
+    def __init__(self, code, options=(), blocks=False):
+        self.so, self.sigs = _build(code, blocks)
+        self.blocks = blocks
 
     def get_function(self, name):
-        return _Function(self.so, name, self.sigs[name])
+        return _Function(self.so, name, self.sigs[name], self.blocks)
 
 
 class FakeCuPy(types.ModuleType):
@@ -105,8 +153,10 @@ class FakeCuPy(types.ModuleType):
 
     RawModule = RawModule
 
-    def __init__(self):
+    def __init__(self, blocks: bool = False):
         super().__init__("cupy_host_shim")
+        if blocks:                                  # each block's threads at once (module docstring)
+            self.RawModule = functools.partial(RawModule, blocks=True)
 
     def __getattr__(self, name):
         return getattr(np, name)
