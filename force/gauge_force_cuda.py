@@ -265,7 +265,6 @@ class StapleForceKernel:
             return out
         region, origin = _staple_region(box)
         pvol = int(np.prod([int(v) for v in box[4:8]]))
-        links = cp.ascontiguousarray(links.reshape(4, pvol, 9).transpose(0, 2, 1))   # element-major (the kernels)
         staples = cp.empty(24 * 9 * pvol, dtype=cp.complex128)
         chunks = -(-int(np.prod([int(v) for v in region])) // LANES)      # 32 sites x 24 staples = 6 blocks
         self.kernels[0]((chunks * STAPLES_PER_SITE * LANES // block,), (block,),

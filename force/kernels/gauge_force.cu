@@ -16,9 +16,7 @@
 // (the first two rectangles and the parallelogram are two plaquette staples glued along a link walked there and
 // back, L(z, -b) L(z - b, b) = 1: exact for unitary links, which gauge links are). gauge_force_staples writes the
 // 24 S^b_mu of every site once (2 products each) into a scratch buffer, structure of arrays (element-major, site
-// fastest: a warp's loads of one element are one contiguous 512-byte run), from the links in the same layout (the
-// driver's copy: with site-major links the staples kernel was bound by the caches, Nsight Compute 82 % memory
-// throughput against 41 % DRAM, 2026-12-04); gauge_force_symanzik, one thread per
+// fastest: a warp's loads of one element are one contiguous 512-byte run); gauge_force_symanzik, one thread per
 // (site, mu) for all four directions in one launch, reads 72 of them and sums
 //     Sigma = c_pl sum_b S^b_mu(x)
 //           + c_rt sum_b [U_mu(x + mu) S^b_mu(x + mu) S^b_mu(x) + S^b_mu(x) S^b_mu(x - mu) U_mu(x - mu)]
@@ -208,36 +206,14 @@ __device__ __forceinline__ void step_to(int *z, const int *y, int e, const int *
     #pragma unroll
     for (int i = 0; i < 4; ++i) z[i] = i == d ? (y[i] + (e > 0 ? 1 : n[i] - 1)) % n[i] : y[i];
 }
-// m = L(y, e): U_d(y) for e = d + 1, U_d(y - d)^dag for e = -(d + 1). EM: the links element-major (element i of
-// U_d at box site z at U[(9 d + i) pvol + z], the staple pair's layout: a warp's loads of one element are one
-// contiguous run), else site-major (U + (d pvol + z) 9, the links as the field holds them)
-template <bool EM>
+// m = L(y, e): U_d(y) for e = d + 1, U_d(y - d)^dag for e = -(d + 1)
 __device__ __forceinline__ void load_step(M3 &m, const double2 *__restrict__ U, const int *y, int e, const int *n,
                                           long pvol) {
     const int d = (e > 0 ? e : -e) - 1;
-    if (!EM) {
-        if (e > 0) { load(m, U + (d * pvol + box_index(y, n[0], n[1], n[2])) * 9); return; }
-        int z[4];
-        step_to(z, y, e, n);
-        load_dag(m, U + (d * pvol + box_index(z, n[0], n[1], n[2])) * 9);
-        return;
-    }
-    int z[4];                                           // y, or y - d for a backward step
-    #pragma unroll
-    for (int i = 0; i < 4; ++i) z[i] = (e < 0 && i == d) ? (y[i] + n[i] - 1) % n[i] : y[i];
-    const double2 *p = U + 9L * d * pvol + box_index(z, n[0], n[1], n[2]);
-    if (e > 0) {
-        #pragma unroll
-        for (int i = 0; i < 9; ++i) m.e[i] = __ldg(p + i * pvol);
-        return;
-    }
-    #pragma unroll
-    for (int i = 0; i < 3; ++i)
-        #pragma unroll
-        for (int j = 0; j < 3; ++j) {
-            const double2 v = __ldg(p + (3 * j + i) * pvol);
-            m.e[3 * i + j] = make_double2(v.x, -v.y);
-        }
+    if (e > 0) { load(m, U + (d * pvol + box_index(y, n[0], n[1], n[2])) * 9); return; }
+    int z[4];
+    step_to(z, y, e, n);
+    load_dag(m, U + (d * pvol + box_index(z, n[0], n[1], n[2])) * 9);
 }
 // the signed direction number j = 0..5 of the six perpendicular to mu: +-(each other axis, in order)
 __device__ __forceinline__ int perpendicular(int mu, int j) {
@@ -249,19 +225,18 @@ __device__ __forceinline__ int slot(int mu, int b) {
     const int d = (b > 0 ? b : -b) - 1;
     return 6 * mu + 2 * (d < mu ? d : d - 1) + (b < 0 ? 1 : 0);
 }
-// S^b_mu(y) = L(y + mu, b) L(y + mu + b, -mu) L(y + b, -b), from the links (EM: element-major, load_step)
-template <bool EM>
+// S^b_mu(y) = L(y + mu, b) L(y + mu + b, -mu) L(y + b, -b), from the links
 __device__ __forceinline__ void plaquette_staple(M3 &s, const double2 *__restrict__ U, const int *y, int mu, int b,
                                                  const int *n, long pvol) {
     int z[4], w[4];
     M3 a, c, t;
     step_to(z, y, mu + 1, n);
-    load_step<EM>(a, U, z, b, n, pvol);
+    load_step(a, U, z, b, n, pvol);
     step_to(w, z, b, n);
-    load_step<EM>(c, U, w, -(mu + 1), n, pvol);
+    load_step(c, U, w, -(mu + 1), n, pvol);
     mul_nn(t, a, c, false);
     step_to(z, y, b, n);
-    load_step<EM>(c, U, z, -b, n, pvol);
+    load_step(c, U, z, -b, n, pvol);
     mul_nn(s, t, c, false);
 }
 // scratch: S[(slot * 9 + i) * pvol + box site] holds element i of S^b_mu at that site
@@ -285,12 +260,11 @@ __device__ __forceinline__ void load_staple_signed(M3 &m, const double2 *__restr
         for (int j = 0; j < 3; ++j) m.e[3 * i + j] = make_double2(t.e[3 * j + i].x, -t.e[3 * j + i].y);
 }
 // F_mu(site) = scale TA(U_mu(x) Sigma), TA(A) = (A - A^dag)/2 - Tr(A - A^dag)/6
-template <bool EM>
 __device__ __forceinline__ void write_force(double2 *__restrict__ F, const double2 *__restrict__ U, const int *x,
                                             int mu, long site, long vol, const int *n, long pvol, const M3 &sigma,
                                             double scale) {
     M3 u, a;
-    load_step<EM>(u, U, x, mu + 1, n, pvol);
+    load_step(u, U, x, mu + 1, n, pvol);
     mul_nn(a, u, sigma, false);
     double2 out[9];
     #pragma unroll
@@ -321,7 +295,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) gauge_force_staples(
     const int k = w.f;
     const int *y = w.c;
     M3 s;
-    plaquette_staple<true>(s, U, y, k / 6, perpendicular(k / 6, k % 6), n, pvol);
+    plaquette_staple(s, U, y, k / 6, perpendicular(k / 6, k % 6), n, pvol);
     double2 *p = S + (long)k * 9 * pvol + box_index(y, px, py, pz);
     #pragma unroll
     for (int i = 0; i < 9; ++i) p[i * pvol] = s.e[i];
@@ -359,10 +333,10 @@ extern "C" __global__ void gauge_force_symanzik(const double2 *__restrict__ U, c
         }
     }
     if (c_rt != 0.0) {
-        load_step<true>(t, U, xf, mu + 1, n, pvol);
+        load_step(t, U, xf, mu + 1, n, pvol);
         mul_nn(p, t, fwd, false);
         add_scaled(sigma, c_rt, p);
-        load_step<true>(t, U, xb, mu + 1, n, pvol);
+        load_step(t, U, xb, mu + 1, n, pvol);
         mul_nn(p, bwd, t, false);
         add_scaled(sigma, c_rt, p);
     }
@@ -374,7 +348,7 @@ extern "C" __global__ void gauge_force_symanzik(const double2 *__restrict__ U, c
             set_zero(side); set_zero(chairs);
             if (c_rt != 0.0) {
                 load_staple(s0, S, mu, a, xa, n, pvol);
-                load_step<true>(t, U, xa, -a, n, pvol);
+                load_step(t, U, xa, -a, n, pvol);
                 mul_nn(side, s0, t, false);
             }
             if (c_pg != 0.0) {
@@ -390,11 +364,11 @@ extern "C" __global__ void gauge_force_symanzik(const double2 *__restrict__ U, c
             set_zero(sum);
             add_scaled(sum, c_rt, side);
             add_scaled(sum, c_pg, chairs);
-            load_step<true>(t, U, xf, a, n, pvol);
+            load_step(t, U, xf, a, n, pvol);
             mul_nn(sigma, t, sum, true);
         }
     }
-    write_force<true>(F, U, x, mu, site, vol, n, pvol, sigma, scale);
+    write_force(F, U, x, mu, site, vol, n, pvol, sigma, scale);
 }
 
 // the plaquette-only force: the six staples of each link built in registers, one thread per (interior site, mu)
@@ -413,8 +387,8 @@ extern "C" __global__ void gauge_force_plaquette(const double2 *__restrict__ U, 
     M3 sigma, s;
     set_zero(sigma);
     for (int j = 0; j < 6; ++j) {
-        plaquette_staple<false>(s, U, x, mu, perpendicular(mu, j), n, pvol);
+        plaquette_staple(s, U, x, mu, perpendicular(mu, j), n, pvol);
         add_scaled(sigma, c_pl, s);
     }
-    write_force<false>(F, U, x, mu, site, vol, n, pvol, sigma, scale);
+    write_force(F, U, x, mu, site, vol, n, pvol, sigma, scale);
 }
