@@ -51,7 +51,7 @@ class GaugeField:
     def reunitarize(self) -> "GaugeField":
         """MILC's reunit_su3 of every link: on a GPU one kernel (``su3_cuda.reunitarize``), else the twin
         ``su3.reunitarize``."""
-        self.links = lookup("gauge.reunitarize", self.geom)(self.links, self.geom.backend)
+        self.links = lookup("gauge.reunitarize", self.geom)(self)
         return self
 
     def gauge_transform(self, g) -> "GaugeField":
@@ -86,15 +86,17 @@ def plaquette_array(u: GaugeField) -> tuple[float, float]:
 
 
 @implements("gauge.reunitarize", Placement.ARRAY)
-def _reunitarize_array(links, backend):
-    return su3.reunitarize(links)
+def _reunitarize_array(u: GaugeField):
+    return su3.reunitarize(u.links)
 
 
 @implements("gauge.reunitarize", Placement.WHOLE, Placement.DISTRIBUTED)
-def _reunitarize_kernel(links, backend):
-    from . import su3_cuda        # a site-local kernel: any rank's local links
+def _reunitarize_kernel(u: GaugeField):
+    from . import su3_cuda        # a site-local kernel (double2 links): any rank's local links
 
-    return su3_cuda.reunitarize(backend, links) if links.dtype == np.complex128 else su3.reunitarize(links)
+    if u.links.dtype != np.complex128:
+        return su3.reunitarize(u.links)
+    return su3_cuda.reunitarize(u.geom.backend, u.links)
 
 
 def polyakov_loop(u: GaugeField) -> complex:

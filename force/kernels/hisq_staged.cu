@@ -52,8 +52,9 @@ extern "C" __global__ void staged_inner(const double2 *__restrict__ U, const dou
 // F_mu(x) = c1 U_mu(x) + sum_{nu != mu} S_nu[inner_{mu,nu}]_mu(x) (c1: the one-link coefficient less 6 cL); F
 // site-major. At most 168 registers (3 blocks of 128 an SM; ptxas: 64 B of spills against 190 registers without):
 // 2.56 -> 1.89 ms at 32^4 on an H100, 2026-12-07 (runs/rhmc/README.md "Session 20")
-extern "C" __global__ void __launch_bounds__(128, 3) staged_fat(const double2 *__restrict__ U, const double2 *__restrict__ inner, double2 *F,
-                                     double c1, int nx, int ny, int nz, int nt) {
+extern "C" __global__ void __launch_bounds__(128, 3) staged_fat(const double2 *__restrict__ U,
+                                                                 const double2 *__restrict__ inner, double2 *F,
+                                                                 double c1, int nx, int ny, int nz, int nt) {
     const lat::Box L = lat::whole(nx, ny, nz, nt);
     lat::Job w;
     if (!lat::job(L, 4, w)) return;
